@@ -1,0 +1,137 @@
+/*
+ * moet.h — the public C API of moet, a Mixture-of-Experts inference engine.
+ *
+ * Two opaque objects:
+ *   moet_model    immutable after load: hyperparameters, mmap'd weights, tokenizer. Safe to share between threads.
+ *   moet_session  everything that changes per sequence: KV cache, scratch, logits. One thread at a time.
+ *
+ * Conventions, everywhere in this header:
+ *   - functions that can fail return int: 0 (MOET_OK) on success, a negative MOET_E* code on failure, and write a
+ *     NUL-terminated message into err (errlen bytes, may be NULL/0 to discard);
+ *   - options structs are initialised by moet_*_default_options() and then edited;
+ *   - sizes are sized integers; token ids are int32_t.
+ */
+#ifndef MOET_H
+#define MOET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOET_VERSION_STRING "0.1.0"
+
+enum {
+    MOET_OK = 0,
+    MOET_EINVAL = -1,   /* bad argument or bad input */
+    MOET_EIO = -2,      /* file could not be opened/read/mapped */
+    MOET_EFORMAT = -3,  /* malformed file (safetensors, config.json, tokenizer.json, pack) */
+    MOET_EUNSUP = -4,   /* valid input using an architecture/option moet does not support */
+    MOET_ENOMEM = -5,
+    MOET_ERANGE = -6,   /* request exceeds a limit (context length, batch size) */
+};
+
+typedef struct moet_model moet_model;
+typedef struct moet_session moet_session;
+typedef struct moet_tokenizer moet_tokenizer;
+
+/* ---- model ------------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    int n_threads;      /* CPU worker threads for compute; <= 0: all online cores */
+    int verbose;        /* log loading details to stderr */
+} moet_model_options;
+
+moet_model_options moet_model_default_options(void);
+
+/* path: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json). */
+int moet_model_load(const char *path, const moet_model_options *opt, moet_model **out, char *err, size_t errlen);
+void moet_model_free(moet_model *m);
+
+typedef struct {
+    const char *architecture;  /* e.g. "Qwen3MoeForCausalLM" */
+    int32_t vocab_size, hidden_size, n_layers, n_heads, n_kv_heads, head_dim;
+    int32_t n_experts, n_experts_used, expert_ffn, dense_ffn, max_positions;
+    int64_t n_params;          /* parameters counted from the tensors */
+    int64_t weight_bytes;      /* bytes of weights as stored */
+} moet_model_info;
+
+void moet_model_info_get(const moet_model *m, moet_model_info *info);
+const moet_tokenizer *moet_model_tokenizer(const moet_model *m);
+/* End-of-sequence ids from config.json / generation_config.json; returns count written (<= cap). */
+int moet_model_eos_ids(const moet_model *m, int32_t *ids, int cap);
+/* Supported architectures, comma separated (for error messages and --help). */
+const char *moet_model_supported_architectures(void);
+
+/* ---- tokenizer -------------------------------------------------------------------------------------------- */
+
+int moet_tokenizer_load(const char *tokenizer_json_path, moet_tokenizer **out, char *err, size_t errlen);
+void moet_tokenizer_free(moet_tokenizer *t);
+/* Encodes text (len bytes) as HF tokenizers' encode(text) does (added/special tokens matched, post-processor
+ * applied). *ids is malloc'd; caller frees. */
+int moet_tokenizer_encode(const moet_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n_ids,
+                          char *err, size_t errlen);
+/* Decodes ids to UTF-8 (malloc'd, NUL-terminated, *len without the NUL). */
+int moet_tokenizer_decode(const moet_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len,
+                          char *err, size_t errlen);
+/* Bytes of one token as it appears in streamed output (not NUL-terminated); returns length or <0 for bad id.
+ * at_start: the token is the first of a decoded sequence (decoders that strip a leading space use it). */
+int moet_tokenizer_token_bytes(const moet_tokenizer *t, int32_t id, int at_start, char *buf, size_t cap);
+int32_t moet_tokenizer_vocab_size(const moet_tokenizer *t);
+/* Id of a token string (vocab or added token), or -1. */
+int32_t moet_tokenizer_token_id(const moet_tokenizer *t, const char *token);
+
+/* ---- session ---------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t n_ctx;      /* KV capacity in tokens; <= 0: the model's max_position_embeddings */
+    int32_t n_batch;    /* tokens per forward chunk (scratch is sized for it); longer evals run in chunks */
+    int32_t n_logits;   /* rows MOET_LOGITS_ALL can return from one eval; <= 0: n_batch */
+} moet_session_options;
+
+moet_session_options moet_session_default_options(void);
+
+int moet_session_create(const moet_model *m, const moet_session_options *opt, moet_session **out,
+                        char *err, size_t errlen);
+void moet_session_free(moet_session *s);
+
+enum { MOET_LOGITS_LAST = 0, MOET_LOGITS_ALL = 1 };
+
+/* Appends n tokens at the current position and runs the forward. With MOET_LOGITS_ALL the logits of every one of
+ * the n tokens are kept (n * vocab floats), else only the last. */
+int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int logits_mode, char *err, size_t errlen);
+/* Logits of the last eval: row i of n_rows, each vocab_size floats. */
+const float *moet_session_logits(const moet_session *s, int32_t *n_rows);
+int32_t moet_session_pos(const moet_session *s);
+/* Forget KV entries from position pos on (pos <= current position). */
+int moet_session_truncate(moet_session *s, int32_t pos, char *err, size_t errlen);
+
+/* ---- sampler ---------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    float temperature;          /* 0: greedy */
+    int32_t top_k;              /* 0: off */
+    float top_p;                /* 1: off */
+    float min_p;                /* 0: off */
+    float repetition_penalty;   /* 1: off (HF semantics: divide positive logits, multiply negative) */
+    float presence_penalty;     /* 0: off (OpenAI semantics) */
+    float frequency_penalty;    /* 0: off */
+    int32_t penalty_last_n;     /* window of previous tokens penalties look at; -1: all */
+    uint64_t seed;
+} moet_sampler_options;
+
+typedef struct moet_sampler moet_sampler;
+
+moet_sampler_options moet_sampler_default_options(void);
+int moet_sampler_create(const moet_sampler_options *opt, int32_t vocab_size, moet_sampler **out,
+                        char *err, size_t errlen);
+void moet_sampler_free(moet_sampler *s);
+/* Picks the next token from logits; history = previous tokens (prompt + generated) for the penalties. */
+int32_t moet_sampler_sample(moet_sampler *s, const float *logits, const int32_t *history, size_t n_history);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOET_H */

@@ -1,0 +1,363 @@
+/*
+ * cpu_backend.c — the reference backend: f32 compute, weights widened from BF16/F16 on the fly, pthreads across
+ * output rows. It is the oracle the CUDA backend is checked against, so clarity wins over speed where they
+ * conflict; the inner dot products are still written so the compiler vectorises them (8 independent lanes) and
+ * are built for AVX2+FMA where the CPU has it (function multi-versioning, chosen at load time).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/pool.h"
+#include "core/util.h"
+#include "quant/types.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MOET_NO_CLONES)
+#define MOET_SIMD_CLONES __attribute__((target_clones("avx2,fma", "default")))
+#else
+#define MOET_SIMD_CLONES
+#endif
+
+#define ROW_BLOCK 4
+
+typedef struct {
+    moet_backend base;
+    moet_pool *pool;
+    int n_threads;
+    float **rowbuf;     /* per thread: ROW_BLOCK widened rows */
+    size_t rowbuf_cap;  /* floats per thread buffer */
+} cpu_backend;
+
+static cpu_backend *cpu(moet_backend *be) { return (cpu_backend *)be; }
+
+/* ---- dot products -------------------------------------------------------------------------------------------- */
+
+MOET_SIMD_CLONES
+static void dot4(const float *w0, const float *w1, const float *w2, const float *w3, const float *x, int64_t n,
+                 float out[4]) {
+    float a0[8] = {0}, a1[8] = {0}, a2[8] = {0}, a3[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            float xv = x[i + j];
+            a0[j] += w0[i + j] * xv;
+            a1[j] += w1[i + j] * xv;
+            a2[j] += w2[i + j] * xv;
+            a3[j] += w3[i + j] * xv;
+        }
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int j = 0; j < 8; j++) { s0 += a0[j]; s1 += a1[j]; s2 += a2[j]; s3 += a3[j]; }
+    for (; i < n; i++) { s0 += w0[i] * x[i]; s1 += w1[i] * x[i]; s2 += w2[i] * x[i]; s3 += w3[i] * x[i]; }
+    out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3;
+}
+
+MOET_SIMD_CLONES
+static float dot1(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = 0;
+    for (int j = 0; j < 8; j++) s += acc[j];
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+MOET_SIMD_CLONES
+static void axpy(float *y, const float *x, float a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* ---- buffers ------------------------------------------------------------------------------------------------- */
+
+static void *cpu_alloc(moet_backend *be, size_t bytes) {
+    (void)be;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+static void cpu_release(moet_backend *be, void *p) { (void)be; free(p); }
+
+/* Grows the per-thread row buffers; only the first call at a new largest width allocates. */
+static int ensure_rowbuf(cpu_backend *c, int64_t cols) {
+    size_t need = (size_t)cols * ROW_BLOCK;
+    if (need <= c->rowbuf_cap) return 0;
+    for (int t = 0; t < c->n_threads; t++) {
+        float *p = NULL;
+        if (posix_memalign((void **)&p, 64, need * sizeof(float)) != 0) return -1;
+        free(c->rowbuf[t]);
+        c->rowbuf[t] = p;
+    }
+    c->rowbuf_cap = need;
+    return 0;
+}
+
+/* ---- mul_mat ------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    cpu_backend *c;
+    const moet_weight *w;
+    const float *x;
+    int64_t n;
+    float *y;
+} mm_ctx;
+
+static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
+    mm_ctx *m = vctx;
+    const moet_weight *w = m->w;
+    const int64_t K = w->cols, R = w->rows;
+    float *buf = m->c->rowbuf[tid];
+    /* Tasks are in units of ROW_BLOCK rows. */
+    for (int64_t blk = rb; blk < re; blk++) {
+        int64_t r0 = blk * ROW_BLOCK;
+        int nr = (int)(R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK);
+        const float *rows[ROW_BLOCK];
+        for (int j = 0; j < ROW_BLOCK; j++) {
+            int rj = j < nr ? j : nr - 1;
+            const uint8_t *src = (const uint8_t *)w->data + (size_t)(r0 + rj) * w->row_bytes;
+            if (w->type == MOET_TYPE_F32) {
+                rows[j] = (const float *)src;
+            } else {
+                if (j < nr) moet_type_row_to_f32(w->type, src, buf + (size_t)j * K, K);
+                rows[j] = buf + (size_t)rj * K;
+            }
+        }
+        for (int64_t t = 0; t < m->n; t++) {
+            float o[4];
+            dot4(rows[0], rows[1], rows[2], rows[3], m->x + (size_t)t * K, K, o);
+            float *yr = m->y + (size_t)t * R + r0;
+            for (int j = 0; j < nr; j++) yr[j] = o[j];
+        }
+    }
+}
+
+static void cpu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
+    cpu_backend *c = cpu(be);
+    if (n <= 0 || w->rows <= 0) return;
+    if (ensure_rowbuf(c, w->cols) != 0) abort(); /* out of memory at first use: nothing sane to return */
+    mm_ctx m = {c, w, x, n, y};
+    moet_pool_for(c->pool, (w->rows + ROW_BLOCK - 1) / ROW_BLOCK, mm_task, &m);
+}
+
+static void cpu_copy(moet_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    memmove(dst, src, bytes);
+}
+
+static void cpu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y) {
+    (void)be;
+    for (int64_t i = 0; i < n; i++)
+        moet_type_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes, y + (size_t)i * w->cols,
+                             w->cols);
+}
+
+static void cpu_add(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim) {
+    (void)be;
+    for (int64_t r = 0; r < n; r++) {
+        float *yr = y + (size_t)r * dim;
+        const float *xr = bias ? bias : x ? x + (size_t)r * dim : NULL;
+        if (!xr) return;
+        for (int64_t i = 0; i < dim; i++) yr[i] += xr[i];
+    }
+}
+
+/* ---- norms, rope ---------------------------------------------------------------------------------------------- */
+
+static void cpu_rms_norm(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps,
+                         float *y) {
+    (void)be;
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *yr = y + (size_t)r * dim;
+        double ss = 0;
+        for (int64_t i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+        for (int64_t i = 0; i < dim; i++) yr[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+static void cpu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
+                     const float *cs) {
+    (void)be;
+    const int half = rot_dim / 2;
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *c = cs + (size_t)t * half * 2;
+        for (int32_t h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * n_heads + h) * head_dim;
+            for (int i = 0; i < half; i++) {
+                float co = c[2 * i], si = c[2 * i + 1];
+                float a = v[i], b = v[i + half];
+                v[i] = a * co - b * si;
+                v[i + half] = b * co + a * si;
+            }
+        }
+    }
+}
+
+/* ---- attention ------------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const moet_attn_args *a;
+    int n_threads;
+} attn_ctx;
+
+static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
+    const moet_attn_args *a = ((attn_ctx *)vctx)->a;
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv;
+    const size_t kv_stride = (size_t)a->n_kv * hd;
+    float *scores = (float *)a->scratch + (size_t)tid * a->n_ctx;
+    for (int64_t task = b; task < e; task++) {
+        int64_t t = task / a->n_heads;
+        int h = (int)(task % a->n_heads), kvh = h / group;
+        const float *q = a->q + ((size_t)t * a->n_heads + h) * hd;
+        int32_t n_keys = a->pos0 + (int32_t)t + 1;
+        float mx = -INFINITY;
+        for (int32_t j = 0; j < n_keys; j++) {
+            float s = dot1(q, a->k_cache + (size_t)j * kv_stride + (size_t)kvh * hd, hd) * a->scale;
+            scores[j] = s;
+            if (s > mx) mx = s;
+        }
+        double sum = 0;
+        for (int32_t j = 0; j < n_keys; j++) {
+            scores[j] = expf(scores[j] - mx);
+            sum += scores[j];
+        }
+        float inv = (float)(1.0 / sum);
+        float *o = a->out + ((size_t)t * a->n_heads + h) * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int32_t j = 0; j < n_keys; j++)
+            axpy(o, a->v_cache + (size_t)j * kv_stride + (size_t)kvh * hd, scores[j] * inv, hd);
+    }
+}
+
+static size_t cpu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx) {
+    return (size_t)cpu(be)->n_threads * (size_t)n_ctx * sizeof(float);
+}
+
+static void cpu_attention(moet_backend *be, const moet_attn_args *a) {
+    attn_ctx c = {a, cpu(be)->n_threads};
+    moet_pool_for(cpu(be)->pool, a->n_tok * a->n_heads, attn_task, &c);
+}
+
+/* ---- MLP / MoE ------------------------------------------------------------------------------------------------ */
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static void swiglu_ffn(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
+                       const float *x, int64_t n, float *g, float *u, float *y) {
+    const int64_t F = gate->rows;
+    cpu_mul_mat(be, gate, x, n, g);
+    cpu_mul_mat(be, up, x, n, u);
+    for (int64_t i = 0; i < n * F; i++) g[i] = silu(g[i]) * u[i];
+    cpu_mul_mat(be, down, g, n, y);
+}
+
+static void cpu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
+                    const float *x, int64_t n, float *scratch, float *y) {
+    swiglu_ffn(be, gate, up, down, x, n, scratch, scratch + (size_t)n * gate->rows, y);
+}
+
+/* Scratch layout for moe: logits [T][E] | xg [T][H] | g [T][F] | u [T][F] | d [T][H] | list [T*k] | cnt [E+1] | fill [E] */
+static size_t cpu_moe_scratch_bytes(moet_backend *be, int64_t T, int64_t H, int64_t F, int32_t E, int32_t k) {
+    (void)be;
+    size_t fl = (size_t)T * E + (size_t)T * H * 2 + (size_t)T * F * 2;
+    return fl * sizeof(float) + ((size_t)T * k + 2 * (size_t)E + 1) * sizeof(int32_t) + 256;
+}
+
+static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
+    const int64_t T = a->n_tok, H = a->hidden, F = a->ffn;
+    const int32_t E = a->n_experts, K = a->n_used;
+    float *logits = a->scratch;
+    float *xg = logits + (size_t)T * E, *g = xg + (size_t)T * H, *u = g + (size_t)T * F, *d = u + (size_t)T * F;
+    int32_t *list = (int32_t *)(d + (size_t)T * H), *cnt = list + (size_t)T * K;
+
+    /* Route: softmax over all experts in f32, then the top k, as transformers' Qwen3-MoE/Mixtral router does. */
+    cpu_mul_mat(be, a->router, a->x, T, logits);
+    for (int64_t t = 0; t < T; t++) {
+        float *p = logits + (size_t)t * E;
+        float mx = p[0];
+        for (int32_t e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        float sum = 0;
+        for (int32_t e = 0; e < E; e++) { p[e] = expf(p[e] - mx); sum += p[e]; }
+        for (int32_t e = 0; e < E; e++) p[e] /= sum;
+        int32_t *ids = a->topk_ids + (size_t)t * K;
+        float *w = a->topk_w + (size_t)t * K;
+        float wsum = 0;
+        for (int32_t j = 0; j < K; j++) {
+            int32_t best = -1;
+            for (int32_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int32_t q = 0; q < j && !taken; q++) taken = ids[q] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            ids[j] = best;
+            w[j] = p[best];
+            wsum += p[best];
+        }
+        if (a->norm_topk)
+            for (int32_t j = 0; j < K; j++) w[j] /= wsum;
+    }
+    /* Group the (token, slot) pairs by expert: a counting sort, so each expert's rows run as one batch. */
+    memset(cnt, 0, (size_t)(E + 1) * sizeof(int32_t));
+    for (int64_t i = 0; i < T * K; i++) cnt[a->topk_ids[i] + 1]++;
+    for (int32_t e = 0; e < E; e++) cnt[e + 1] += cnt[e];
+    int32_t *fill = cnt + E + 1;
+    memcpy(fill, cnt, (size_t)E * sizeof(int32_t));
+    for (int64_t i = 0; i < T * K; i++) list[fill[a->topk_ids[i]]++] = (int32_t)i;
+
+    memset(a->y, 0, (size_t)T * H * sizeof(float));
+    for (int32_t e = 0; e < E; e++) {
+        int32_t n = cnt[e + 1] - cnt[e];
+        if (n == 0) continue;
+        const int32_t *sel = list + cnt[e];
+        for (int32_t r = 0; r < n; r++) memcpy(xg + (size_t)r * H, a->x + (size_t)(sel[r] / K) * H, H * sizeof(float));
+        swiglu_ffn(be, &a->gate[e], &a->up[e], &a->down[e], xg, n, g, u, d);
+        for (int32_t r = 0; r < n; r++)
+            axpy(a->y + (size_t)(sel[r] / K) * H, d + (size_t)r * H, a->topk_w[sel[r]], H);
+    }
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------------------------ */
+
+static void cpu_destroy(moet_backend *be) {
+    cpu_backend *c = cpu(be);
+    if (!c) return;
+    moet_pool_free(c->pool);
+    for (int t = 0; t < c->n_threads; t++) free(c->rowbuf[t]);
+    free(c->rowbuf);
+    free(c);
+}
+
+static const moet_backend_ops k_cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .copy = cpu_copy,
+    .get_rows = cpu_get_rows,
+    .add = cpu_add,
+    .mul_mat = cpu_mul_mat,
+    .rms_norm = cpu_rms_norm,
+    .rope = cpu_rope,
+    .attention = cpu_attention,
+    .attn_scratch_bytes = cpu_attn_scratch_bytes,
+    .mlp = cpu_mlp,
+    .moe = cpu_moe,
+    .moe_scratch_bytes = cpu_moe_scratch_bytes,
+};
+
+moet_backend *moet_backend_cpu_create(int n_threads) {
+    cpu_backend *c = calloc(1, sizeof(*c));
+    if (!c) return NULL;
+    c->base.ops = &k_cpu_ops;
+    c->pool = moet_pool_create(n_threads);
+    if (!c->pool) { free(c); return NULL; }
+    c->n_threads = moet_pool_threads(c->pool);
+    c->rowbuf = calloc((size_t)c->n_threads, sizeof(float *));
+    if (!c->rowbuf) { cpu_destroy(&c->base); return NULL; }
+    return &c->base;
+}
+
+int moet_backend_cpu_threads(const moet_backend *be) { return ((const cpu_backend *)be)->n_threads; }

@@ -1,0 +1,43 @@
+/*
+ * cli.h — shared pieces of the moet command-line tool: argument helpers, model loading with the default model,
+ * and the subcommand entry points (one file each).
+ */
+#ifndef MOET_CLI_H
+#define MOET_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "moet.h"
+
+#ifndef MOET_DEFAULT_MODEL_DIR
+#define MOET_DEFAULT_MODEL_DIR "models/moe-mini-a"
+#endif
+
+/* Options every model-loading command accepts. */
+typedef struct {
+    const char *model;   /* -m */
+    int threads;         /* -t */
+    int verbose;         /* -v */
+} cli_common;
+
+/* Consumes argv[*i] (and its value) if it is a common option; returns 1 if consumed, 0 if not, -1 on error. */
+int cli_common_arg(cli_common *c, int argc, char **argv, int *i);
+/* Value of the option at argv[*i] (advancing *i), or NULL with a message. */
+const char *cli_value(int argc, char **argv, int *i);
+int cli_parse_int(const char *s, long lo, long hi, long *out);
+int cli_parse_float(const char *s, double *out);
+/* Loads c->model (or the embedded default). Prints the error and returns NULL on failure. */
+moet_model *cli_load_model(const cli_common *c);
+/* Parses "1 2 3" into ids (malloc'd). */
+int cli_parse_ids(const char *s, int32_t **ids, size_t *n);
+void cli_usage(FILE *f);
+const char *cli_git_commit(void);
+
+int cmd_run(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+
+#endif

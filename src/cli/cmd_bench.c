@@ -1,0 +1,145 @@
+/*
+ * cmd_bench.c — `moet bench`: llama-bench-style prefill (pp) and decode (tg) throughput, written as a table to
+ * stdout and as JSON (commit, machine, date, peak RSS) to --json FILE.
+ *
+ * pp N: one eval of N prompt tokens from an empty cache. tg N: N single-token evals after a short prompt.
+ * Each figure is the median of --reps runs. Token ids are a fixed pseudo-random sequence (speed does not depend
+ * on which ids, only routing does, and real routing is measured by perplexity runs).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "core/util.h"
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void cpu_name(char *buf, size_t cap) {
+    snprintf(buf, cap, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "model name", 10)) {
+            char *p = strchr(line, ':');
+            if (p) {
+                p += 2;
+                p[strcspn(p, "\n")] = 0;
+                snprintf(buf, cap, "%s", p);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+int cmd_bench(int argc, char **argv) {
+    cli_common c = {0};
+    long pp = 512, tg = 128, reps = 3;
+    const char *threads = "1,2", *json_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_arg(&c, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) continue;
+        const char *a = argv[i], *v;
+#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+        if (!strcmp(a, "-p")) { VAL(); if (cli_parse_int(v, 0, 1 << 20, &pp)) return 2; }
+        else if (!strcmp(a, "-n")) { VAL(); if (cli_parse_int(v, 0, 1 << 20, &tg)) return 2; }
+        else if (!strcmp(a, "--reps")) { VAL(); if (cli_parse_int(v, 1, 100, &reps)) return 2; }
+        else if (!strcmp(a, "--threads-list") || !strcmp(a, "-T")) { VAL(); threads = v; }
+        else if (!strcmp(a, "--json")) { VAL(); json_path = v; }
+        else { fprintf(stderr, "moet bench: unknown option '%s'\n", a); return 2; }
+#undef VAL
+    }
+    if (c.threads) {
+        static char one[16];
+        snprintf(one, sizeof one, "%d", c.threads);
+        threads = one;
+    }
+    char cpu[256], date[64];
+    cpu_name(cpu, sizeof cpu);
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    struct utsname un;
+    uname(&un);
+    const char *model_path = c.model ? c.model : MOET_DEFAULT_MODEL_DIR;
+    char results[8192];
+    size_t ro = 0;
+    results[0] = 0;
+    printf("| model | size | params | backend | threads | test | t/s |\n|---|---|---|---|---|---|---|\n");
+    const char *p = threads;
+    int first = 1;
+    while (*p) {
+        long nt;
+        char tbuf[16];
+        size_t l = strcspn(p, ",");
+        snprintf(tbuf, sizeof tbuf, "%.*s", (int)(l < 15 ? l : 15), p);
+        p += l + (p[l] == ',');
+        if (cli_parse_int(tbuf, 1, 1024, &nt)) { fprintf(stderr, "moet bench: bad thread count '%s'\n", tbuf); return 2; }
+        cli_common cc = c;
+        cc.threads = (int)nt;
+        moet_model *m = cli_load_model(&cc);
+        if (!m) return 1;
+        moet_model_info info;
+        moet_model_info_get(m, &info);
+        moet_session_options so = moet_session_default_options();
+        so.n_ctx = (int32_t)(pp + tg + 8);
+        so.n_batch = pp > 0 ? (int32_t)(pp < 512 ? pp : 512) : 256;
+        moet_session *s;
+        char err[512];
+        if (moet_session_create(m, &so, &s, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); return 1; }
+        int32_t *ids = malloc((size_t)(pp + tg + 8) * sizeof(int32_t));
+        for (long i = 0; i < pp + tg + 8; i++) ids[i] = (int32_t)((i * 7919 + 13) % info.vocab_size);
+        double tpp[100], ttg[100];
+        for (long r = 0; r < reps; r++) {
+            moet_session_truncate(s, 0, NULL, 0);
+            double t0 = moet_time_s();
+            if (pp > 0) moet_session_eval(s, ids, (int32_t)pp, MOET_LOGITS_LAST, err, sizeof err);
+            double t1 = moet_time_s();
+            tpp[r] = pp > 0 ? (double)pp / (t1 - t0) : 0;
+            moet_session_truncate(s, 0, NULL, 0);
+            moet_session_eval(s, ids, 4, MOET_LOGITS_LAST, err, sizeof err);
+            t0 = moet_time_s();
+            for (long i = 0; i < tg; i++) moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
+            t1 = moet_time_s();
+            ttg[r] = tg > 0 ? (double)tg / (t1 - t0) : 0;
+            fprintf(stderr, "moet: bench threads %ld rep %ld/%ld: pp %.1f t/s, tg %.1f t/s\n", nt, r + 1, reps, tpp[r], ttg[r]);
+        }
+        qsort(tpp, (size_t)reps, sizeof(double), cmp_d);
+        qsort(ttg, (size_t)reps, sizeof(double), cmp_d);
+        double mpp = tpp[reps / 2], mtg = ttg[reps / 2];
+        const char *name = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
+        double mib = (double)info.weight_bytes / (1 << 20);
+        if (pp > 0) printf("| %s | %.1f MiB | %.1fM | cpu | %ld | pp%ld | %.1f |\n", name, mib, (double)info.n_params / 1e6, nt, pp, mpp);
+        if (tg > 0) printf("| %s | %.1f MiB | %.1fM | cpu | %ld | tg%ld | %.1f |\n", name, mib, (double)info.n_params / 1e6, nt, tg, mtg);
+        fflush(stdout);
+        ro += (size_t)snprintf(results + ro, sizeof results - ro,
+                               "%s\n    {\"backend\": \"cpu\", \"threads\": %ld, \"pp\": %ld, \"pp_tps\": %.2f, "
+                               "\"tg\": %ld, \"tg_tps\": %.2f}", first ? "" : ",", nt, pp, mpp, tg, mtg);
+        first = 0;
+        free(ids);
+        moet_session_free(s);
+        moet_model_free(m);
+    }
+    if (json_path) {
+        FILE *f = fopen(json_path, "w");
+        if (!f) { fprintf(stderr, "moet: cannot write %s\n", json_path); return 1; }
+        moet_model_options mo = moet_model_default_options();
+        (void)mo;
+        fprintf(f, "{\n  \"tool\": \"moet bench\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
+                   "  \"machine\": {\"cpu\": \"%s\", \"cores\": %ld, \"os\": \"%s %s\", \"arch\": \"%s\"},\n"
+                   "  \"model\": \"%s\",\n  \"reps\": %ld,\n  \"peak_rss_bytes\": %llu,\n  \"results\": [%s\n  ]\n}\n",
+                cli_git_commit(), date, cpu, sysconf(_SC_NPROCESSORS_ONLN), un.sysname, un.release, un.machine,
+                model_path, reps, (unsigned long long)moet_peak_rss_bytes(), results);
+        fclose(f);
+        fprintf(stderr, "moet: wrote %s\n", json_path);
+    }
+    return 0;
+}

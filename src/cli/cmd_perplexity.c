@@ -1,0 +1,210 @@
+/*
+ * cmd_perplexity.c — `moet perplexity`: PPL over fixed windows and KL divergence to a saved base run.
+ *
+ * Method (llama.cpp's and ../shared/quality-peers.md's): the file is tokenized as one text (no BOS unless the
+ * tokenizer's post-processor adds one), cut into non-overlapping windows of --ctx tokens from token 0, each window
+ * evaluated from an empty cache and scoring its ctx-1 next-token predictions.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "core/util.h"
+#include "runtime/kld.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double quantile(const double *sorted, size_t n, double q) {
+    if (!n) return 0;
+    double pos = q * (double)(n - 1);
+    size_t i = (size_t)pos;
+    double f = pos - (double)i;
+    return i + 1 < n ? sorted[i] * (1 - f) + sorted[i + 1] * f : sorted[n - 1];
+}
+
+int cmd_perplexity(int argc, char **argv) {
+    cli_common c = {0};
+    const char *file = NULL, *save = NULL, *base = NULL;
+    long ctx = 512, chunks = 0, topk_opt = 0;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_arg(&c, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) continue;
+        const char *a = argv[i], *v;
+#define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
+        if (!strcmp(a, "-f")) { VAL(); file = v; }
+        else if (!strcmp(a, "--ctx")) { VAL(); if (cli_parse_int(v, 2, 1 << 20, &ctx)) { fprintf(stderr, "moet perplexity: bad --ctx\n"); return 2; } }
+        else if (!strcmp(a, "--chunks")) { VAL(); if (cli_parse_int(v, 1, 1 << 30, &chunks)) { fprintf(stderr, "moet perplexity: bad --chunks\n"); return 2; } }
+        else if (!strcmp(a, "--save-logits")) { VAL(); save = v; }
+        else if (!strcmp(a, "--kld-base")) { VAL(); base = v; }
+        else if (!strcmp(a, "--kld-topk")) { VAL(); if (cli_parse_int(v, 1, 1 << 24, &topk_opt)) { fprintf(stderr, "moet perplexity: bad --kld-topk\n"); return 2; } }
+        else if (!strcmp(a, "--json")) json = 1;
+        else { fprintf(stderr, "moet perplexity: unknown option '%s'\n", a); return 2; }
+#undef VAL
+    }
+    if (!file) {
+        fprintf(stderr, "usage: moet perplexity [-m DIR] -f TEXT_FILE [--ctx 512] [--chunks N] "
+                        "[--save-logits FILE | --kld-base FILE] [--kld-topk K] [--json]\n");
+        return 2;
+    }
+    if (save && base) { fprintf(stderr, "moet perplexity: --save-logits and --kld-base exclude each other\n"); return 2; }
+    char err[1024];
+    char *text = NULL;
+    size_t tlen;
+    if (moet_file_read_all(file, (size_t)4 << 30, &text, &tlen, err, sizeof err)) {
+        fprintf(stderr, "moet: error: %s\n", err);
+        return 1;
+    }
+    moet_model *m = cli_load_model(&c);
+    if (!m) { free(text); return 1; }
+    int rc = 1;
+    int32_t *toks = NULL, *scr_ids = NULL, *rec_ids = NULL;
+    float *logp = NULL, *rec_lp = NULL;
+    double *klds = NULL;
+    FILE *fs = NULL, *fb = NULL;
+    char tmp_path[4096] = {0};
+    moet_session *s = NULL;
+    size_t n_tok;
+    double t0 = moet_time_s();
+    if (moet_tokenizer_encode(moet_model_tokenizer(m), text, tlen, &toks, &n_tok, err, sizeof err)) {
+        fprintf(stderr, "moet: error: %s\n", err);
+        goto out;
+    }
+    MOET_LOGI("tokenized %zu bytes into %zu tokens in %.2f s", tlen, n_tok, moet_time_s() - t0);
+    size_t n_win = n_tok / (size_t)ctx;
+    if (chunks && (size_t)chunks < n_win) n_win = (size_t)chunks;
+    if (n_win == 0) {
+        fprintf(stderr, "moet perplexity: the text has %zu tokens, fewer than --ctx %ld\n", n_tok, ctx);
+        goto out;
+    }
+    moet_model_info info;
+    moet_model_info_get(m, &info);
+    const int32_t V = info.vocab_size;
+    const size_t n_pos = n_win * (size_t)(ctx - 1);
+    moet_kld_header kh = {.vocab = (uint32_t)V, .ctx = (uint32_t)ctx,
+                          .topk = (uint32_t)(topk_opt ? (topk_opt < V ? topk_opt : V) : (V < 1024 ? V : 1024)),
+                          .n_positions = n_pos, .tokens_hash = moet_fnv1a_ids(toks, n_win * (size_t)ctx)};
+    if (base) {
+        moet_kld_header bh;
+        if (!(fb = fopen(base, "rb")) || moet_kld_read_header(fb, &bh)) {
+            fprintf(stderr, "moet: error: %s: not a readable moet logits file\n", base);
+            goto out;
+        }
+        if (bh.vocab != kh.vocab || bh.ctx != kh.ctx || bh.n_positions != kh.n_positions ||
+            bh.tokens_hash != kh.tokens_hash) {
+            fprintf(stderr, "moet: error: %s was saved for another run (vocab %u ctx %u positions %llu, or other "
+                            "text); this run: vocab %u ctx %u positions %llu\n", base, bh.vocab, bh.ctx,
+                    (unsigned long long)bh.n_positions, kh.vocab, kh.ctx, (unsigned long long)kh.n_positions);
+            goto out;
+        }
+        kh.topk = bh.topk;
+    }
+    if (save) {
+        snprintf(tmp_path, sizeof tmp_path, "%s.tmp", save);
+        if (!(fs = fopen(tmp_path, "wb")) || moet_kld_write_header(fs, &kh)) {
+            fprintf(stderr, "moet: error: cannot write %s\n", tmp_path);
+            goto out;
+        }
+    }
+    moet_session_options so = moet_session_default_options();
+    so.n_ctx = (int32_t)ctx;
+    so.n_batch = ctx < 512 ? (int32_t)ctx : 512;
+    so.n_logits = (int32_t)ctx;
+    if (moet_session_create(m, &so, &s, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
+    logp = malloc((size_t)V * sizeof(float));
+    scr_ids = malloc((size_t)V * sizeof(int32_t));
+    rec_ids = malloc(kh.topk * sizeof(int32_t));
+    rec_lp = malloc(kh.topk * sizeof(float));
+    klds = base ? malloc(n_pos * sizeof(double)) : NULL;
+    if (!logp || !scr_ids || !rec_ids || !rec_lp || (base && !klds)) { fprintf(stderr, "moet: out of memory\n"); goto out; }
+    double nll = 0, t_eval = moet_time_s();
+    size_t n_scored = 0, agree = 0;
+    for (size_t w = 0; w < n_win; w++) {
+        const int32_t *wt = toks + w * (size_t)ctx;
+        if (moet_session_truncate(s, 0, err, sizeof err) ||
+            moet_session_eval(s, wt, (int32_t)ctx, MOET_LOGITS_ALL, err, sizeof err)) {
+            fprintf(stderr, "moet: error: %s\n", err);
+            goto out;
+        }
+        const float *lg = moet_session_logits(s, NULL);
+        for (long j = 0; j + 1 < ctx; j++) {
+            moet_log_softmax(lg + (size_t)j * V, V, logp);
+            nll -= logp[wt[j + 1]];
+            if (fs) {
+                float rest;
+                moet_kld_record(logp, V, kh.topk, scr_ids, rec_ids, rec_lp, &rest);
+                if (fwrite(&rest, 4, 1, fs) != 1 || fwrite(rec_ids, 4, kh.topk, fs) != kh.topk ||
+                    fwrite(rec_lp, 4, kh.topk, fs) != kh.topk) {
+                    fprintf(stderr, "moet: error: writing %s failed\n", tmp_path);
+                    goto out;
+                }
+            }
+            if (fb) {
+                float rest;
+                if (fread(&rest, 4, 1, fb) != 1 || fread(rec_ids, 4, kh.topk, fb) != kh.topk ||
+                    fread(rec_lp, 4, kh.topk, fb) != kh.topk) {
+                    fprintf(stderr, "moet: error: %s is truncated\n", base);
+                    goto out;
+                }
+                for (uint32_t k = 0; k < kh.topk; k++)
+                    if (rec_ids[k] < 0 || rec_ids[k] >= V) { fprintf(stderr, "moet: error: %s is corrupt\n", base); goto out; }
+                klds[n_scored] = moet_kld_eval(rec_ids, rec_lp, rest, kh.topk, logp, V);
+                int32_t am = 0;
+                for (int32_t k = 1; k < V; k++) if (logp[k] > logp[am]) am = k;
+                agree += am == rec_ids[0];
+            }
+            n_scored++;
+        }
+        double el = moet_time_s() - t_eval;
+        fprintf(stderr, "\rmoet: [%zu/%zu] ppl %.4f  %.0f tok/s", w + 1, n_win, exp(nll / (double)n_scored),
+                (double)((w + 1) * (size_t)ctx) / el);
+    }
+    fprintf(stderr, "\n");
+    if (fs) {
+        if (fflush(fs) || fsync(fileno(fs)) || fclose(fs)) { fs = NULL; fprintf(stderr, "moet: error: writing %s\n", tmp_path); goto out; }
+        fs = NULL;
+        if (rename(tmp_path, save)) { fprintf(stderr, "moet: error: rename to %s failed\n", save); goto out; }
+        tmp_path[0] = 0;
+    }
+    double ppl = exp(nll / (double)n_scored);
+    if (base) {
+        double sum = 0;
+        for (size_t i = 0; i < n_scored; i++) sum += klds[i];
+        qsort(klds, n_scored, sizeof(double), cmp_double);
+        double mean = sum / (double)n_scored, med = quantile(klds, n_scored, 0.5), p99 = quantile(klds, n_scored, 0.99),
+               mx = klds[n_scored - 1], top1 = (double)agree / (double)n_scored;
+        if (json)
+            printf("{\"ppl\": %.6f, \"tokens\": %zu, \"ctx\": %ld, \"chunks\": %zu, \"kld_mean\": %.6g, "
+                   "\"kld_median\": %.6g, \"kld_p99\": %.6g, \"kld_max\": %.6g, \"top1_agree\": %.6f, "
+                   "\"kld_topk\": %u}\n", ppl, n_scored, ctx, n_win, mean, med, p99, mx, top1, kh.topk);
+        else
+            printf("PPL %.4f over %zu tokens (%zu windows of %ld)\nKLD mean %.6f  median %.6f  p99 %.6f  max %.6f\n"
+                   "top-1 agreement %.4f\n", ppl, n_scored, n_win, ctx, mean, med, p99, mx, top1);
+    } else if (json) {
+        printf("{\"ppl\": %.6f, \"tokens\": %zu, \"ctx\": %ld, \"chunks\": %zu}\n", ppl, n_scored, ctx, n_win);
+    } else {
+        printf("PPL %.4f over %zu tokens (%zu windows of %ld)\n", ppl, n_scored, n_win, ctx);
+    }
+    rc = 0;
+out:
+    if (fs) fclose(fs);
+    if (tmp_path[0]) remove(tmp_path);
+    if (fb) fclose(fb);
+    moet_session_free(s);
+    free(toks);
+    free(text);
+    free(logp);
+    free(scr_ids);
+    free(rec_ids);
+    free(rec_lp);
+    free(klds);
+    moet_model_free(m);
+    return rc;
+}

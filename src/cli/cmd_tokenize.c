@@ -1,0 +1,69 @@
+/*
+ * cmd_tokenize.c — `moet tokenize` (text -> ids on stdout) and `moet inspect` (model summary).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+int cmd_tokenize(int argc, char **argv) {
+    cli_common c = {0};
+    const char *text = NULL;
+    int show_pieces = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_arg(&c, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) continue;
+        if (!strcmp(argv[i], "--pieces")) show_pieces = 1;
+        else if (!text) text = argv[i];
+        else { fprintf(stderr, "moet tokenize: unexpected argument '%s'\n", argv[i]); return 2; }
+    }
+    if (!text) { fprintf(stderr, "usage: moet tokenize [-m DIR] [--pieces] TEXT\n"); return 2; }
+    moet_model *m = cli_load_model(&c);
+    if (!m) return 1;
+    const moet_tokenizer *tok = moet_model_tokenizer(m);
+    int32_t *ids;
+    size_t n;
+    char err[512];
+    int rc = 0;
+    if (moet_tokenizer_encode(tok, text, strlen(text), &ids, &n, err, sizeof err)) {
+        fprintf(stderr, "moet: error: %s\n", err);
+        rc = 1;
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            if (show_pieces) {
+                char buf[256];
+                int b = moet_tokenizer_token_bytes(tok, ids[i], i == 0, buf, sizeof buf);
+                printf("%d\t'%.*s'\n", ids[i], b > 0 ? b : 0, buf);
+            } else {
+                printf("%s%d", i ? " " : "", ids[i]);
+            }
+        }
+        if (!show_pieces) printf("\n");
+        free(ids);
+    }
+    moet_model_free(m);
+    return rc;
+}
+
+int cmd_inspect(int argc, char **argv) {
+    cli_common c = {0};
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_arg(&c, argc, argv, &i);
+        if (r < 0) return 2;
+        if (!r) { fprintf(stderr, "moet inspect: unexpected argument '%s'\n", argv[i]); return 2; }
+    }
+    moet_model *m = cli_load_model(&c);
+    if (!m) return 1;
+    moet_model_info f;
+    moet_model_info_get(m, &f);
+    printf("architecture   %s\nparameters     %lld\nweight bytes   %lld\nvocab          %d\nhidden         %d\n"
+           "layers         %d\nheads          %d (kv %d, head_dim %d)\nexperts        %d (top %d, ffn %d)\n"
+           "dense ffn      %d\nmax positions  %d\n",
+           f.architecture, (long long)f.n_params, (long long)f.weight_bytes, f.vocab_size, f.hidden_size, f.n_layers,
+           f.n_heads, f.n_kv_heads, f.head_dim, f.n_experts, f.n_experts_used, f.expert_ffn, f.dense_ffn,
+           f.max_positions);
+    moet_model_free(m);
+    return 0;
+}

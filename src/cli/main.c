@@ -1,0 +1,147 @@
+/*
+ * main.c — `moet <command>`: dispatch and the helpers every subcommand shares.
+ * Results go to stdout, logs and progress to stderr.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/util.h"
+
+void cli_usage(FILE *f) {
+    fprintf(f,
+            "moet " MOET_VERSION_STRING " — Mixture-of-Experts inference\n\n"
+            "usage: moet <command> [options]\n\n"
+            "commands:\n"
+            "  run         generate text:   moet run [-m DIR] -p TEXT [-n N] [--temp T] [--seed S]\n"
+            "  tokenize    print token ids: moet tokenize [-m DIR] TEXT\n"
+            "  perplexity  PPL / KLD:       moet perplexity [-m DIR] -f FILE [--ctx 512] [--chunks N]\n"
+            "                               [--save-logits F | --kld-base F] [--json]\n"
+            "  bench       CPU speed:       moet bench [-m DIR] [-p 512] [-n 128] [-t 1,2] [--json FILE]\n"
+            "  inspect     model summary:   moet inspect [-m DIR]\n\n"
+            "common options: -m DIR (Hugging Face checkpoint dir; default: the embedded %s),\n"
+            "                -t N (threads), -v (verbose)\n"
+            "supported architectures: %s\n",
+            MOET_DEFAULT_MODEL_DIR, moet_model_supported_architectures());
+}
+
+const char *cli_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "moet: option %s needs a value\n", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cli_parse_int(const char *s, long lo, long hi, long *out) {
+    char *e;
+    errno = 0;
+    long v = strtol(s, &e, 10);
+    if (errno || e == s || *e || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_float(const char *s, double *out) {
+    char *e;
+    errno = 0;
+    double v = strtod(s, &e);
+    if (errno || e == s || *e) return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        if (!(c->model = cli_value(argc, argv, i))) return -1;
+        return 1;
+    }
+    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        const char *v = cli_value(argc, argv, i);
+        long n;
+        if (!v || cli_parse_int(v, 1, 1024, &n)) {
+            fprintf(stderr, "moet: -t needs a thread count in [1, 1024]\n");
+            return -1;
+        }
+        c->threads = (int)n;
+        return 1;
+    }
+    if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+        c->verbose = 1;
+        moet_log_set_level(MOET_LOG_DEBUG);
+        return 1;
+    }
+    return 0;
+}
+
+moet_model *cli_load_model(const cli_common *c) {
+    moet_model_options o = moet_model_default_options();
+    o.n_threads = c->threads;
+    o.verbose = 1;
+    moet_model *m = NULL;
+    char err[1024];
+    const char *path = c->model ? c->model : MOET_DEFAULT_MODEL_DIR;
+    if (moet_model_load(path, &o, &m, err, sizeof err) != MOET_OK) {
+        fprintf(stderr, "moet: error: %s\n", err);
+        return NULL;
+    }
+    return m;
+}
+
+int cli_parse_ids(const char *s, int32_t **ids, size_t *n) {
+    size_t cap = 16, k = 0;
+    int32_t *v = malloc(cap * sizeof(int32_t));
+    if (!v) return -1;
+    const char *p = s;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n') p++;
+        if (!*p) break;
+        char *e;
+        errno = 0;
+        long x = strtol(p, &e, 10);
+        if (errno || e == p || x < 0 || x > INT32_MAX) { free(v); return -1; }
+        if (k == cap) {
+            int32_t *nv = realloc(v, (cap *= 2) * sizeof(int32_t));
+            if (!nv) { free(v); return -1; }
+            v = nv;
+        }
+        v[k++] = (int32_t)x;
+        p = e;
+    }
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+const char *cli_git_commit(void) {
+    static char buf[64];
+    if (buf[0]) return buf;
+    FILE *f = popen("git rev-parse --short=12 HEAD 2>/dev/null", "r");
+    if (f) {
+        if (!fgets(buf, sizeof buf, f)) buf[0] = 0;
+        pclose(f);
+        buf[strcspn(buf, "\n")] = 0;
+    }
+    if (!buf[0]) snprintf(buf, sizeof buf, "unknown");
+    return buf;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        cli_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) { printf("moet %s\n", MOET_VERSION_STRING); return 0; }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    fprintf(stderr, "moet: unknown command '%s'\n\n", cmd);
+    cli_usage(stderr);
+    return 2;
+}

@@ -1,0 +1,46 @@
+/*
+ * hparams.h — the architecture-independent hyperparameters an architecture file fills from config.json, and the
+ * per-layer plan (which weights each layer has) the runtime executes.
+ */
+#ifndef MOET_MODEL_HPARAMS_H
+#define MOET_MODEL_HPARAMS_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+#define MOET_MAX_EOS 8
+
+typedef struct {
+    char architecture[64];    /* config.json architectures[0] */
+    int32_t vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim;
+    int32_t dense_ffn;        /* intermediate_size (dense MLP layers) */
+    int32_t expert_ffn;       /* moe_intermediate_size */
+    int32_t n_experts, n_experts_used;
+    int32_t norm_topk;        /* renormalise top-k router weights */
+    int32_t router_scoring;   /* MOET_ROUTER_* */
+    float rms_eps;
+    double rope_theta;
+    int32_t rope_dim;         /* rotated dims per head (== head_dim for Qwen3) */
+    int32_t max_pos;
+    int32_t tie_embeddings;
+    int32_t attn_bias;
+    int32_t qk_norm;
+    uint8_t *layer_moe;       /* [n_layers]: 1 = sparse MoE block, 0 = dense MLP */
+    int32_t bos_id;           /* -1 if none */
+    int32_t eos_ids[MOET_MAX_EOS];
+    int32_t n_eos;
+} moet_hparams;
+
+typedef struct {
+    moet_weight wq, wk, wv, wo;
+    const float *bq, *bk, *bv, *bo;          /* NULL without attention bias */
+    const float *attn_norm, *ffn_norm;       /* [hidden] f32 */
+    const float *q_norm, *k_norm;            /* [head_dim] f32, NULL without q/k norm */
+    int32_t is_moe;
+    moet_weight router;                      /* [n_experts × hidden] */
+    moet_weight *exp_gate, *exp_up, *exp_down; /* [n_experts] each */
+    moet_weight gate, up, down;              /* dense MLP */
+} moet_layer;
+
+#endif

@@ -1,0 +1,278 @@
+/*
+ * model.c — loading a Hugging Face checkpoint directory into an immutable moet_model.
+ *
+ * Order: config.json (architecture lookup, hyperparameters) -> safetensors (validated, mmap'd) -> the
+ * architecture's bind (every tensor's name, dtype and shape checked against the hyperparameters) -> tokenizer.
+ * Any failure frees everything built so far: a failed load leaves no partial state.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "format/hf_config.h"
+#include "model/model.h"
+#include "quant/types.h"
+
+moet_model_options moet_model_default_options(void) {
+    moet_model_options o = {.n_threads = 0, .verbose = 0};
+    return o;
+}
+
+const char *moet_model_supported_architectures(void) { return moet_arch_list(); }
+
+/* ---- binding helpers ------------------------------------------------------------------------------------------ */
+
+static const moet_st_tensor *find_tensor(struct moet_model *m, const char *name, char *err, size_t errlen) {
+    const moet_st_tensor *t = moet_st_find(&m->st, name);
+    if (!t) moet_err(err, errlen, MOET_EFORMAT, "tensor '%s' is missing from the checkpoint", name);
+    else m->st_used[t - m->st.tensors] = 1;
+    return t;
+}
+
+static int st_to_type(const moet_st_tensor *t) {
+    switch (t->dtype) {
+    case MOET_ST_F32: return MOET_TYPE_F32;
+    case MOET_ST_F16: return MOET_TYPE_F16;
+    case MOET_ST_BF16: return MOET_TYPE_BF16;
+    default: return -1;
+    }
+}
+
+int moet_has_tensor(const struct moet_model *m, const char *name) { return moet_st_find(&m->st, name) != NULL; }
+
+static int shape_error(struct moet_model *m, const moet_st_tensor *t, const char *want, char *err, size_t errlen) {
+    char sb[160];
+    return moet_err(err, errlen, MOET_EFORMAT, "%s: tensor '%s' has shape %s, config.json implies %s",
+                    m->st.paths[t->file], t->name, moet_st_shape_str(t, sb, sizeof sb), want);
+}
+
+int moet_bind_matrix(struct moet_model *m, const char *name, int64_t rows, int64_t cols, moet_weight *w, char *err,
+                     size_t errlen) {
+    return moet_bind_matrix_slice(m, name, 0, 0, rows, 0, rows, cols, w, err, errlen);
+}
+
+int moet_bind_matrix_slice(struct moet_model *m, const char *name, int64_t n, int64_t index, int64_t total_rows,
+                           int64_t r0, int64_t rows, int64_t cols, moet_weight *w, char *err, size_t errlen) {
+    const moet_st_tensor *t = find_tensor(m, name, err, errlen);
+    if (!t) return MOET_EFORMAT;
+    char want[160];
+    if (n == 0) {
+        snprintf(want, sizeof want, "[%lld, %lld]", (long long)total_rows, (long long)cols);
+        if (t->ndim != 2 || t->shape[0] != total_rows || t->shape[1] != cols) return shape_error(m, t, want, err, errlen);
+    } else {
+        snprintf(want, sizeof want, "[%lld, %lld, %lld]", (long long)n, (long long)total_rows, (long long)cols);
+        if (t->ndim != 3 || t->shape[0] != n || t->shape[1] != total_rows || t->shape[2] != cols)
+            return shape_error(m, t, want, err, errlen);
+    }
+    int type = st_to_type(t);
+    if (type < 0)
+        return moet_err(err, errlen, MOET_EUNSUP, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)",
+                        m->st.paths[t->file], name, moet_st_dtype_name(t->dtype));
+    w->type = type;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = moet_type_row_bytes(type, cols);
+    w->data = t->data + ((size_t)index * (size_t)total_rows + (size_t)r0) * w->row_bytes;
+    return MOET_OK;
+}
+
+int moet_bind_vector(struct moet_model *m, const char *name, int64_t n, const float **out, char *err, size_t errlen) {
+    const moet_st_tensor *t = find_tensor(m, name, err, errlen);
+    if (!t) return MOET_EFORMAT;
+    if (t->ndim != 1 || t->shape[0] != n) {
+        char want[64];
+        snprintf(want, sizeof want, "[%lld]", (long long)n);
+        return shape_error(m, t, want, err, errlen);
+    }
+    int type = st_to_type(t);
+    if (type < 0)
+        return moet_err(err, errlen, MOET_EUNSUP, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)",
+                        m->st.paths[t->file], name, moet_st_dtype_name(t->dtype));
+    if (m->n_f32_bufs == m->cap_f32_bufs) {
+        size_t nc = m->cap_f32_bufs ? m->cap_f32_bufs * 2 : 64;
+        float **nb = realloc(m->f32_bufs, nc * sizeof(*nb));
+        if (!nb) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+        m->f32_bufs = nb;
+        m->cap_f32_bufs = nc;
+    }
+    float *v = malloc((size_t)(n ? n : 1) * sizeof(float));
+    if (!v) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    moet_type_row_to_f32(type, t->data, v, n);
+    m->f32_bufs[m->n_f32_bufs++] = v;
+    *out = v;
+    return MOET_OK;
+}
+
+/* ---- load ------------------------------------------------------------------------------------------------------ */
+
+static int read_json(const char *path, json_t **out, char *err, size_t errlen) {
+    char *txt;
+    size_t len;
+    int rc = moet_file_read_all(path, 64u << 20, &txt, &len, err, errlen);
+    if (rc) return rc;
+    json_error_t je;
+    *out = json_loadb(txt, len, JSON_REJECT_DUPLICATES, &je);
+    free(txt);
+    if (!*out) return moet_err(err, errlen, MOET_EFORMAT, "%s: invalid JSON (line %d col %d): %s", path, je.line,
+                               je.column, je.text);
+    if (!json_is_object(*out)) {
+        json_decref(*out);
+        *out = NULL;
+        return moet_err(err, errlen, MOET_EFORMAT, "%s: not a JSON object", path);
+    }
+    return MOET_OK;
+}
+
+static int read_eos(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen) {
+    const json_t *v = json_object_get(cfg, "eos_token_id");
+    if (!v || json_is_null(v)) return MOET_OK;
+    hp->n_eos = 0;
+    if (json_is_integer(v)) {
+        if (json_integer_value(v) < 0 || json_integer_value(v) >= hp->vocab)
+            return moet_err(err, errlen, MOET_EFORMAT, "eos_token_id out of range");
+        hp->eos_ids[hp->n_eos++] = (int32_t)json_integer_value(v);
+        return MOET_OK;
+    }
+    if (!json_is_array(v)) return moet_err(err, errlen, MOET_EFORMAT, "eos_token_id must be an integer or a list");
+    size_t i;
+    json_t *x;
+    json_array_foreach(v, i, x) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= hp->vocab)
+            return moet_err(err, errlen, MOET_EFORMAT, "eos_token_id[%zu] out of range", i);
+        if (hp->n_eos < MOET_MAX_EOS) hp->eos_ids[hp->n_eos++] = (int32_t)json_integer_value(x);
+    }
+    return MOET_OK;
+}
+
+void moet_model_free(moet_model *m) {
+    if (!m) return;
+    if (m->be) m->be->ops->destroy(m->be);
+    if (m->layers)
+        for (int i = 0; i < m->hp.n_layers; i++) free(m->layers[i].exp_gate);
+    free(m->layers);
+    for (size_t i = 0; i < m->n_f32_bufs; i++) free(m->f32_bufs[i]);
+    free(m->f32_bufs);
+    free(m->hp.layer_moe);
+    free(m->st_used);
+    moet_st_free(&m->st);
+    moet_tokenizer_free(m->tok);
+    free(m->chat_template);
+    free(m);
+}
+
+int moet_model_load(const char *path, const moet_model_options *opt, moet_model **out, char *err, size_t errlen) {
+    *out = NULL;
+    moet_model_options o = opt ? *opt : moet_model_default_options();
+    moet_model *m = calloc(1, sizeof(*m));
+    if (!m) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    moet_st_init(&m->st);
+    char p[4096], sub[512];
+    json_t *cfg = NULL;
+    int rc;
+    double t0 = moet_time_s();
+
+    if (!moet_path_join(p, sizeof p, path, "config.json")) { rc = moet_err(err, errlen, MOET_EINVAL, "path too long"); goto fail; }
+    if ((rc = read_json(p, &cfg, err, errlen))) goto fail;
+    const json_t *archs = json_object_get(cfg, "architectures");
+    const char *aname = json_is_array(archs) ? json_string_value(json_array_get(archs, 0)) : NULL;
+    if (!aname) { rc = moet_err(err, errlen, MOET_EFORMAT, "%s: missing 'architectures'", p); goto fail; }
+    m->arch = moet_arch_find(aname);
+    if (!m->arch) {
+        rc = moet_err(err, errlen, MOET_EUNSUP, "%s: unsupported architecture '%s' (supported: %s)", p, aname,
+                      moet_arch_list());
+        goto fail;
+    }
+    snprintf(m->hp.architecture, sizeof m->hp.architecture, "%s", aname);
+    m->hp.bos_id = -1;
+    if ((rc = m->arch->parse_config(cfg, &m->hp, sub, sizeof sub))) {
+        moet_err(err, errlen, rc, "%s: %s", p, sub);
+        goto fail;
+    }
+    {
+        int32_t bos;
+        if ((rc = moet_cfg_int(cfg, "bos_token_id", false, -1, -1, m->hp.vocab - 1, &bos, sub, sizeof sub)) ||
+            (rc = read_eos(cfg, &m->hp, sub, sizeof sub))) {
+            moet_err(err, errlen, rc, "%s: %s", p, sub);
+            goto fail;
+        }
+        m->hp.bos_id = bos;
+    }
+    json_decref(cfg);
+    cfg = NULL;
+    if (moet_path_join(p, sizeof p, path, "generation_config.json") && moet_file_exists(p)) {
+        if ((rc = read_json(p, &cfg, err, errlen))) goto fail;
+        if ((rc = read_eos(cfg, &m->hp, sub, sizeof sub))) { moet_err(err, errlen, rc, "%s: %s", p, sub); goto fail; }
+        json_decref(cfg);
+        cfg = NULL;
+    }
+
+    if ((rc = moet_st_open_dir(&m->st, path, err, errlen))) goto fail;
+    m->st_used = calloc(m->st.n_tensors + 1, 1);
+    if (!m->st_used) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto fail; }
+    if ((rc = m->arch->bind(m, err, errlen))) goto fail;
+    size_t unused = 0;
+    for (size_t i = 0; i < m->st.n_tensors; i++) {
+        const moet_st_tensor *t = &m->st.tensors[i];
+        uint64_t cnt = t->nbytes / moet_st_dtype_size(t->dtype);
+        m->n_params += (int64_t)cnt;
+        m->weight_bytes += (int64_t)t->nbytes;
+        if (!m->st_used[i]) {
+            if (unused++ < 5) MOET_LOGW("%s: tensor '%s' is not used by %s", m->st.paths[t->file], t->name, m->hp.architecture);
+        }
+    }
+    if (unused > 5) MOET_LOGW("... %zu unused tensors in all", unused);
+
+    if (!moet_path_join(p, sizeof p, path, "tokenizer.json")) { rc = moet_err(err, errlen, MOET_EINVAL, "path too long"); goto fail; }
+    if ((rc = moet_tokenizer_load(p, &m->tok, err, errlen))) goto fail;
+    if (moet_tokenizer_vocab_size(m->tok) > m->hp.vocab) {
+        rc = moet_err(err, errlen, MOET_EFORMAT, "%s: %d tokens but the model's vocab_size is %d", p,
+                      moet_tokenizer_vocab_size(m->tok), m->hp.vocab);
+        goto fail;
+    }
+    if (moet_path_join(p, sizeof p, path, "tokenizer_config.json") && moet_file_exists(p)) {
+        if ((rc = read_json(p, &cfg, err, errlen))) goto fail;
+        const char *tmpl = json_string_value(json_object_get(cfg, "chat_template"));
+        if (tmpl && !(m->chat_template = strdup(tmpl))) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto fail; }
+        json_decref(cfg);
+        cfg = NULL;
+    }
+    m->be = moet_backend_cpu_create(o.n_threads);
+    if (!m->be) { rc = moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend"); goto fail; }
+    if (o.verbose)
+        MOET_LOGI("loaded %s (%s): %d layers, %d experts (top %d), %.1fM params, %.1f MiB, %.2f s", path, m->hp.architecture,
+                  m->hp.n_layers, m->hp.n_experts, m->hp.n_experts_used, (double)m->n_params / 1e6,
+                  (double)m->weight_bytes / (1 << 20), moet_time_s() - t0);
+    *out = m;
+    return MOET_OK;
+fail:
+    json_decref(cfg);
+    moet_model_free(m);
+    return rc;
+}
+
+void moet_model_info_get(const moet_model *m, moet_model_info *info) {
+    const moet_hparams *hp = &m->hp;
+    info->architecture = hp->architecture;
+    info->vocab_size = hp->vocab;
+    info->hidden_size = hp->hidden;
+    info->n_layers = hp->n_layers;
+    info->n_heads = hp->n_heads;
+    info->n_kv_heads = hp->n_kv_heads;
+    info->head_dim = hp->head_dim;
+    info->n_experts = hp->n_experts;
+    info->n_experts_used = hp->n_experts_used;
+    info->expert_ffn = hp->expert_ffn;
+    info->dense_ffn = hp->dense_ffn;
+    info->max_positions = hp->max_pos;
+    info->n_params = m->n_params;
+    info->weight_bytes = m->weight_bytes;
+}
+
+const moet_tokenizer *moet_model_tokenizer(const moet_model *m) { return m->tok; }
+
+int moet_model_eos_ids(const moet_model *m, int32_t *ids, int cap) {
+    int n = m->hp.n_eos < cap ? m->hp.n_eos : cap;
+    memcpy(ids, m->hp.eos_ids, (size_t)n * sizeof(int32_t));
+    return n;
+}

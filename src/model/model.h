@@ -1,0 +1,40 @@
+/*
+ * model.h — the inside of moet_model, and the binding helpers architecture files use.
+ */
+#ifndef MOET_MODEL_MODEL_H
+#define MOET_MODEL_MODEL_H
+
+#include "backend/backend.h"
+#include "format/safetensors.h"
+#include "model/arch.h"
+#include "model/hparams.h"
+#include "moet.h"
+
+struct moet_model {
+    moet_hparams hp;
+    const moet_arch *arch;
+    moet_st_set st;
+    uint8_t *st_used;          /* [st.n_tensors]: bound by the architecture */
+    moet_tokenizer *tok;
+    moet_backend *be;
+    moet_weight tok_embd, output;
+    const float *out_norm;
+    moet_layer *layers;
+    float **f32_bufs;          /* owned f32 copies of small vectors (norms, biases) */
+    size_t n_f32_bufs, cap_f32_bufs;
+    int64_t n_params, weight_bytes;
+    char *chat_template;       /* from tokenizer_config.json, may be NULL */
+};
+
+/* Binds a 2-D tensor of exactly [rows, cols] (F32/F16/BF16). */
+int moet_bind_matrix(struct moet_model *m, const char *name, int64_t rows, int64_t cols, moet_weight *w, char *err,
+                     size_t errlen);
+/* Binds rows [r0, r0+rows) of slice `index` of a 3-D tensor [n, total_rows, cols] (fused expert tensors). */
+int moet_bind_matrix_slice(struct moet_model *m, const char *name, int64_t n, int64_t index, int64_t total_rows,
+                           int64_t r0, int64_t rows, int64_t cols, moet_weight *w, char *err, size_t errlen);
+/* Binds a 1-D tensor of n elements as an owned f32 copy. */
+int moet_bind_vector(struct moet_model *m, const char *name, int64_t n, const float **out, char *err, size_t errlen);
+/* True if the checkpoint has a tensor of this name. */
+int moet_has_tensor(const struct moet_model *m, const char *name);
+
+#endif

@@ -1,0 +1,34 @@
+/*
+ * types.h — the element/block types moet stores weights in, and their traits.
+ *
+ * IDs equal ggml's where the layout is byte-identical (so a pack's tensors list correctly in ggml tools); moet's own
+ * types live at MOET_TYPE_OWN_BASE and up. An ID is never reused after a layout change: a changed layout gets a new
+ * ID. This header is plain C shared by the C and CUDA code.
+ */
+#ifndef MOET_QUANT_TYPES_H
+#define MOET_QUANT_TYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    MOET_TYPE_F32 = 0,   /* ggml GGML_TYPE_F32 */
+    MOET_TYPE_F16 = 1,   /* ggml GGML_TYPE_F16 */
+    MOET_TYPE_BF16 = 30, /* ggml GGML_TYPE_BF16 */
+    MOET_TYPE_OWN_BASE = 1024,
+} moet_type;
+
+typedef struct {
+    const char *name;
+    int32_t block_size;  /* elements per block (1 for plain types) */
+    int32_t type_size;   /* bytes per block */
+} moet_type_traits;
+
+/* NULL for an unknown id. */
+const moet_type_traits *moet_type_get(int32_t type);
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size or the type is unknown. */
+size_t moet_type_row_bytes(int32_t type, int64_t n);
+/* Widens one row of n elements to f32 (the scalar reference every fast kernel is checked against). */
+void moet_type_row_to_f32(int32_t type, const void *src, float *dst, int64_t n);
+
+#endif

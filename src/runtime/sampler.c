@@ -1,0 +1,156 @@
+/*
+ * sampler.c — next-token selection: penalties, temperature, top-k, top-p, min-p, then a seeded draw.
+ *
+ * Order (the one llama.cpp and HF's warpers agree on where they overlap): repetition/presence/frequency penalties on
+ * raw logits -> temperature -> top-k -> top-p (nucleus) -> min-p (relative to the top probability) -> sample.
+ * temperature <= 0 is greedy (argmax after penalties; ties go to the lowest id, as torch.argmax does).
+ * The RNG is xoshiro256** seeded through splitmix64, so a seed fixes the whole stream. All buffers are sized by
+ * the vocabulary at creation: sampling never allocates.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "moet.h"
+
+struct moet_sampler {
+    moet_sampler_options o;
+    int32_t V;
+    uint64_t rng[4];
+    float *logit;       /* working copy [V] */
+    int32_t *count;     /* occurrences in the penalty window [V] */
+    int32_t *idx;       /* candidate ids [V] */
+    float *prob;        /* candidate probabilities [V] */
+};
+
+moet_sampler_options moet_sampler_default_options(void) {
+    moet_sampler_options o = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
+                              .repetition_penalty = 1.0f, .presence_penalty = 0.0f, .frequency_penalty = 0.0f,
+                              .penalty_last_n = 64, .seed = 0};
+    return o;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t next_u64(uint64_t s[4]) {
+    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+    return r;
+}
+
+int moet_sampler_create(const moet_sampler_options *opt, int32_t vocab_size, moet_sampler **out, char *err,
+                        size_t errlen) {
+    *out = NULL;
+    moet_sampler_options o = opt ? *opt : moet_sampler_default_options();
+    if (vocab_size <= 0) return moet_err(err, errlen, MOET_EINVAL, "vocab size %d", vocab_size);
+    if (!(o.temperature >= 0) || !(o.top_p > 0 && o.top_p <= 1) || !(o.min_p >= 0 && o.min_p <= 1) || o.top_k < 0 ||
+        !(o.repetition_penalty > 0))
+        return moet_err(err, errlen, MOET_EINVAL,
+                        "sampler options out of range (temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, top_k >= 0, "
+                        "repetition_penalty > 0)");
+    moet_sampler *s = calloc(1, sizeof(*s));
+    if (!s) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    s->o = o;
+    s->V = vocab_size;
+    s->logit = malloc((size_t)vocab_size * sizeof(float));
+    s->count = calloc((size_t)vocab_size, sizeof(int32_t));
+    s->idx = malloc((size_t)vocab_size * sizeof(int32_t));
+    s->prob = malloc((size_t)vocab_size * sizeof(float));
+    if (!s->logit || !s->count || !s->idx || !s->prob) {
+        moet_sampler_free(s);
+        return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    }
+    uint64_t x = o.seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    *out = s;
+    return MOET_OK;
+}
+
+void moet_sampler_free(moet_sampler *s) {
+    if (!s) return;
+    free(s->logit);
+    free(s->count);
+    free(s->idx);
+    free(s->prob);
+    free(s);
+}
+
+static int cmp_desc(const void *a, const void *b, void *key) {
+    const float *k = key;
+    float x = k[*(const int32_t *)a], y = k[*(const int32_t *)b];
+    if (x != y) return x > y ? -1 : 1;
+    return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+int32_t moet_sampler_sample(moet_sampler *s, const float *logits, const int32_t *history, size_t n_history) {
+    const moet_sampler_options *o = &s->o;
+    const int32_t V = s->V;
+    float *l = s->logit;
+    memcpy(l, logits, (size_t)V * sizeof(float));
+
+    int penal = o->repetition_penalty != 1.0f || o->presence_penalty != 0.0f || o->frequency_penalty != 0.0f;
+    if (penal && n_history) {
+        size_t from = (o->penalty_last_n < 0 || (size_t)o->penalty_last_n >= n_history) ? 0
+                                                                                        : n_history - (size_t)o->penalty_last_n;
+        for (size_t i = from; i < n_history; i++)
+            if (history[i] >= 0 && history[i] < V) s->count[history[i]]++;
+        for (size_t i = from; i < n_history; i++) {
+            int32_t t = history[i];
+            if (t < 0 || t >= V || s->count[t] == 0) continue;
+            if (o->repetition_penalty != 1.0f) l[t] = l[t] > 0 ? l[t] / o->repetition_penalty : l[t] * o->repetition_penalty;
+            l[t] -= o->presence_penalty + o->frequency_penalty * (float)s->count[t];
+            s->count[t] = 0; /* apply once per distinct token, and leave the array zeroed */
+        }
+    }
+    if (o->temperature <= 0.0f) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < V; i++)
+            if (l[i] > l[best]) best = i;
+        return best;
+    }
+    for (int32_t i = 0; i < V; i++) l[i] /= o->temperature;
+    /* Candidates sorted by logit, descending; top-k cuts the list first. */
+    int32_t n = V;
+    for (int32_t i = 0; i < V; i++) s->idx[i] = i;
+    qsort_r(s->idx, (size_t)V, sizeof(int32_t), cmp_desc, l);
+    if (o->top_k > 0 && o->top_k < n) n = o->top_k;
+    double sum = 0;
+    float mx = l[s->idx[0]];
+    for (int32_t i = 0; i < n; i++) {
+        s->prob[i] = expf(l[s->idx[i]] - mx);
+        sum += s->prob[i];
+    }
+    for (int32_t i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
+    if (o->top_p < 1.0f) {
+        double c = 0;
+        int32_t keep = n;
+        for (int32_t i = 0; i < n; i++) {
+            c += s->prob[i];
+            if (c >= o->top_p) { keep = i + 1; break; }
+        }
+        n = keep;
+    }
+    if (o->min_p > 0.0f) {
+        float thr = o->min_p * s->prob[0];
+        int32_t keep = 1;
+        while (keep < n && s->prob[keep] >= thr) keep++;
+        n = keep;
+    }
+    double tot = 0;
+    for (int32_t i = 0; i < n; i++) tot += s->prob[i];
+    double r = (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0) * tot;
+    double c = 0;
+    for (int32_t i = 0; i < n; i++) {
+        c += s->prob[i];
+        if (r < c) return s->idx[i];
+    }
+    return s->idx[n - 1];
+}

@@ -1,0 +1,213 @@
+/*
+ * session.c — a sequence's state (KV cache, scratch, logits) and the forward pass over a layer plan.
+ *
+ * The forward is architecture-independent: it walks moet_layer entries that an architecture file bound, and does
+ * all compute through the backend ABI. Every buffer is allocated when the session is created, sized by n_ctx and
+ * n_batch, so eval() never allocates: decode is a loop over preallocated memory.
+ *
+ * Long evals are cut into chunks of n_batch tokens; attention within a chunk is causal over the cache, so chunked
+ * prefill, whole prefill and token-by-token decode compute the same function (tests check they agree).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "model/model.h"
+
+struct moet_session {
+    const moet_model *m;
+    moet_backend *be;
+    int32_t n_ctx, n_batch, n_logits_cap, pos;
+    float **k_cache, **v_cache;     /* [layer] -> [n_ctx][n_kv * head_dim] */
+    float *x, *h, *q, *k, *v, *att, *tmp, *cs, *mlp_scr, *moe_scr, *att_scr, *topk_w;
+    int32_t *topk_ids;
+    float *inv_freq;                /* [rope_dim/2] */
+    float *logits;                  /* [n_logits_cap][vocab] */
+    int32_t n_logit_rows;
+    void **allocs;
+    int n_allocs;
+};
+
+moet_session_options moet_session_default_options(void) {
+    moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0};
+    return o;
+}
+
+static void *salloc(moet_session *s, size_t bytes) {
+    void *p = s->be->ops->alloc(s->be, bytes);
+    if (p) s->allocs[s->n_allocs++] = p;
+    return p;
+}
+
+void moet_session_free(moet_session *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n_allocs; i++) s->be->ops->release(s->be, s->allocs[i]);
+    free(s->allocs);
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s->inv_freq);
+    free(s);
+}
+
+int moet_session_create(const moet_model *m, const moet_session_options *opt, moet_session **out, char *err,
+                        size_t errlen) {
+    *out = NULL;
+    moet_session_options o = opt ? *opt : moet_session_default_options();
+    const moet_hparams *hp = &m->hp;
+    if (o.n_ctx <= 0) o.n_ctx = hp->max_pos;
+    if (o.n_batch <= 0) o.n_batch = 256;
+    if (o.n_batch > o.n_ctx) o.n_batch = o.n_ctx;
+    if (o.n_logits <= 0) o.n_logits = o.n_batch;
+    if (o.n_ctx > hp->max_pos)
+        return moet_err(err, errlen, MOET_ERANGE, "n_ctx %d exceeds the model's max_position_embeddings %d", o.n_ctx,
+                        hp->max_pos);
+    if (o.n_logits > o.n_ctx) o.n_logits = o.n_ctx;
+    moet_session *s = calloc(1, sizeof(*s));
+    if (!s) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    s->m = m;
+    s->be = m->be;
+    s->n_ctx = o.n_ctx;
+    s->n_batch = o.n_batch;
+    s->n_logits_cap = o.n_logits;
+    const size_t B = (size_t)o.n_batch, H = (size_t)hp->hidden, Dq = (size_t)hp->n_heads * hp->head_dim,
+                 Dkv = (size_t)hp->n_kv_heads * hp->head_dim, L = (size_t)hp->n_layers;
+    s->allocs = calloc(2 * L + 32, sizeof(void *));
+    s->k_cache = calloc(L, sizeof(float *));
+    s->v_cache = calloc(L, sizeof(float *));
+    s->inv_freq = calloc((size_t)hp->rope_dim / 2 + 1, sizeof(float));
+    if (!s->allocs || !s->k_cache || !s->v_cache || !s->inv_freq) goto oom;
+    for (size_t l = 0; l < L; l++) {
+        if (!(s->k_cache[l] = salloc(s, (size_t)o.n_ctx * Dkv * sizeof(float)))) goto oom;
+        if (!(s->v_cache[l] = salloc(s, (size_t)o.n_ctx * Dkv * sizeof(float)))) goto oom;
+    }
+    size_t F = (size_t)(hp->dense_ffn > 0 ? hp->dense_ffn : 1);
+#define A(ptr, count) do { if (!((ptr) = salloc(s, (size_t)(count) * sizeof(*(ptr))))) goto oom; } while (0)
+    A(s->x, B * H);
+    A(s->h, B * H);
+    A(s->q, B * Dq);
+    A(s->k, B * Dkv);
+    A(s->v, B * Dkv);
+    A(s->att, B * Dq);
+    A(s->tmp, B * H);
+    A(s->cs, B * (size_t)hp->rope_dim);
+    A(s->mlp_scr, 2 * B * F);
+    A(s->logits, (size_t)o.n_logits * (size_t)hp->vocab);
+    if (hp->n_experts > 0) {
+        A(s->topk_ids, B * (size_t)hp->n_experts_used);
+        A(s->topk_w, B * (size_t)hp->n_experts_used);
+        size_t mb = s->be->ops->moe_scratch_bytes(s->be, (int64_t)B, hp->hidden, hp->expert_ffn, hp->n_experts,
+                                                   hp->n_experts_used);
+        if (!(s->moe_scr = salloc(s, mb))) goto oom;
+    }
+    if (!(s->att_scr = salloc(s, s->be->ops->attn_scratch_bytes(s->be, o.n_ctx)))) goto oom;
+#undef A
+    for (int i = 0; i < hp->rope_dim / 2; i++)
+        s->inv_freq[i] = (float)(1.0 / pow(hp->rope_theta, (double)(2 * i) / (double)hp->rope_dim));
+    *out = s;
+    return MOET_OK;
+oom:
+    moet_session_free(s);
+    return moet_err(err, errlen, MOET_ENOMEM, "out of memory creating a session (n_ctx %d, n_batch %d)", o.n_ctx,
+                    o.n_batch);
+}
+
+/* One chunk of n <= n_batch tokens at positions pos..pos+n-1. Logits of rows [first_logit, n) go to out. */
+static void forward_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t first_logit, float *out) {
+    const moet_model *m = s->m;
+    const moet_hparams *hp = &m->hp;
+    const moet_backend_ops *op = s->be->ops;
+    moet_backend *be = s->be;
+    const int64_t H = hp->hidden, hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads;
+    const int64_t Dq = nh * hd, Dkv = nkv * hd;
+    const int half = hp->rope_dim / 2;
+
+    /* cos/sin as transformers computes them: f32 inv_freq times f32 position, then cos/sin of that f32 angle. */
+    for (int32_t t = 0; t < n; t++) {
+        float p = (float)(s->pos + t);
+        for (int i = 0; i < half; i++) {
+            float ang = p * s->inv_freq[i];
+            s->cs[((size_t)t * half + i) * 2] = (float)cos((double)ang);
+            s->cs[((size_t)t * half + i) * 2 + 1] = (float)sin((double)ang);
+        }
+    }
+    op->get_rows(be, &m->tok_embd, tokens, n, s->x);
+    for (int il = 0; il < hp->n_layers; il++) {
+        const moet_layer *L = &m->layers[il];
+        op->rms_norm(be, s->x, L->attn_norm, n, H, hp->rms_eps, s->h);
+        op->mul_mat(be, &L->wq, s->h, n, s->q);
+        op->mul_mat(be, &L->wk, s->h, n, s->k);
+        op->mul_mat(be, &L->wv, s->h, n, s->v);
+        if (L->bq) op->add(be, s->q, NULL, L->bq, n, Dq);
+        if (L->bk) op->add(be, s->k, NULL, L->bk, n, Dkv);
+        if (L->bv) op->add(be, s->v, NULL, L->bv, n, Dkv);
+        if (L->q_norm) op->rms_norm(be, s->q, L->q_norm, n * nh, hd, hp->rms_eps, s->q);
+        if (L->k_norm) op->rms_norm(be, s->k, L->k_norm, n * nkv, hd, hp->rms_eps, s->k);
+        op->rope(be, s->q, n, (int32_t)nh, (int32_t)hd, hp->rope_dim, s->cs);
+        op->rope(be, s->k, n, (int32_t)nkv, (int32_t)hd, hp->rope_dim, s->cs);
+        op->copy(be, s->k_cache[il] + (size_t)s->pos * Dkv, s->k, (size_t)n * Dkv * sizeof(float));
+        op->copy(be, s->v_cache[il] + (size_t)s->pos * Dkv, s->v, (size_t)n * Dkv * sizeof(float));
+        moet_attn_args aa = {.q = s->q, .k_cache = s->k_cache[il], .v_cache = s->v_cache[il], .pos0 = s->pos,
+                             .n_tok = n, .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd,
+                             .n_ctx = s->n_ctx, .scale = (float)(1.0 / sqrt((double)hd)), .out = s->att,
+                             .scratch = s->att_scr};
+        op->attention(be, &aa);
+        op->mul_mat(be, &L->wo, s->att, n, s->tmp);
+        if (L->bo) op->add(be, s->tmp, NULL, L->bo, n, H);
+        op->add(be, s->x, s->tmp, NULL, n, H);
+        op->rms_norm(be, s->x, L->ffn_norm, n, H, hp->rms_eps, s->h);
+        if (L->is_moe) {
+            moet_moe_args ma = {.x = s->h, .n_tok = n, .hidden = H, .ffn = hp->expert_ffn, .router = &L->router,
+                                .n_experts = hp->n_experts, .n_used = hp->n_experts_used,
+                                .scoring = hp->router_scoring, .norm_topk = hp->norm_topk, .gate = L->exp_gate,
+                                .up = L->exp_up, .down = L->exp_down, .topk_ids = s->topk_ids, .topk_w = s->topk_w,
+                                .y = s->tmp, .scratch = s->moe_scr};
+            op->moe(be, &ma);
+        } else {
+            op->mlp(be, &L->gate, &L->up, &L->down, s->h, n, s->mlp_scr, s->tmp);
+        }
+        op->add(be, s->x, s->tmp, NULL, n, H);
+    }
+    s->pos += n;
+    if (first_logit >= n) return;
+    const int32_t nl = n - first_logit;
+    op->rms_norm(be, s->x + (size_t)first_logit * H, m->out_norm, nl, H, hp->rms_eps, s->h);
+    op->mul_mat(be, &m->output, s->h, nl, out);
+}
+
+int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int logits_mode, char *err, size_t errlen) {
+    const int32_t V = s->m->hp.vocab;
+    if (n <= 0) return moet_err(err, errlen, MOET_EINVAL, "eval of %d tokens", n);
+    if ((int64_t)s->pos + n > s->n_ctx)
+        return moet_err(err, errlen, MOET_ERANGE, "context full: %d + %d tokens exceed n_ctx %d", s->pos, n, s->n_ctx);
+    if (logits_mode == MOET_LOGITS_ALL && n > s->n_logits_cap)
+        return moet_err(err, errlen, MOET_ERANGE, "%d logit rows requested, the session keeps at most %d", n,
+                        s->n_logits_cap);
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return moet_err(err, errlen, MOET_EINVAL, "token id %d at %d outside [0, %d)", tokens[i], i, V);
+    for (int32_t off = 0; off < n; off += s->n_batch) {
+        int32_t c = n - off < s->n_batch ? n - off : s->n_batch;
+        int last = off + c == n;
+        if (logits_mode == MOET_LOGITS_ALL)
+            forward_chunk(s, tokens + off, c, 0, s->logits + (size_t)off * V);
+        else
+            forward_chunk(s, tokens + off, c, last ? c - 1 : c, s->logits);
+    }
+    s->n_logit_rows = logits_mode == MOET_LOGITS_ALL ? n : 1;
+    return MOET_OK;
+}
+
+const float *moet_session_logits(const moet_session *s, int32_t *n_rows) {
+    if (n_rows) *n_rows = s->n_logit_rows;
+    return s->logits;
+}
+
+int32_t moet_session_pos(const moet_session *s) { return s->pos; }
+
+int moet_session_truncate(moet_session *s, int32_t pos, char *err, size_t errlen) {
+    if (pos < 0 || pos > s->pos)
+        return moet_err(err, errlen, MOET_EINVAL, "truncate to %d outside [0, %d]", pos, s->pos);
+    s->pos = pos;
+    return MOET_OK;
+}

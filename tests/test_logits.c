@@ -1,0 +1,120 @@
+/*
+ * test_logits.c — the CPU forward against transformers.
+ *
+ * usage: test_logits MODEL_DIR REFERENCE.safetensors PROMPT_LEN GREEDY_HAS_PROMPT
+ * The reference (made by transformers in fp32 from the same bf16 weights) holds logits [W, T, V], input_ids [W, T]
+ * and greedy_ids [W, G]: transformers' greedy generate() from input_ids[:PROMPT_LEN]; GREEDY_HAS_PROMPT = 1 when
+ * greedy_ids starts with that prompt (the shared models' files), 0 when it holds only the generated tokens.
+ * Checks, per window:
+ *   - max |moet - ref| / max |ref| <= 1e-4 over the window's logits;
+ *   - greedy generation from input_ids reproduces greedy_ids token for token;
+ *   - prefill (one eval) and token-by-token decode give the same logits (<= 1e-6 relative);
+ *   - a chunked prefill (n_batch smaller than the window) gives the same logits too.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "format/safetensors.h"
+#include "moet.h"
+#include "test_util.h"
+
+static double rel_err(const float *a, const float *b, size_t n) {
+    double md = 0, mr = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= md)) md = d; /* NaN propagates as failure */
+        if (fabs(b[i]) > mr) mr = fabs(b[i]);
+    }
+    return md / (mr > 0 ? mr : 1);
+}
+
+int main(int argc, char **argv) {
+    REQUIRE(argc == 5, "usage: test_logits MODEL_DIR REFERENCE PROMPT_LEN GREEDY_HAS_PROMPT");
+    const int P = atoi(argv[3]), has_prompt = atoi(argv[4]);
+    char err[1024];
+    moet_model_options mo = moet_model_default_options();
+    moet_model *m;
+    REQUIRE(moet_model_load(argv[1], &mo, &m, err, sizeof err) == MOET_OK, "load: %s", err);
+    moet_st_set ref;
+    moet_st_init(&ref);
+    REQUIRE(moet_st_add_file(&ref, argv[2], err, sizeof err) == MOET_OK && moet_st_finish(&ref, err, sizeof err) == 0,
+            "reference: %s", err);
+    const moet_st_tensor *tl = moet_st_find(&ref, "logits"), *ti = moet_st_find(&ref, "input_ids"),
+                         *tg = moet_st_find(&ref, "greedy_ids");
+    REQUIRE(tl && ti && tg && tl->dtype == MOET_ST_F32 && ti->dtype == MOET_ST_I32 && tg->dtype == MOET_ST_I32 &&
+                tl->ndim == 3 && ti->ndim == 2 && tg->ndim == 2, "reference tensors missing or mistyped");
+    const int W = (int)tl->shape[0], T = (int)tl->shape[1], V = (int)tl->shape[2], GT = (int)tg->shape[1];
+    const int G = has_prompt ? GT - P : GT; /* generated tokens to compare */
+    REQUIRE(P >= 1 && P <= T && G >= 1, "bad PROMPT_LEN %d for T %d, greedy length %d", P, T, GT);
+    moet_model_info info;
+    moet_model_info_get(m, &info);
+    REQUIRE(V == info.vocab_size && ti->shape[0] == W && ti->shape[1] == T, "reference shape mismatch");
+    const float *rl = (const float *)tl->data;
+    const int32_t *rin = (const int32_t *)ti->data, *rg = (const int32_t *)tg->data;
+
+    moet_session_options so = moet_session_default_options();
+    so.n_ctx = T + GT + 1;
+    so.n_logits = T;
+    moet_session *s, *s1, *s2;
+    REQUIRE(moet_session_create(m, &so, &s, err, sizeof err) == 0, "%s", err);
+    REQUIRE(moet_session_create(m, &so, &s1, err, sizeof err) == 0, "%s", err);
+    moet_session_options sc = so;
+    sc.n_batch = 7; /* chunked prefill with a ragged last chunk */
+    sc.n_logits = T;
+    REQUIRE(moet_session_create(m, &sc, &s2, err, sizeof err) == 0, "%s", err);
+    float *inc = malloc((size_t)T * V * sizeof(float));
+    moet_sampler *greedy;
+    moet_sampler_options gs = moet_sampler_default_options();
+    REQUIRE(moet_sampler_create(&gs, V, &greedy, err, sizeof err) == 0, "%s", err);
+    for (int w = 0; w < W; w++) {
+        const int32_t *ids = rin + (size_t)w * T;
+        moet_session_truncate(s, 0, NULL, 0);
+        REQUIRE(moet_session_eval(s, ids, T, MOET_LOGITS_ALL, err, sizeof err) == 0, "%s", err);
+        const float *lg = moet_session_logits(s, NULL);
+        double e = rel_err(lg, rl + (size_t)w * T * V, (size_t)T * V);
+        fprintf(stderr, "window %d: max |moet - transformers| / max |transformers| = %.3g\n", w, e);
+        CHECK(e <= 1e-4, "window %d: logits relative error %.3g > 1e-4", w, e);
+        /* token-by-token */
+        moet_session_truncate(s1, 0, NULL, 0);
+        for (int t = 0; t < T; t++) {
+            REQUIRE(moet_session_eval(s1, ids + t, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+            memcpy(inc + (size_t)t * V, moet_session_logits(s1, NULL), (size_t)V * sizeof(float));
+        }
+        double ei = rel_err(inc, lg, (size_t)T * V);
+        CHECK(ei <= 1e-6, "window %d: incremental vs prefill relative difference %.3g", w, ei);
+        moet_session_truncate(s2, 0, NULL, 0);
+        REQUIRE(moet_session_eval(s2, ids, T, MOET_LOGITS_ALL, err, sizeof err) == 0, "%s", err);
+        double ec = rel_err(moet_session_logits(s2, NULL), lg, (size_t)T * V);
+        CHECK(ec <= 1e-6, "window %d: chunked vs whole prefill relative difference %.3g", w, ec);
+        fprintf(stderr, "window %d: incremental %s (%.3g), chunked %s (%.3g)\n", w,
+                memcmp(inc, lg, (size_t)T * V * 4) ? "close" : "bit-identical", ei,
+                memcmp(moet_session_logits(s2, NULL), lg, (size_t)T * V * 4) ? "close" : "bit-identical", ec);
+        /* greedy continuation of the prompt */
+        const int32_t *want = rg + (size_t)w * GT + (has_prompt ? P : 0);
+        if (has_prompt)
+            for (int i = 0; i < P; i++) REQUIRE(rg[(size_t)w * GT + i] == ids[i], "greedy_ids do not start with the prompt");
+        moet_session_truncate(s1, 0, NULL, 0);
+        REQUIRE(moet_session_eval(s1, ids, P, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+        int ok = 1;
+        const float *cur = moet_session_logits(s1, NULL);
+        for (int g = 0; g < G; g++) {
+            int32_t next = moet_sampler_sample(greedy, cur, NULL, 0);
+            if (next != want[g]) {
+                CHECK(0, "window %d: greedy token %d is %d, transformers gave %d", w, g, next, want[g]);
+                ok = 0;
+                break;
+            }
+            REQUIRE(moet_session_eval(s1, &next, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+            cur = moet_session_logits(s1, NULL);
+        }
+        if (ok) fprintf(stderr, "window %d: %d greedy tokens equal to transformers'\n", w, G);
+    }
+    free(inc);
+    moet_sampler_free(greedy);
+    moet_session_free(s);
+    moet_session_free(s1);
+    moet_session_free(s2);
+    moet_st_free(&ref);
+    moet_model_free(m);
+    TEST_END();
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Reference fixtures for moet's tests, made with transformers + HF tokenizers.
+
+Runs on the GPU machine (it has torch, transformers and tokenizers; this machine does not).
+Nothing here is hand-written expectation: every id and logit comes from the Hugging Face stack.
+
+  python3 tools/make_fixtures.py --out OUTDIR [--dev PATH_TO_dev.txt]
+
+Writes into OUTDIR:
+  tokenizer_cases.json      [{"text": s, "ids": [...]}, ...] from tokenizers.Tokenizer(models/moe-mini-a/tokenizer.json)
+  moe-mini-b/               a second Qwen3-MoE of a different shape (random init, bf16 on disk):
+                            config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
+                            reference_fp32.safetensors (logits [W,T,V] f32, input_ids [W,T] i32, greedy_ids [W,G] i32)
+  dev_ids.i32               the whole dev text tokenized (little-endian int32), if --dev is given
+  ppl_ref.json              transformers' fp32 perplexity of moe-mini-a on dev windows (ctx 512, 16 chunks)
+"""
+import argparse, json, os, shutil, struct, hashlib, sys
+
+import torch
+from tokenizers import Tokenizer
+from safetensors.torch import save_file
+import transformers
+from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MODEL_A = os.path.join(ROOT, "models", "moe-mini-a")
+
+CASES = [
+    "",
+    "Hello, world!",
+    "hello world",
+    " leading space",
+    "trailing space ",
+    "   three leading spaces",
+    "multiple   spaces    between     words",
+    "tab\tseparated\tvalues\t\t",
+    "line one\nline two\n\nline four\n",
+    "windows\r\nline\r\nendings\r\n",
+    "mixed \t \n whitespace \r\n\t  end",
+    "int main(void) {\n    printf(\"%d\\n\", 42);\n    return 0;\n}\n",
+    "def f(x):\n\treturn [i**2 for i in range(x) if i % 3 == 0]\n",
+    "my $x = $h{'key'} // 'default'; s/foo(\\d+)/bar$1/g;",
+    "3.14159 2718 1000000 0x1F -42 1e-6 12,345.67",
+    "version 5.20.3 released 2015-09-12",
+    "café naïve résumé façade Ångström",
+    "Straße über Öl æøå ÆØÅ",
+    "日本語のテキストです。",
+    "中文文本，包括标点符号！",
+    "한국어 텍스트",
+    "Ελληνικά και русский текст",
+    "emoji: 😀🎉👍🏽",
+    "family: 👨‍👩‍👧‍👦 and flag 🏳️‍🌈",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "text<|endoftext|>more text",
+    "<|endoftext|>",
+    "a<|im_end|>b<|im_start|>c",
+    "don't won't it's we're they've I'm you'll he'd",
+    "DON'T SHOUT IT'S LOUD",
+    "=head1 NAME\n\nperl5203delta - what is new for perl v5.20.3\n",
+    "L<perlfunc/study> C<$Config{cppsymbols}> F<t/perf/taint.t>",
+    "https://github.com/Perl/perl5/issues/14491",
+    "!!!???...,,,;;;:::",
+    "    indented code block\n        more indented\n",
+    "\u00a0non-breaking\u00a0space and\u2009thin space",
+    "zero\u200bwidth\u200bspace",
+    "a" * 100,
+    "supercalifragilisticexpialidocious antidisestablishmentarianism",
+    "\n\n\n",
+    " ",
+    "x",
+]
+
+
+def tokenizer_cases(out):
+    tok = Tokenizer.from_file(os.path.join(MODEL_A, "tokenizer.json"))
+    rows = []
+    for s in CASES:
+        ids = tok.encode(s).ids
+        rows.append({"text": s, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False)})
+    with open(os.path.join(out, "tokenizer_cases.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizers_version": __import__("tokenizers").__version__, "cases": rows}, f,
+                  ensure_ascii=True, indent=1)
+    print(f"tokenizer cases: {len(rows)}", flush=True)
+    return tok
+
+
+def make_model_b(out, tok, windows):
+    torch.manual_seed(1234)
+    cfg = Qwen3MoeConfig(
+        vocab_size=4096, hidden_size=128, intermediate_size=192, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=48, hidden_act="silu",
+        max_position_embeddings=512, initializer_range=0.1, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
+        attention_bias=False, decoder_sparse_step=1, moe_intermediate_size=32,
+        num_experts_per_tok=8, num_experts=64, norm_topk_prob=False, mlp_only_layers=[2],
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )
+    model = Qwen3MoeForCausalLM(cfg)
+    # Larger norm weights than the all-ones init so the norms are exercised.
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    for i, layer in enumerate(model.model.layers):
+        print(f"layer {i}: mlp = {type(layer.mlp).__name__}", flush=True)
+    d = os.path.join(out, "moe-mini-b")
+    os.makedirs(d, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(MODEL_A, f), d)
+    # Reference: reload what was written, upcast to fp32, like the shared models' references.
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    ids = torch.tensor(windows, dtype=torch.long)
+    with torch.no_grad():
+        logits = ref(ids).logits.float()
+        gen = ref.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None)
+    greedy = gen[:, ids.shape[1]:]
+    # Greedy must not hinge on a near-tie, or an exact-match test would test rounding.
+    with torch.no_grad():
+        full = ref(gen).logits.float()[:, ids.shape[1] - 1:-1]
+    top2 = torch.topk(torch.softmax(full, -1), 2, dim=-1).values
+    print(f"moe-mini-b: min greedy top1-top2 prob margin {float((top2[..., 0] - top2[..., 1]).min()):.4g}", flush=True)
+    save_file({"logits": logits.contiguous(), "input_ids": ids.to(torch.int32).contiguous(),
+               "greedy_ids": greedy.to(torch.int32).contiguous()},
+              os.path.join(d, "reference_fp32.safetensors"),
+              metadata={"transformers": transformers.__version__,
+                        "note": "transformers fp32 forward of model.safetensors (bf16 weights upcast)"})
+    print("moe-mini-b files:", sorted(os.listdir(d)), flush=True)
+    with open(os.path.join(d, "config.json")) as f:
+        print(f.read(), flush=True)
+
+
+def ppl_ref(out, dev_ids, ctx=512, chunks=16):
+    model = AutoModelForCausalLM.from_pretrained(MODEL_A, dtype=torch.float32).cuda().eval()
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for c in range(chunks):
+            w = torch.tensor(dev_ids[c * ctx:(c + 1) * ctx], dtype=torch.long, device="cuda")[None]
+            lp = torch.log_softmax(model(w).logits.float()[0, :-1].double(), -1)
+            nll -= float(lp.gather(1, w[0, 1:, None]).sum())
+            n += ctx - 1
+    res = {"model": "moe-mini-a", "ctx": ctx, "chunks": chunks, "tokens": n,
+           "ppl": float(torch.exp(torch.tensor(nll / n, dtype=torch.float64))),
+           "transformers": transformers.__version__}
+    with open(os.path.join(out, "ppl_ref.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print("ppl_ref", res, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dev")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
+    tok = tokenizer_cases(a.out)
+    dev_ids = None
+    if a.dev:
+        with open(a.dev, encoding="utf-8") as f:
+            dev_ids = tok.encode(f.read()).ids
+        with open(os.path.join(a.out, "dev_ids.i32"), "wb") as f:
+            f.write(struct.pack(f"<{len(dev_ids)}i", *dev_ids))
+        print(f"dev ids: {len(dev_ids)} sha256 "
+              f"{hashlib.sha256(struct.pack(f'<{len(dev_ids)}i', *dev_ids)).hexdigest()}", flush=True)
+        windows = [dev_ids[i * 1000: i * 1000 + 40] for i in range(4)]
+    else:
+        windows = [[(7 * i + 13 * j) % 4000 + 3 for j in range(40)] for i in range(4)]
+    make_model_b(a.out, tok, windows)
+    if dev_ids is not None and torch.cuda.is_available():
+        ppl_ref(a.out, dev_ids)
+
+
+if __name__ == "__main__":
+    main()

@@ -68,6 +68,7 @@ int cmd_perplexity(int argc, char **argv) {
     int32_t *toks = NULL, *scr_ids = NULL, *rec_ids = NULL;
     float *logp = NULL, *rec_lp = NULL;
     double *klds = NULL;
+    uint8_t *mark = NULL;
     FILE *fs = NULL, *fb = NULL;
     char tmp_path[4096] = {0};
     moet_session *s = NULL;
@@ -123,7 +124,8 @@ int cmd_perplexity(int argc, char **argv) {
     rec_ids = malloc(kh.topk * sizeof(int32_t));
     rec_lp = malloc(kh.topk * sizeof(float));
     klds = base ? malloc(n_pos * sizeof(double)) : NULL;
-    if (!logp || !scr_ids || !rec_ids || !rec_lp || (base && !klds)) { fprintf(stderr, "moet: out of memory\n"); goto out; }
+    mark = calloc((size_t)V, 1);
+    if (!logp || !scr_ids || !rec_ids || !rec_lp || (base && !klds) || !mark) { fprintf(stderr, "moet: out of memory\n"); goto out; }
     double nll = 0, t_eval = moet_time_s();
     size_t n_scored = 0, agree = 0;
     for (size_t w = 0; w < n_win; w++) {
@@ -155,7 +157,7 @@ int cmd_perplexity(int argc, char **argv) {
                 }
                 for (uint32_t k = 0; k < kh.topk; k++)
                     if (rec_ids[k] < 0 || rec_ids[k] >= V) { fprintf(stderr, "moet: error: %s is corrupt\n", base); goto out; }
-                klds[n_scored] = moet_kld_eval(rec_ids, rec_lp, rest, kh.topk, logp, V);
+                klds[n_scored] = moet_kld_eval(rec_ids, rec_lp, rest, kh.topk, logp, V, mark);
                 int32_t am = 0;
                 for (int32_t k = 1; k < V; k++) if (logp[k] > logp[am]) am = k;
                 agree += am == rec_ids[0];
@@ -205,6 +207,7 @@ out:
     free(rec_ids);
     free(rec_lp);
     free(klds);
+    free(mark);
     moet_model_free(m);
     return rc;
 }

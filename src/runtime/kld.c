@@ -31,19 +31,21 @@ void moet_kld_record(const float *logp, int32_t V, uint32_t topk, int32_t *scrat
     *rest = tail > 0 ? (float)log(tail) : -INFINITY;
 }
 
-double moet_kld_eval(const int32_t *ids, const float *lp, float rest, uint32_t topk, const float *logq, int32_t V) {
-    double kl = 0, qin = 0;
+double moet_kld_eval(const int32_t *ids, const float *lp, float rest, uint32_t topk, const float *logq, int32_t V,
+                     uint8_t *mark) {
+    double kl = 0;
     for (uint32_t i = 0; i < topk; i++) {
-        double p = exp((double)lp[i]);
-        kl += p * ((double)lp[i] - (double)logq[ids[i]]);
-        qin += exp((double)logq[ids[i]]);
+        kl += exp((double)lp[i]) * ((double)lp[i] - (double)logq[ids[i]]);
+        mark[ids[i]] = 1;
     }
     if (isfinite(rest)) {
-        double qrest = 1.0 - qin;
-        if (qrest < 1e-30) qrest = 1e-30;
+        double qrest = 0;
+        for (int32_t j = 0; j < V; j++)
+            if (!mark[j]) qrest += exp((double)logq[j]);
+        if (qrest < 1e-300) qrest = 1e-300;
         kl += exp((double)rest) * ((double)rest - log(qrest));
     }
-    (void)V;
+    for (uint32_t i = 0; i < topk; i++) mark[ids[i]] = 0;
     return kl;
 }
 

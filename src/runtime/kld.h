@@ -28,8 +28,10 @@ void moet_log_softmax(const float *logits, int32_t V, float *out);
 /* Record of one position from its log-probs: writes ids/logp (topk each) and rest. scratch: V int32. */
 void moet_kld_record(const float *logp, int32_t V, uint32_t topk, int32_t *scratch, int32_t *ids, float *lp,
                      float *rest);
-/* KL(base || q) over the base's top-k + rest buckets, q given as full log-probs. */
-double moet_kld_eval(const int32_t *ids, const float *lp, float rest, uint32_t topk, const float *logq, int32_t V);
+/* KL(base || q) over the base's top-k + rest buckets, q given as full log-probs. mark: V zeroed bytes (left zeroed);
+ * q's rest mass is summed over the tokens outside the base's top-k, never taken as 1 - sum (no cancellation). */
+double moet_kld_eval(const int32_t *ids, const float *lp, float rest, uint32_t topk, const float *logq, int32_t V,
+                     uint8_t *mark);
 
 int moet_kld_write_header(FILE *f, const moet_kld_header *h);
 int moet_kld_read_header(FILE *f, moet_kld_header *h); /* 0 ok, -1 bad/short */

@@ -205,7 +205,7 @@ static int regex_replace(const pcre2_code *re, const char *s, size_t len, const 
     size_t pos = 0, last = 0;
     int rc = 0;
     while (pos <= len) {
-        int r = pcre2_match(re, (PCRE2_SPTR)s, len, pos, 0, md, NULL);
+        int r = pcre2_match(re, (PCRE2_SPTR)s, len, pos, PCRE2_NO_UTF_CHECK, md, NULL);
         if (r < 0) break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         if (moet_pieces_add(&acc, s + last, ov[0] - last) || moet_pieces_add(&acc, rep, rlen)) { rc = -1; break; }
@@ -286,7 +286,7 @@ static int split_regex(const pcre2_code *re, int behavior, const char *s, size_t
     int have_pend = 0, rc = 0;
 #define EMIT(b, e) do { if ((e) > (b) && moet_pieces_add(out, s + (b), (e) - (b))) { rc = -1; goto done; } } while (0)
     while (pos < len) {
-        int r = pcre2_match(re, (PCRE2_SPTR)s, len, pos, 0, md, NULL);
+        int r = pcre2_match(re, (PCRE2_SPTR)s, len, pos, PCRE2_NO_UTF_CHECK, md, NULL);
         if (r < 0) break;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t mb = ov[0], me = ov[1];

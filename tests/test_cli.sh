@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# test_cli.sh — the moet binary end to end: run (greedy ids equal transformers'), tokenize, perplexity (PPL equal
+# transformers' on the same windows), KLD of a run to itself, and error exits on bad input.
+# usage: test_cli.sh MOET_BIN MODEL_DIR SHARED_DIR FIXTURES_DIR [quick]
+set -u
+MOET=$1; MODEL=$2; SHARED=$3; FIX=$4; QUICK=${5:-}
+fail=0
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+ok() { echo "ok   $1"; }
+bad() { echo "FAIL $1"; fail=1; }
+
+# tokenize: equal to HF tokenizers' ids for a fixture case
+got=$("$MOET" tokenize -m "$MODEL" "Hello, world!" 2>/dev/null)
+[ "$got" = "42 967 323 14 2375 3" ] && ok "tokenize" || bad "tokenize: '$got'"
+
+# run: greedy continuation of window 0's 16-token prompt equals transformers' greedy_ids (see tests/test_logits.c)
+prompt="16 201 464 276 388 14 269 1702 276 388 14 1644 306 390 329 29"
+want="269 276 1642 2137 306 269 276 1642"
+got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids 2>"$tmp/run.err")
+[ "$got" = "$want" ] && ok "run --print-ids greedy" || bad "run greedy: '$got' want '$want' ($(tail -1 "$tmp/run.err"))"
+# run streams text to stdout, logs to stderr
+out=$("$MOET" run -m "$MODEL" -p "=head1 NAME" -n 12 --temp 0.7 --seed 1 2>"$tmp/log")
+[ -n "$out" ] && grep -q "generated" "$tmp/log" && ! grep -q "generated" <<<"$out" && ok "run text/log split" || bad "run output split"
+o1=$("$MOET" run -m "$MODEL" -p "=head1 NAME" -n 12 --temp 0.9 --seed 5 2>/dev/null)
+o2=$("$MOET" run -m "$MODEL" -p "=head1 NAME" -n 12 --temp 0.9 --seed 5 2>/dev/null)
+[ "$o1" = "$o2" ] && ok "run deterministic for a seed" || bad "run not deterministic"
+
+# errors: bad model dir, bad ids, unknown option -> non-zero exit and a message
+"$MOET" run -m "$tmp/nope" -p x >/dev/null 2>"$tmp/e1"; rc=$?
+[ $rc -ne 0 ] && grep -q "error" "$tmp/e1" && ok "missing model dir" || bad "missing model dir rc=$rc"
+"$MOET" run -m "$MODEL" --prompt-ids "1 x 3" >/dev/null 2>&1 && bad "bad ids accepted" || ok "bad --prompt-ids"
+"$MOET" run -m "$MODEL" --prompt-ids "999999" -n 1 >/dev/null 2>&1 && bad "out-of-vocab id accepted" || ok "out-of-vocab id"
+"$MOET" frobnicate >/dev/null 2>&1 && bad "unknown command accepted" || ok "unknown command"
+
+# perplexity: equal to transformers' fp32 PPL over the same 16 windows (tests/fixtures/ppl_ref.json)
+if [ -z "$QUICK" ] && [ -f "$SHARED/data/dev.txt" ]; then
+  j=$("$MOET" perplexity -m "$MODEL" -f "$SHARED/data/dev.txt" --ctx 512 --chunks 16 --json 2>/dev/null)
+  ppl=$(sed -n 's/.*"ppl": \([0-9.]*\).*/\1/p' <<<"$j")
+  ref=$(sed -n 's/.*"ppl": \([0-9.]*\).*/\1/p' "$FIX/ppl_ref.json")
+  awk -v a="$ppl" -v b="$ref" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d / b < 1e-4) }' \
+    && ok "perplexity $ppl vs transformers $ref" || bad "perplexity $ppl vs transformers $ref"
+fi
+# KLD of a run to itself is 0 up to float rounding of the stored log-probs (max ~5e-9 seen) and top-1 agreement 1;
+# a mismatched or truncated base is refused
+if [ -f "$SHARED/data/dev.txt" ]; then
+  "$MOET" perplexity -m "$MODEL" -f "$SHARED/data/dev.txt" --ctx 64 --chunks 2 --save-logits "$tmp/base.kld" >/dev/null 2>&1
+  [ -f "$tmp/base.kld" ] && [ ! -f "$tmp/base.kld.tmp" ] && ok "save-logits written atomically" || bad "save-logits"
+  j=$("$MOET" perplexity -m "$MODEL" -f "$SHARED/data/dev.txt" --ctx 64 --chunks 2 --kld-base "$tmp/base.kld" --json 2>/dev/null)
+  kl=$(sed -n 's/.*"kld_max": \([-0-9.e]*\).*/\1/p' <<<"$j")
+  awk -v k="$kl" 'BEGIN { exit !(k != "" && k + 0 < 1e-7 && k + 0 > -1e-7) }' && grep -q '"top1_agree": 1.000000' <<<"$j" && ok "kld to itself: $j" || bad "kld to itself: $j"
+  "$MOET" perplexity -m "$MODEL" -f "$SHARED/data/dev.txt" --ctx 64 --chunks 3 --kld-base "$tmp/base.kld" >/dev/null 2>&1 \
+    && bad "mismatched base accepted" || ok "mismatched kld base refused"
+  head -c 100 "$tmp/base.kld" > "$tmp/short.kld"
+  "$MOET" perplexity -m "$MODEL" -f "$SHARED/data/dev.txt" --ctx 64 --chunks 2 --kld-base "$tmp/short.kld" >/dev/null 2>&1 \
+    && bad "truncated base accepted" || ok "truncated kld base refused"
+fi
+exit $fail

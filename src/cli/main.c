@@ -119,7 +119,7 @@ int cli_parse_ids(const char *s, int32_t **ids, size_t *n) {
 const char *cli_git_commit(void) {
     static char buf[64];
     if (buf[0]) return buf;
-    FILE *f = popen("git rev-parse --short=12 HEAD 2>/dev/null", "r");
+    FILE *f = popen("git describe --always --dirty --abbrev=12 2>/dev/null", "r");
     if (f) {
         if (!fgets(buf, sizeof buf, f)) buf[0] = 0;
         pclose(f);

@@ -138,7 +138,12 @@ static void cpu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, 
     if (n <= 0 || w->rows <= 0) return;
     if (ensure_rowbuf(c, w->cols) != 0) abort(); /* out of memory at first use: nothing sane to return */
     mm_ctx m = {c, w, x, n, y};
-    moet_pool_for(c->pool, (w->rows + ROW_BLOCK - 1) / ROW_BLOCK, mm_task, &m);
+    int64_t blocks = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    /* Below ~64K multiply-adds a hand-off costs more than it saves. */
+    if ((double)w->rows * (double)w->cols * (double)n < 65536.0)
+        mm_task(&m, 0, blocks, 0);
+    else
+        moet_pool_for(c->pool, blocks, mm_task, &m);
 }
 
 static void cpu_copy(moet_backend *be, void *dst, const void *src, size_t bytes) {
@@ -238,7 +243,11 @@ static size_t cpu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx) {
 
 static void cpu_attention(moet_backend *be, const moet_attn_args *a) {
     attn_ctx c = {a, cpu(be)->n_threads};
-    moet_pool_for(cpu(be)->pool, a->n_tok * a->n_heads, attn_task, &c);
+    int64_t tasks = a->n_tok * a->n_heads;
+    if ((double)tasks * (a->pos0 + a->n_tok) * a->head_dim < 65536.0)
+        attn_task(&c, 0, tasks, 0);
+    else
+        moet_pool_for(cpu(be)->pool, tasks, attn_task, &c);
 }
 
 /* ---- MLP / MoE ------------------------------------------------------------------------------------------------ */

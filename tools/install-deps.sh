@@ -3,8 +3,9 @@
 #   jansson   JSON (safetensors headers, config.json, tokenizer.json): small, strict (rejects duplicate keys), in Debian
 #   pcre2     the tokenizers' pre-tokenizer regexes (\p{L}, lookahead) run unchanged with PCRE2_UTF|PCRE2_UCP
 #   utf8proc  Unicode normalization (NFC/NFKC normalizers of real tokenizers)
+#   clang + libclang-rt-dev   libFuzzer, for the parser fuzz targets (fuzz/)
 set -euo pipefail
-pkgs="build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev"
+pkgs="build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev clang libclang-rt-dev"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

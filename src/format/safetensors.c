@@ -235,6 +235,17 @@ int moet_st_add_file(moet_st_set *s, const char *path, char *err, size_t errlen)
     return MOET_OK;
 }
 
+int moet_st_validate_buffer(const char *label, const void *data, size_t size, char *err, size_t errlen) {
+    moet_mmap map = {.data = (void *)data, .size = size};
+    moet_st_tensor *ts;
+    size_t n;
+    int rc = parse_header(label, &map, 0, &ts, &n, err, errlen);
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i++) free(ts[i].name);
+    free(ts);
+    return MOET_OK;
+}
+
 static int cmp_name(const void *a, const void *b) {
     return strcmp(((const moet_st_tensor *)a)->name, ((const moet_st_tensor *)b)->name);
 }

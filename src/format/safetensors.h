@@ -54,6 +54,8 @@ int moet_st_add_file(moet_st_set *s, const char *path, char *err, size_t errlen)
 int moet_st_open_dir(moet_st_set *s, const char *dir, char *err, size_t errlen);
 /* Sorts by name and rejects duplicates across files. Called by moet_st_open_dir. */
 int moet_st_finish(moet_st_set *s, char *err, size_t errlen);
+/* Parses and validates a safetensors image in memory (label names it in errors); nothing is kept. For fuzzing. */
+int moet_st_validate_buffer(const char *label, const void *data, size_t size, char *err, size_t errlen);
 const moet_st_tensor *moet_st_find(const moet_st_set *s, const char *name);
 /* "[a, b, c]" into buf. */
 const char *moet_st_shape_str(const moet_st_tensor *t, char *buf, size_t cap);

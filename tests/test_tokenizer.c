@@ -45,9 +45,12 @@ int main(int argc, char **argv) {
         char *dec;
         size_t dl;
         REQUIRE(moet_tokenizer_decode(t, ids, n, &dec, &dl, err, sizeof err) == 0, "%s", err);
-        CHECK(dl == sl && memcmp(dec, s, sl) == 0, "case %zu: decode(encode(s)) != s: '%s'", i, dec);
+        /* Round trip wherever HF's own decode round-trips (a normalizer, or a decoder without ByteFallback, can
+         * make it lossy); in every case the decoded text must equal HF's. */
         const char *hd = json_string_value(json_object_get(c, "decoded"));
-        CHECK(!hd || strcmp(hd, dec) == 0, "case %zu: decode differs from HF's '%s'", i, hd);
+        if (!hd || strcmp(hd, s) == 0)
+            CHECK(dl == sl && memcmp(dec, s, sl) == 0, "case %zu: decode(encode(s)) != s: '%s'", i, dec);
+        CHECK(!hd || strcmp(hd, dec) == 0, "case %zu: decode '%s' differs from HF's '%s'", i, dec, hd);
         n_ok += same;
         free(dec);
         free(ids);

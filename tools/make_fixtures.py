@@ -148,14 +148,60 @@ def ppl_ref(out, dev_ids, ctx=512, chunks=16):
     print("ppl_ref", res, flush=True)
 
 
+def extra_tokenizers(out, dev_path):
+    """Tokenizers of the other real layouts, trained on the dev text so they have real merges:
+    spm-legacy: Llama-2/Mixtral (Prepend+Replace normalizer, byte_fallback BPE, Replace/ByteFallback/Fuse/Strip
+                decoder, <s> template); spm-metaspace: the newer Metaspace pre-tokenizer + decoder form;
+    qwen2: NFC normalizer, Split(Qwen2 regex, Isolated) + ByteLevel(use_regex=false), as Qwen2/Qwen3 ship."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, decoders, trainers, processors, Regex
+    lines = open(dev_path, encoding="utf-8").read().splitlines()[:20000]
+    byte_toks = [f"<0x{i:02X}>" for i in range(256)]
+    made = {}
+    t = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    t.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    t.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                   decoders.Strip(" ", 1, 0)])
+    t.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=1200, special_tokens=["<unk>", "<s>", "</s>"] + byte_toks))
+    t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", t.token_to_id("<s>"))])
+    made["spm-legacy"] = t
+    t = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    t.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    t.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=1200, special_tokens=["<unk>", "<s>", "</s>"] + byte_toks))
+    made["spm-metaspace"] = t
+    qwen_re = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+               r"\s+(?!\S)|\s+")
+    t = Tokenizer(models.BPE())
+    t.normalizer = normalizers.NFC()
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(qwen_re), behavior="isolated"),
+                                               pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    t.decoder = decoders.ByteLevel()
+    t.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=1500, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    made["qwen2"] = t
+    cases = CASES + ["e\u0301t\u00e9 (NFC: e + combining acute)", "ﬁ ligature and ① circled", "<s>inside</s> text"]
+    for name, t in made.items():
+        t.save(os.path.join(out, f"tok-{name}.json"))
+        rows = [{"text": c, "ids": t.encode(c).ids, "decoded": t.decode(t.encode(c).ids, skip_special_tokens=False)}
+                for c in cases]
+        with open(os.path.join(out, f"tok-{name}-cases.json"), "w", encoding="utf-8") as f:
+            json.dump({"tokenizers_version": __import__("tokenizers").__version__, "cases": rows}, f, ensure_ascii=True, indent=1)
+        print(f"tokenizer {name}: {len(rows)} cases", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--dev")
+    ap.add_argument("--only-tokenizers", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
     tok = tokenizer_cases(a.out)
+    if a.dev:
+        extra_tokenizers(a.out, a.dev)
+    if a.only_tokenizers:
+        return
     dev_ids = None
     if a.dev:
         with open(a.dev, encoding="utf-8") as f:

@@ -9,23 +9,29 @@
 
 int cmd_tokenize(int argc, char **argv) {
     cli_common c = {0};
-    const char *text = NULL;
+    const char *text = NULL, *tok_path = NULL;
     int show_pieces = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);
         if (r < 0) return 2;
         if (r) continue;
         if (!strcmp(argv[i], "--pieces")) show_pieces = 1;
+        else if (!strcmp(argv[i], "--tokenizer")) { if (!(tok_path = cli_value(argc, argv, &i))) return 2; }
         else if (!text) text = argv[i];
         else { fprintf(stderr, "moet tokenize: unexpected argument '%s'\n", argv[i]); return 2; }
     }
-    if (!text) { fprintf(stderr, "usage: moet tokenize [-m DIR] [--pieces] TEXT\n"); return 2; }
-    moet_model *m = cli_load_model(&c);
-    if (!m) return 1;
-    const moet_tokenizer *tok = moet_model_tokenizer(m);
+    if (!text) { fprintf(stderr, "usage: moet tokenize [-m DIR | --tokenizer tokenizer.json] [--pieces] TEXT\n"); return 2; }
+    char err[512];
+    moet_model *m = NULL;
+    moet_tokenizer *own = NULL;
+    if (tok_path) {
+        if (moet_tokenizer_load(tok_path, &own, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); return 1; }
+    } else if (!(m = cli_load_model(&c))) {
+        return 1;
+    }
+    const moet_tokenizer *tok = own ? own : moet_model_tokenizer(m);
     int32_t *ids;
     size_t n;
-    char err[512];
     int rc = 0;
     if (moet_tokenizer_encode(tok, text, strlen(text), &ids, &n, err, sizeof err)) {
         fprintf(stderr, "moet: error: %s\n", err);
@@ -43,6 +49,7 @@ int cmd_tokenize(int argc, char **argv) {
         if (!show_pieces) printf("\n");
         free(ids);
     }
+    moet_tokenizer_free(own);
     moet_model_free(m);
     return rc;
 }

@@ -110,13 +110,12 @@ static int apply_dec(const moet_tokenizer *t, const moet_dec_op *op, const moet_
             }
             break;
         case DEC_METASPACE: {
-            size_t i = 0;
-            if (op->prepend_scheme != PREPEND_NEVER && at_start && k == 0 && n >= op->repl_len &&
-                memcmp(s, op->repl, op->repl_len) == 0)
-                i = op->repl_len;
-            for (; i < n && !rc;) {
+            /* As tokenizers does: in the first token every replacement character is dropped (not only a leading
+             * one); elsewhere each becomes a space. */
+            int drop = op->prepend_scheme != PREPEND_NEVER && at_start && k == 0;
+            for (size_t i = 0; i < n && !rc;) {
                 if (i + op->repl_len <= n && memcmp(s + i, op->repl, op->repl_len) == 0) {
-                    rc = moet_pieces_add(&tmp, " ", 1);
+                    if (!drop) rc = moet_pieces_add(&tmp, " ", 1);
                     i += op->repl_len;
                 } else {
                     rc = moet_pieces_add(&tmp, s + i, 1);

@@ -56,7 +56,7 @@ void moet_pieces_free(moet_pieces *p) {
 pcre2_code *moet_tok_regex(const char *pattern, size_t len, int literal, char *err, size_t errlen) {
     int ec;
     PCRE2_SIZE eo;
-    uint32_t flags = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t flags = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP); /* LITERAL excludes UCP */
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, flags, &ec, &eo, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
@@ -360,8 +360,9 @@ static int apply_op(const moet_pretok_op *op, const char *s, size_t len, int fir
         /* Replace spaces by the replacement, prepend it per scheme, then split before each replacement. */
         moet_pieces tmp = {0};
         int pre = op->prepend_scheme == PREPEND_ALWAYS || (op->prepend_scheme == PREPEND_FIRST && first);
-        if (pre && !(len >= op->repl_len && memcmp(s, op->repl, op->repl_len) == 0) && moet_pieces_add(&tmp, op->repl, op->repl_len))
-            return -1;
+        /* HF replaces spaces first and prepends only if the result does not already start with the replacement. */
+        int starts = (len && s[0] == ' ') || (len >= op->repl_len && memcmp(s, op->repl, op->repl_len) == 0);
+        if (pre && !starts && moet_pieces_add(&tmp, op->repl, op->repl_len)) return -1;
         for (size_t i = 0; i < len; i++) {
             if (s[i] == ' ' ? moet_pieces_add(&tmp, op->repl, op->repl_len) : moet_pieces_add(&tmp, s + i, 1)) {
                 moet_pieces_free(&tmp);

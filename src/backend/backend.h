@@ -40,6 +40,10 @@ typedef struct {
     float *topk_w;             /* out: [n_tok][n_used] */
     float *y;                  /* out: [n_tok][hidden] */
     void *scratch;             /* moe_scratch_bytes(...) bytes from alloc() */
+    /* Calibration (host memory, NULL normally): per expert, += x x^T of gate/up inputs [E][hidden][hidden], of down
+     * inputs [E][ffn][ffn], and the routed token count [E]. Backends without it leave them untouched. */
+    double *calib_in, *calib_down;
+    int64_t *calib_count;
 } moet_moe_args;
 
 typedef struct {

@@ -32,6 +32,8 @@ moet_model *cli_load_model(const cli_common *c);
 /* Parses "1 2 3" into ids (malloc'd). */
 int cli_parse_ids(const char *s, int32_t **ids, size_t *n);
 void cli_usage(FILE *f);
+/* Reads a text file; a name ending in .xz is decompressed through xz(1). */
+int cli_read_text(const char *path, char **text, size_t *len, char *err, size_t errlen);
 const char *cli_git_commit(void);
 
 int cmd_run(int argc, char **argv);

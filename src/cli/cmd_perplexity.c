@@ -14,6 +14,8 @@
 #include "cli/cli.h"
 #include "core/util.h"
 #include "runtime/kld.h"
+#include "quant/calib.h"
+#include "quant/requant.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -30,9 +32,10 @@ static double quantile(const double *sorted, size_t n, double q) {
 
 int cmd_perplexity(int argc, char **argv) {
     cli_common c = {0};
-    const char *file = NULL, *save = NULL, *base = NULL;
-    long ctx = 512, chunks = 0, topk_opt = 0;
-    int json = 0;
+    const char *file = NULL, *save = NULL, *base = NULL, *experts = NULL, *calib_file = NULL;
+    long ctx = 512, chunks = 0, topk_opt = 0, calib_tokens = 32768;
+    int json = 0, no_rotate = 0, no_gptq = 0, no_search = 0;
+    double beta = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);
         if (r < 0) return 2;
@@ -46,12 +49,22 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--kld-base")) { VAL(); base = v; }
         else if (!strcmp(a, "--kld-topk")) { VAL(); if (cli_parse_int(v, 1, 1 << 24, &topk_opt)) { fprintf(stderr, "moet perplexity: bad --kld-topk\n"); return 2; } }
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--experts")) { VAL(); experts = v; }
+        else if (!strcmp(a, "--calib")) { VAL(); calib_file = v; }
+        else if (!strcmp(a, "--no-calib")) calib_file = NULL;
+        else if (!strcmp(a, "--calib-tokens")) { VAL(); if (cli_parse_int(v, 1, 1L << 40, &calib_tokens)) return 2; }
+        else if (!strcmp(a, "--no-rotate")) no_rotate = 1;
+        else if (!strcmp(a, "--no-gptq")) no_gptq = 1;
+        else if (!strcmp(a, "--no-search")) no_search = 1;
+        else if (!strcmp(a, "--beta")) { VAL(); if (cli_parse_float(v, &beta) || beta < 0 || beta >= 1) return 2; }
         else { fprintf(stderr, "moet perplexity: unknown option '%s'\n", a); return 2; }
 #undef VAL
     }
     if (!file) {
         fprintf(stderr, "usage: moet perplexity [-m DIR] -f TEXT_FILE [--ctx 512] [--chunks N] "
-                        "[--save-logits FILE | --kld-base FILE] [--kld-topk K] [--json]\n");
+                        "[--save-logits FILE | --kld-base FILE] [--kld-topk K] [--json]\n"
+                        "       [--experts bf16|q8_0|mxfp4|nvfp4|int2|asym2|sym2|w2 [--calib TEXT[.xz]] [--calib-tokens N]\n"
+                        "        [--no-rotate] [--no-gptq] [--no-search] [--beta B]]   (routed experts quantized in memory)\n");
         return 2;
     }
     if (save && base) { fprintf(stderr, "moet perplexity: --save-logits and --kld-base exclude each other\n"); return 2; }
@@ -65,6 +78,35 @@ int cmd_perplexity(int argc, char **argv) {
     moet_model *m = cli_load_model(&c);
     if (!m) { free(text); return 1; }
     int rc = 1;
+    moet_requant_stats rqs = {0};
+    int qf = -1;
+    if (experts) {
+        qf = moet_qformat_parse(experts);
+        if (qf < 0) { fprintf(stderr, "moet perplexity: unknown --experts format '%s'\n", experts); moet_model_free(m); free(text); return 2; }
+        moet_calib *cal = NULL;
+        if (calib_file) {
+            char *ct;
+            size_t cl;
+            if (cli_read_text(calib_file, &ct, &cl, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); free(text); return 1; }
+            cal = moet_calib_create(m);
+            if (!cal || moet_calib_run(m, cal, ct, cl, 512, calib_tokens, err, sizeof err)) {
+                fprintf(stderr, "moet: error: calibration: %s\n", cal ? err : "out of memory");
+                free(ct); moet_calib_free(cal); moet_model_free(m); free(text); return 1;
+            }
+            free(ct);
+        }
+        moet_matq_options qo = moet_matq_default_options((moet_qformat)qf);
+        qo.rotate = !no_rotate;
+        qo.gptq = !no_gptq;
+        qo.search = !no_search;
+        qo.beta = (float)beta;
+        int qrc = moet_model_requant_experts(m, &qo, cal, c.threads, &rqs, err, sizeof err);
+        moet_calib_free(cal);
+        if (qrc) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); free(text); return 1; }
+        MOET_LOGI("experts as %s (%.2f bpw): weight relative error %.4g, mean beta %.3f, %lld matrices in %.1f s",
+                  experts, moet_qformat_bpw((moet_qformat)qf), rqs.rel_err, rqs.mean_beta, (long long)rqs.n_matrices,
+                  rqs.seconds);
+    }
     int32_t *toks = NULL, *scr_ids = NULL, *rec_ids = NULL;
     float *logp = NULL, *rec_lp = NULL;
     double *klds = NULL;
@@ -185,7 +227,9 @@ int cmd_perplexity(int argc, char **argv) {
         if (json)
             printf("{\"ppl\": %.6f, \"tokens\": %zu, \"ctx\": %ld, \"chunks\": %zu, \"kld_mean\": %.6g, "
                    "\"kld_median\": %.6g, \"kld_p99\": %.6g, \"kld_max\": %.6g, \"top1_agree\": %.6f, "
-                   "\"kld_topk\": %u}\n", ppl, n_scored, ctx, n_win, mean, med, p99, mx, top1, kh.topk);
+                   "\"kld_topk\": %u, \"experts\": \"%s\", \"expert_bpw\": %.4g, \"weight_rel_err\": %.6g}\n",
+                   ppl, n_scored, ctx, n_win, mean, med, p99, mx, top1, kh.topk, experts ? experts : "source",
+                   qf >= 0 ? moet_qformat_bpw((moet_qformat)qf) : 16.0, rqs.rel_err);
         else
             printf("PPL %.4f over %zu tokens (%zu windows of %ld)\nKLD mean %.6f  median %.6f  p99 %.6f  max %.6f\n"
                    "top-1 agreement %.4f\n", ppl, n_scored, n_win, ctx, mean, med, p99, mx, top1);

@@ -116,6 +116,34 @@ int cli_parse_ids(const char *s, int32_t **ids, size_t *n) {
     return 0;
 }
 
+int cli_read_text(const char *path, char **text, size_t *len, char *err, size_t errlen) {
+    size_t pl = strlen(path);
+    if (pl < 3 || strcmp(path + pl - 3, ".xz") != 0) return moet_file_read_all(path, (size_t)4 << 30, text, len, err, errlen);
+    if (strchr(path, '\'')) return moet_err(err, errlen, MOET_EINVAL, "%s: quote in file name", path);
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "xz -dc '%s'", path);
+    FILE *f = popen(cmd, "r");
+    if (!f) return moet_err(err, errlen, MOET_EIO, "%s: cannot run xz", path);
+    size_t cap = 1 << 20, n = 0;
+    char *buf = malloc(cap + 1);
+    for (size_t r; buf && (r = fread(buf + n, 1, cap - n, f)) > 0;) {
+        n += r;
+        if (n == cap) {
+            char *nb = realloc(buf, cap * 2 + 1);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    int st = pclose(f);
+    if (!buf) return moet_err(err, errlen, MOET_ENOMEM, "%s: out of memory", path);
+    if (st != 0) { free(buf); return moet_err(err, errlen, MOET_EIO, "%s: xz failed", path); }
+    buf[n] = 0;
+    *text = buf;
+    *len = n;
+    return MOET_OK;
+}
+
 const char *cli_git_commit(void) {
     static char buf[64];
     if (buf[0]) return buf;

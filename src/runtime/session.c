@@ -14,6 +14,7 @@
 
 #include "core/util.h"
 #include "model/model.h"
+#include "runtime/session_int.h"
 
 struct moet_session {
     const moet_model *m;
@@ -27,7 +28,10 @@ struct moet_session {
     int32_t n_logit_rows;
     void **allocs;
     int n_allocs;
+    moet_calib *calib;              /* statistics hook, NULL normally */
 };
+
+void moet_session_set_calib(moet_session *s, moet_calib *c) { s->calib = c; }
 
 moet_session_options moet_session_default_options(void) {
     moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0};
@@ -162,6 +166,11 @@ static void forward_chunk(moet_session *s, const int32_t *tokens, int32_t n, int
                                 .scoring = hp->router_scoring, .norm_topk = hp->norm_topk, .gate = L->exp_gate,
                                 .up = L->exp_up, .down = L->exp_down, .topk_ids = s->topk_ids, .topk_w = s->topk_w,
                                 .y = s->tmp, .scratch = s->moe_scr};
+            if (s->calib) {
+                ma.calib_in = s->calib->h_in[il];
+                ma.calib_down = s->calib->h_down[il];
+                ma.calib_count = s->calib->count[il];
+            }
             op->moe(be, &ma);
         } else {
             op->mlp(be, &L->gate, &L->up, &L->down, s->h, n, s->mlp_scr, s->tmp);

@@ -268,6 +268,18 @@ static void cpu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight
     swiglu_ffn(be, gate, up, down, x, n, scratch, scratch + (size_t)n * gate->rows, y);
 }
 
+/* acc[i][j] += sum_r x[r][i] x[r][j] (calibration statistics; double accumulation) */
+static void accum_xxt(double *acc, const float *x, int32_t n, int64_t dim) {
+    for (int32_t r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * dim;
+        for (int64_t i = 0; i < dim; i++) {
+            double xi = xr[i];
+            double *ar = acc + (size_t)i * dim;
+            for (int64_t j = 0; j < dim; j++) ar[j] += xi * xr[j];
+        }
+    }
+}
+
 /* Scratch layout for moe: logits [T][E] | xg [T][H] | g [T][F] | u [T][F] | d [T][H] | list [T*k] | cnt [E+1] | fill [E] */
 static size_t cpu_moe_scratch_bytes(moet_backend *be, int64_t T, int64_t H, int64_t F, int32_t E, int32_t k) {
     (void)be;
@@ -322,7 +334,15 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
         if (n == 0) continue;
         const int32_t *sel = list + cnt[e];
         for (int32_t r = 0; r < n; r++) memcpy(xg + (size_t)r * H, a->x + (size_t)(sel[r] / K) * H, H * sizeof(float));
-        swiglu_ffn(be, &a->gate[e], &a->up[e], &a->down[e], xg, n, g, u, d);
+        cpu_mul_mat(be, &a->gate[e], xg, n, g);
+        cpu_mul_mat(be, &a->up[e], xg, n, u);
+        for (int64_t i = 0; i < (int64_t)n * F; i++) g[i] = silu(g[i]) * u[i];
+        if (a->calib_in) {
+            accum_xxt(a->calib_in + (size_t)e * H * H, xg, n, H);
+            accum_xxt(a->calib_down + (size_t)e * F * F, g, n, F);
+            a->calib_count[e] += n;
+        }
+        cpu_mul_mat(be, &a->down[e], g, n, d);
         for (int32_t r = 0; r < n; r++)
             axpy(a->y + (size_t)(sel[r] / K) * H, d + (size_t)r * H, a->topk_w[sel[r]], H);
     }

@@ -1,0 +1,50 @@
+/*
+ * matq.h — quantizing one weight matrix [rows × cols] (out × in, HF layout) to a format, with the machinery the
+ * 2-bit base needs: incoherence processing (random-sign block Hadamard on the input dimension), importance-weighted
+ * scale search, a fitted sign-symmetric level beta, and GPTQ/LDLQ-style error feedback across columns using the
+ * calibration Hessian H = E[x x^T] of the matrix's inputs.
+ *
+ * The roundtrip entry point returns the dequantized matrix in the original basis: what a kernel computing
+ * y = dequant(Q) · (R^T x) produces. It is the oracle for packs and GPU kernels, and what the quality table measures.
+ */
+#ifndef MOET_QUANT_MATQ_H
+#define MOET_QUANT_MATQ_H
+
+#include <stdint.h>
+
+typedef enum {
+    MOET_QF_BF16, MOET_QF_Q8_0, MOET_QF_MXFP4, MOET_QF_NVFP4, MOET_QF_INT2, MOET_QF_ASYM2, MOET_QF_SYM2, MOET_QF_W2,
+    MOET_QF_COUNT
+} moet_qformat;
+
+const char *moet_qformat_name(moet_qformat f);
+int moet_qformat_parse(const char *s); /* -1 if unknown */
+double moet_qformat_bpw(moet_qformat f);
+
+typedef struct {
+    moet_qformat format;
+    int rotate;        /* W2: random-sign block Hadamard on the input dimension */
+    int gptq;          /* W2: error feedback with H (needs H) */
+    int search;        /* W2: importance-weighted scale search */
+    float beta;        /* W2: inner level; 0 = fit per matrix */
+    float damp;        /* GPTQ dampening, fraction of mean diag(H) */
+    uint64_t seed;     /* rotation signs */
+} moet_matq_options;
+
+moet_matq_options moet_matq_default_options(moet_qformat f);
+
+typedef struct {
+    double err_w;      /* sum (W - deq)^2 / sum W^2 */
+    float beta;        /* chosen beta (W2) */
+} moet_matq_stats;
+
+/* H: cols × cols (row-major, symmetric, mean x x^T), or NULL (then imp = 1 and no error feedback).
+ * out may equal W. Returns 0, or -1 on bad arguments / out of memory. */
+int moet_matq_roundtrip(const float *W, int64_t rows, int64_t cols, const double *H, const moet_matq_options *o,
+                        float *out, moet_matq_stats *st);
+
+/* Rotation used by W2: block size and the transform of one row in place (forward: w R; inverse: w R^T). */
+int64_t moet_hadamard_block(int64_t cols);
+void moet_rotate_row(double *w, int64_t cols, uint64_t seed, int inverse);
+
+#endif

@@ -1,0 +1,141 @@
+/* requant.c — see requant.h. One task per (layer, expert): three matrices, quantized independently in parallel. */
+#include "quant/requant.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/pool.h"
+#include "core/util.h"
+#include "model/model.h"
+#include "quant/types.h"
+
+typedef struct {
+    moet_model *m;
+    const moet_matq_options *o;
+    const moet_calib *c;
+    float **bufs;         /* [task*3 + k] new f32 weights */
+    double *num, *den, *beta; /* per task */
+    int64_t *task_layer;
+    int64_t n_tasks;
+    int failed;
+    pthread_mutex_t mu;
+    int64_t done;
+    double t0;
+} rq_ctx;
+
+static double *mean_h(const double *acc, int64_t count, int64_t dim) {
+    if (!acc || count <= 0) return NULL;
+    double *h = malloc((size_t)(dim * dim) * sizeof(double));
+    if (!h) return NULL;
+    for (int64_t i = 0; i < dim * dim; i++) h[i] = acc[i] / (double)count;
+    return h;
+}
+
+static void rq_task(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    rq_ctx *x = vctx;
+    const moet_hparams *hp = &x->m->hp;
+    const int64_t H = hp->hidden, F = hp->expert_ffn, E = hp->n_experts;
+    for (int64_t t = b; t < e; t++) {
+        int64_t l = x->task_layer[t], ex = t % E;
+        moet_layer *L = &x->m->layers[l];
+        moet_weight *ws[3] = {&L->exp_gate[ex], &L->exp_up[ex], &L->exp_down[ex]};
+        int64_t cnt = x->c ? x->c->count[l][ex] : 0;
+        double *hin = x->c ? mean_h(x->c->h_in[l] + ex * H * H, cnt, H) : NULL;
+        double *hdn = x->c ? mean_h(x->c->h_down[l] + ex * F * F, cnt, F) : NULL;
+        for (int k = 0; k < 3; k++) {
+            const moet_weight *w = ws[k];
+            float *src = malloc((size_t)(w->rows * w->cols) * sizeof(float));
+            float *dst = malloc((size_t)(w->rows * w->cols) * sizeof(float));
+            if (!src || !dst) { free(src); free(dst); x->failed = 1; continue; }
+            for (int64_t r = 0; r < w->rows; r++)
+                moet_type_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, src + r * w->cols,
+                                     w->cols);
+            moet_matq_options o = *x->o;
+            o.seed = (uint64_t)l * 2 + (k == 2 ? 2 : 1); /* gate and up share their input, so their rotation */
+            moet_matq_stats st;
+            if (moet_matq_roundtrip(src, w->rows, w->cols, k == 2 ? hdn : hin, &o, dst, &st)) x->failed = 1;
+            double s2 = 0;
+            for (int64_t i = 0; i < w->rows * w->cols; i++) s2 += (double)src[i] * src[i];
+            x->num[t] += st.err_w * s2;
+            x->den[t] += s2;
+            x->beta[t] += st.beta / 3.0;
+            x->bufs[t * 3 + k] = dst;
+            free(src);
+        }
+        free(hin);
+        free(hdn);
+        pthread_mutex_lock(&x->mu);
+        x->done++;
+        double el = moet_time_s() - x->t0;
+        fprintf(stderr, "\rmoet: quantizing experts to %s [%lld/%lld] %.1f experts/s", moet_qformat_name(x->o->format),
+                (long long)x->done, (long long)x->n_tasks, (double)x->done / (el > 0 ? el : 1));
+        pthread_mutex_unlock(&x->mu);
+    }
+}
+
+int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const moet_calib *c, int n_threads,
+                               moet_requant_stats *st, char *err, size_t errlen) {
+    const moet_hparams *hp = &m->hp;
+    const int64_t E = hp->n_experts;
+    int64_t n_moe = 0;
+    for (int l = 0; l < hp->n_layers; l++) n_moe += hp->layer_moe[l];
+    if (n_moe == 0 || E == 0) return moet_err(err, errlen, MOET_EINVAL, "the model has no routed experts");
+    if (hp->hidden % 32 || hp->expert_ffn % 32)
+        return moet_err(err, errlen, MOET_EUNSUP, "expert input dims %d/%d are not multiples of 32", hp->hidden,
+                        hp->expert_ffn);
+    rq_ctx x = {.m = m, .o = o, .c = c, .n_tasks = n_moe * E, .t0 = moet_time_s()};
+    pthread_mutex_init(&x.mu, NULL);
+    x.bufs = calloc((size_t)x.n_tasks * 3, sizeof(float *));
+    x.num = calloc((size_t)x.n_tasks, sizeof(double));
+    x.den = calloc((size_t)x.n_tasks, sizeof(double));
+    x.beta = calloc((size_t)x.n_tasks, sizeof(double));
+    x.task_layer = calloc((size_t)x.n_tasks, sizeof(int64_t));
+    int rc = MOET_OK;
+    if (!x.bufs || !x.num || !x.den || !x.beta || !x.task_layer) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    for (int l = 0, t = 0; l < hp->n_layers; l++)
+        if (hp->layer_moe[l])
+            for (int64_t e = 0; e < E; e++) x.task_layer[t++] = l;
+    moet_pool *pool = moet_pool_create(n_threads);
+    moet_pool_for(pool, x.n_tasks, rq_task, &x);
+    moet_pool_free(pool);
+    fprintf(stderr, "\n");
+    if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "quantization failed (out of memory)"); goto out; }
+    /* Install the new weights (ownership to the model). */
+    size_t need = m->n_f32_bufs + (size_t)x.n_tasks * 3;
+    if (need > m->cap_f32_bufs) {
+        float **nb = realloc(m->f32_bufs, need * sizeof(float *));
+        if (!nb) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+        m->f32_bufs = nb;
+        m->cap_f32_bufs = need;
+    }
+    double num = 0, den = 0, beta = 0;
+    for (int64_t t = 0; t < x.n_tasks; t++) {
+        moet_layer *L = &m->layers[x.task_layer[t]];
+        int64_t e = t % E;
+        moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
+        for (int k = 0; k < 3; k++) {
+            ws[k]->data = x.bufs[t * 3 + k];
+            ws[k]->type = MOET_TYPE_F32;
+            ws[k]->row_bytes = (size_t)ws[k]->cols * sizeof(float);
+            m->f32_bufs[m->n_f32_bufs++] = x.bufs[t * 3 + k];
+            x.bufs[t * 3 + k] = NULL;
+        }
+        num += x.num[t];
+        den += x.den[t];
+        beta += x.beta[t];
+    }
+    if (st) {
+        st->rel_err = den > 0 ? num / den : 0;
+        st->mean_beta = beta / (double)x.n_tasks;
+        st->n_matrices = x.n_tasks * 3;
+        st->seconds = moet_time_s() - x.t0;
+    }
+out:
+    if (x.bufs) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.bufs[i]);
+    free(x.bufs); free(x.num); free(x.den); free(x.beta); free(x.task_layer);
+    pthread_mutex_destroy(&x.mu);
+    return rc;
+}

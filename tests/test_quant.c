@@ -1,0 +1,145 @@
+/*
+ * test_quant.c — every format's quantize -> dequantize error within the bound its grid implies, on fresh random
+ * rows (Gaussian with outliers), plus the W2 machinery: the rotation is orthogonal and invertible, beta is fitted
+ * inside its search range, W2's codebook is sign-symmetric, and calibrated error feedback lowers the
+ * importance-weighted error against plain rounding.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/util.h"
+#include "quant/formats.h"
+#include "quant/matq.h"
+#include "test_util.h"
+
+static uint64_t g_rng;
+static double urand(void) {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(g_rng >> 11) / 9007199254740992.0;
+}
+static float gauss(void) {
+    double u = urand() + 1e-12, v = urand();
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+#define N 256
+
+int main(void) {
+    g_rng = (uint64_t)time(NULL) * 2654435761u + 1;
+    fprintf(stderr, "seed %llu\n", (unsigned long long)g_rng);
+    float x[N], y[N];
+    for (int rep = 0; rep < 50; rep++) {
+        float sc = (float)exp2(urand() * 20 - 14); /* magnitudes from 2^-14 to 2^6 */
+        for (int i = 0; i < N; i++) x[i] = gauss() * sc * (urand() < 0.02 ? 8.0f : 1.0f);
+        /* Q8_0: |err| <= d/2 per element (d = amax/127 rounded to half) */
+        moet_block_q8_0 q8[N / 32];
+        moet_q8_0_quantize_row(x, q8, N);
+        moet_q8_0_dequantize_row(q8, y, N);
+        for (int b = 0; b < N / 32; b++) {
+            float d = moet_f16_to_f32(q8[b].d);
+            for (int j = 0; j < 32; j++) {
+                int i = b * 32 + j;
+                /* d is stored as a half: beyond d/2, values past 127 d saturate */
+                float bound = fmaxf(0.5f * d, fabsf(x[i]) - 127.0f * d);
+                CHECK(fabsf(x[i] - y[i]) <= bound * 1.0001f + 2e-6f * fabsf(x[i]) + 1e-30f, "q8_0 err %g > %g",
+                      fabsf(x[i] - y[i]), bound);
+            }
+        }
+        /* MXFP4: within the block scale 2^(e-127), |err| <= half the E2M1 gap at the value (<= 1 * scale below 6
+         * scale; values above 6 * scale saturate, so the bound there is |x| - 6 * scale). */
+        moet_block_mxfp4 mx[N / 32];
+        moet_mxfp4_quantize_row(x, mx, N);
+        moet_mxfp4_dequantize_row(mx, y, N);
+        for (int b = 0; b < N / 32; b++) {
+            float s = ldexpf(1.0f, (int)mx[b].e - 127);
+            for (int j = 0; j < 32; j++) {
+                int i = b * 32 + j;
+                float a = fabsf(x[i]) / s, bound = a > 6 ? a - 6 : a >= 4 ? 1.0f : a >= 2 ? 0.5f : 0.25f;
+                CHECK(fabsf(x[i] - y[i]) <= bound * s * 1.0001f + 2e-6f * fabsf(x[i]) + 1e-30f, "mxfp4 err %g > %g", fabsf(x[i] - y[i]), bound * s);
+            }
+        }
+        /* NVFP4: same E2M1 bound with the decoded E4M3 scale times the tensor scale */
+        float amax = 0;
+        for (int i = 0; i < N; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float ts = moet_nvfp4_tensor_scale(amax);
+        moet_block_nvfp4 nv[N / 16];
+        moet_nvfp4_quantize_row(x, ts, nv, N);
+        moet_nvfp4_dequantize_row(nv, ts, y, N);
+        for (int b = 0; b < N / 16; b++) {
+            float s = moet_e4m3_to_f32(nv[b].scale) * ts;
+            for (int j = 0; j < 16; j++) {
+                int i = b * 16 + j;
+                float a = s > 0 ? fabsf(x[i]) / s : 0, bound = a > 6 ? a - 6 : a >= 4 ? 1.0f : a >= 2 ? 0.5f : 0.25f;
+                CHECK(fabsf(x[i] - y[i]) <= bound * s * 1.0001f + 2e-6f * fabsf(x[i]) + 1e-30f, "nvfp4 err %g > %g (x %g y %g s %g sc %d ts %g)",
+                      fabsf(x[i] - y[i]), bound * s, x[i], y[i], s, nv[b].scale, ts);
+            }
+        }
+        /* 2-bit family: with scale s and levels L, |err| <= max(half the largest gap, |x| - max|L| s) */
+        for (int kind = 0; kind < 3; kind++) {
+            moet_q2_params p = {.kind = (moet_q2_kind)kind, .base = amax, .beta = 0.2f + 0.3f * (float)urand()};
+            float lv[4];
+            moet_q2_levels(&p, lv);
+            if (kind == MOET_Q2_W2)
+                for (int c = 0; c < 4; c++) CHECK(lv[c] == -lv[3 - c], "W2 codebook is not sign-symmetric");
+            moet_block_q2 q2[N / 32];
+            for (int b = 0; b < N / 32; b++) moet_q2_quantize_group(&p, x + b * 32, NULL, 1, &q2[b]);
+            moet_q2_dequantize_row(&p, q2, y, N);
+            float gap = 0;
+            for (int c = 0; c < 3; c++) gap = fmaxf(gap, lv[c + 1] - lv[c]);
+            for (int b = 0; b < N / 32; b++) {
+                float s = moet_q2_scale(&p, q2[b].sc);
+                for (int j = 0; j < 32; j++) {
+                    int i = b * 32 + j;
+                    float lo = lv[0] * s, hi = lv[3] * s;
+                    float bound = x[i] > hi ? x[i] - hi : x[i] < lo ? lo - x[i] : 0.5f * gap * s;
+                    CHECK(fabsf(x[i] - y[i]) <= bound * 1.0001f + 2e-6f * fabsf(x[i]) + 1e-30f, "q2 kind %d err %g > %g", kind,
+                          fabsf(x[i] - y[i]), bound);
+                }
+            }
+        }
+    }
+    /* Rotation: orthogonal (norm kept) and inverted exactly (to rounding). */
+    {
+        double w[768], w0[768], n0 = 0, n1 = 0, md = 0;
+        for (int i = 0; i < 768; i++) { w[i] = w0[i] = gauss(); n0 += w[i] * w[i]; }
+        moet_rotate_row(w, 768, 7, 0);
+        for (int i = 0; i < 768; i++) n1 += w[i] * w[i];
+        moet_rotate_row(w, 768, 7, 1);
+        for (int i = 0; i < 768; i++) md = fmax(md, fabs(w[i] - w0[i]));
+        CHECK(fabs(n1 - n0) <= 1e-9 * n0 && md < 1e-12, "rotation: norm %g -> %g, inverse error %g", n0, n1, md);
+        CHECK(moet_hadamard_block(768) == 256 && moet_hadamard_block(96) == 32, "hadamard block size");
+    }
+    /* Matrix level: correlated inputs (H with a strong low-rank part); GPTQ must beat rounding on the output error
+     * E||(W - Q) x||^2 = tr((W-Q) H (W-Q)^T), and beta must land inside the searched range. */
+    {
+        const int R = 64, C = 128;
+        float *W = malloc(sizeof(float) * R * C), *Q1 = malloc(sizeof(float) * R * C), *Q2 = malloc(sizeof(float) * R * C);
+        double *H = calloc((size_t)C * C, sizeof(double));
+        for (int i = 0; i < R * C; i++) W[i] = gauss() * 0.02f;
+        for (int t = 0; t < 2000; t++) { /* x = 3 shared factors + noise, channel scales varying */
+            double f[3] = {gauss(), gauss(), gauss()}, xv[128];
+            for (int j = 0; j < C; j++) xv[j] = (f[j % 3] * 2 + gauss()) * (1 + (j % 7));
+            for (int i = 0; i < C; i++) for (int j = 0; j < C; j++) H[i * C + j] += xv[i] * xv[j] / 2000.0;
+        }
+        moet_matq_options o = moet_matq_default_options(MOET_QF_W2);
+        moet_matq_stats st;
+        o.gptq = 0;
+        REQUIRE(moet_matq_roundtrip(W, R, C, H, &o, Q1, &st) == 0, "w2 roundtrip");
+        CHECK(st.beta >= 0.2f && st.beta <= 0.5f, "beta %g outside the fitted range", st.beta);
+        o.gptq = 1;
+        REQUIRE(moet_matq_roundtrip(W, R, C, H, &o, Q2, &st) == 0, "w2 gptq roundtrip");
+        double e1 = 0, e2 = 0;
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < C; i++)
+                for (int j = 0; j < C; j++) {
+                    e1 += (W[r * C + i] - Q1[r * C + i]) * H[i * C + j] * (W[r * C + j] - Q1[r * C + j]);
+                    e2 += (W[r * C + i] - Q2[r * C + i]) * H[i * C + j] * (W[r * C + j] - Q2[r * C + j]);
+                }
+        fprintf(stderr, "output error: rounding %.4g, error feedback %.4g (%.2fx)\n", e1, e2, e1 / e2);
+        CHECK(e2 < 0.8 * e1, "GPTQ did not reduce the output error (%g vs %g)", e2, e1);
+        free(W); free(Q1); free(Q2); free(H);
+    }
+    TEST_END();
+}

@@ -54,4 +54,15 @@ if [ -f "$SHARED/data/dev.txt" ]; then
   "$MOET" perplexity -m "$MODEL" -f "$SHARED/data/dev.txt" --ctx 64 --chunks 2 --kld-base "$tmp/short.kld" >/dev/null 2>&1 \
     && bad "truncated base accepted" || ok "truncated kld base refused"
 fi
+# Delta gate: tau = 0 is the base alone and tau = 1 is base + delta everywhere, bit for bit (saved logits equal).
+if [ -f "$SHARED/data/dev.txt" ]; then
+  for cfg in "off 0" "gate 0" "on 0" "gate 1"; do
+    set -- $cfg
+    "$MOET" perplexity -m "$MODEL" -f "$SHARED/data/dev.txt" --ctx 32 --chunks 1 --experts w2+nvfp4 --delta $1 --tau $2 \
+      --save-logits "$tmp/g-$1-$2.kld" >/dev/null 2>&1 || bad "gate run $1 $2"
+  done
+  cmp -s "$tmp/g-off-0.kld" "$tmp/g-gate-0.kld" && ok "gate tau=0 equals off bit for bit" || bad "gate tau=0 != off"
+  cmp -s "$tmp/g-on-0.kld" "$tmp/g-gate-1.kld" && ok "gate tau=1 equals on bit for bit" || bad "gate tau=1 != on"
+  cmp -s "$tmp/g-off-0.kld" "$tmp/g-on-0.kld" && bad "delta changed nothing" || ok "delta changes the logits"
+fi
 exit $fail

@@ -16,6 +16,7 @@
 #include "runtime/kld.h"
 #include "quant/calib.h"
 #include "quant/requant.h"
+#include "runtime/session_int.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -35,7 +36,8 @@ int cmd_perplexity(int argc, char **argv) {
     const char *file = NULL, *save = NULL, *base = NULL, *experts = NULL, *calib_file = NULL;
     long ctx = 512, chunks = 0, topk_opt = 0, calib_tokens = 32768;
     int json = 0, no_rotate = 0, no_gptq = 0, no_search = 0;
-    double beta = 0;
+    double beta = 0, tau = 0.6;
+    const char *delta_mode = NULL;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);
         if (r < 0) return 2;
@@ -53,6 +55,8 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--calib")) { VAL(); calib_file = v; }
         else if (!strcmp(a, "--no-calib")) calib_file = NULL;
         else if (!strcmp(a, "--calib-tokens")) { VAL(); if (cli_parse_int(v, 1, 1L << 40, &calib_tokens)) return 2; }
+        else if (!strcmp(a, "--delta")) { VAL(); delta_mode = v; }
+        else if (!strcmp(a, "--tau")) { VAL(); if (cli_parse_float(v, &tau) || tau < 0 || tau > 1) { fprintf(stderr, "moet perplexity: --tau in [0, 1]\n"); return 2; } }
         else if (!strcmp(a, "--no-rotate")) no_rotate = 1;
         else if (!strcmp(a, "--no-gptq")) no_gptq = 1;
         else if (!strcmp(a, "--no-search")) no_search = 1;
@@ -64,7 +68,8 @@ int cmd_perplexity(int argc, char **argv) {
         fprintf(stderr, "usage: moet perplexity [-m DIR] -f TEXT_FILE [--ctx 512] [--chunks N] "
                         "[--save-logits FILE | --kld-base FILE] [--kld-topk K] [--json]\n"
                         "       [--experts bf16|q8_0|mxfp4|nvfp4|int2|asym2|sym2|w2 [--calib TEXT[.xz]] [--calib-tokens N]\n"
-                        "        [--no-rotate] [--no-gptq] [--no-search] [--beta B]]   (routed experts quantized in memory)\n");
+                        "        [--no-rotate] [--no-gptq] [--no-search] [--beta B] [--delta off|on|gate] [--tau T]]\n"
+                        "       (routed experts quantized in memory; w2+nvfp4 / w2+w2 carry a delta)\n");
         return 2;
     }
     if (save && base) { fprintf(stderr, "moet perplexity: --save-logits and --kld-base exclude each other\n"); return 2; }
@@ -103,6 +108,7 @@ int cmd_perplexity(int argc, char **argv) {
         int qrc = moet_model_requant_experts(m, &qo, cal, c.threads, &rqs, err, sizeof err);
         moet_calib_free(cal);
         if (qrc) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); free(text); return 1; }
+        if (!delta_mode) delta_mode = moet_qformat_has_delta(qf) ? "gate" : "off";
         MOET_LOGI("experts as %s (%.2f bpw): weight relative error %.4g, mean beta %.3f, %lld matrices in %.1f s",
                   experts, moet_qformat_bpw((moet_qformat)qf), rqs.rel_err, rqs.mean_beta, (long long)rqs.n_matrices,
                   rqs.seconds);
@@ -111,6 +117,7 @@ int cmd_perplexity(int argc, char **argv) {
     float *logp = NULL, *rec_lp = NULL;
     double *klds = NULL;
     uint8_t *mark = NULL;
+    float *gate_buf = NULL;
     FILE *fs = NULL, *fb = NULL;
     char tmp_path[4096] = {0};
     moet_session *s = NULL;
@@ -156,6 +163,12 @@ int cmd_perplexity(int argc, char **argv) {
             goto out;
         }
     }
+    if (!delta_mode) delta_mode = "off";
+    int dmode = !strcmp(delta_mode, "off") ? 0 : !strcmp(delta_mode, "on") ? 1 : !strcmp(delta_mode, "gate") ? 2 : -1;
+    if (dmode < 0 || (dmode > 0 && !(qf >= 0 && moet_qformat_has_delta(qf)))) {
+        fprintf(stderr, "moet perplexity: --delta %s needs --experts w2+nvfp4 or w2+w2 (modes: off, on, gate)\n", delta_mode);
+        goto out;
+    }
     moet_session_options so = moet_session_default_options();
     so.n_ctx = (int32_t)ctx;
     so.n_batch = ctx < 512 ? (int32_t)ctx : 512;
@@ -169,15 +182,41 @@ int cmd_perplexity(int argc, char **argv) {
     mark = calloc((size_t)V, 1);
     if (!logp || !scr_ids || !rec_ids || !rec_lp || (base && !klds) || !mark) { fprintf(stderr, "moet: out of memory\n"); goto out; }
     double nll = 0, t_eval = moet_time_s();
-    size_t n_scored = 0, agree = 0;
+    size_t n_scored = 0, agree = 0, corrected = 0;
+    if (dmode == 2 && !(gate_buf = malloc((size_t)ctx * (size_t)V * sizeof(float)))) { fprintf(stderr, "moet: out of memory\n"); goto out; }
+    moet_session_use_delta(s, dmode == 1);
     for (size_t w = 0; w < n_win; w++) {
         const int32_t *wt = toks + w * (size_t)ctx;
-        if (moet_session_truncate(s, 0, err, sizeof err) ||
-            moet_session_eval(s, wt, (int32_t)ctx, MOET_LOGITS_ALL, err, sizeof err)) {
-            fprintf(stderr, "moet: error: %s\n", err);
-            goto out;
+        const float *lg;
+        if (moet_session_truncate(s, 0, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
+        if (dmode < 2) {
+            if (moet_session_eval(s, wt, (int32_t)ctx, MOET_LOGITS_ALL, err, sizeof err)) {
+                fprintf(stderr, "moet: error: %s\n", err);
+                goto out;
+            }
+            lg = moet_session_logits(s, NULL);
+        } else {
+            /* The confidence gate, step by step as decode runs it: each step on the base experts; a step whose top-1
+             * probability is below tau is recomputed with base + delta, replacing its KV entries. */
+            for (long j = 0; j + 1 < ctx; j++) {
+                if (moet_session_eval(s, wt + j, 1, MOET_LOGITS_LAST, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
+                const float *l1 = moet_session_logits(s, NULL);
+                moet_log_softmax(l1, V, logp);
+                float mx = logp[0];
+                for (int32_t k = 1; k < V; k++) mx = logp[k] > mx ? logp[k] : mx;
+                if (expf(mx) < (float)tau) {
+                    moet_session_truncate(s, moet_session_pos(s) - 1, NULL, 0);
+                    moet_session_use_delta(s, 1);
+                    int erc = moet_session_eval(s, wt + j, 1, MOET_LOGITS_LAST, err, sizeof err);
+                    moet_session_use_delta(s, 0);
+                    if (erc) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
+                    l1 = moet_session_logits(s, NULL);
+                    corrected++;
+                }
+                memcpy(gate_buf + (size_t)j * V, l1, (size_t)V * sizeof(float));
+            }
+            lg = gate_buf;
         }
-        const float *lg = moet_session_logits(s, NULL);
         for (long j = 0; j + 1 < ctx; j++) {
             moet_log_softmax(lg + (size_t)j * V, V, logp);
             nll -= logp[wt[j + 1]];
@@ -227,14 +266,18 @@ int cmd_perplexity(int argc, char **argv) {
         if (json)
             printf("{\"ppl\": %.6f, \"tokens\": %zu, \"ctx\": %ld, \"chunks\": %zu, \"kld_mean\": %.6g, "
                    "\"kld_median\": %.6g, \"kld_p99\": %.6g, \"kld_max\": %.6g, \"top1_agree\": %.6f, "
-                   "\"kld_topk\": %u, \"experts\": \"%s\", \"expert_bpw\": %.4g, \"weight_rel_err\": %.6g}\n",
+                   "\"kld_topk\": %u, \"experts\": \"%s\", \"expert_bpw\": %.4g, \"weight_rel_err\": %.6g, "
+                   "\"delta\": \"%s\", \"tau\": %.3g, \"gate_corrected\": %.6f}\n",
                    ppl, n_scored, ctx, n_win, mean, med, p99, mx, top1, kh.topk, experts ? experts : "source",
-                   qf >= 0 ? moet_qformat_bpw((moet_qformat)qf) : 16.0, rqs.rel_err);
+                   qf >= 0 ? moet_qformat_bpw((moet_qformat)qf) : 16.0, rqs.rel_err, delta_mode, dmode == 2 ? tau : 0.0,
+                   dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 ? 1.0 : 0.0);
         else
             printf("PPL %.4f over %zu tokens (%zu windows of %ld)\nKLD mean %.6f  median %.6f  p99 %.6f  max %.6f\n"
                    "top-1 agreement %.4f\n", ppl, n_scored, n_win, ctx, mean, med, p99, mx, top1);
     } else if (json) {
-        printf("{\"ppl\": %.6f, \"tokens\": %zu, \"ctx\": %ld, \"chunks\": %zu}\n", ppl, n_scored, ctx, n_win);
+        printf("{\"ppl\": %.6f, \"tokens\": %zu, \"ctx\": %ld, \"chunks\": %zu, \"delta\": \"%s\", "
+               "\"gate_corrected\": %.6f}\n", ppl, n_scored, ctx, n_win, delta_mode,
+               dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 ? 1.0 : 0.0);
     } else {
         printf("PPL %.4f over %zu tokens (%zu windows of %ld)\n", ppl, n_scored, n_win, ctx);
     }
@@ -252,6 +295,7 @@ out:
     free(rec_lp);
     free(klds);
     free(mark);
+    free(gate_buf);
     moet_model_free(m);
     return rc;
 }

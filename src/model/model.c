@@ -149,7 +149,7 @@ void moet_model_free(moet_model *m) {
     if (!m) return;
     if (m->be) m->be->ops->destroy(m->be);
     if (m->layers)
-        for (int i = 0; i < m->hp.n_layers; i++) free(m->layers[i].exp_gate);
+        for (int i = 0; i < m->hp.n_layers; i++) { free(m->layers[i].exp_gate); free(m->layers[i].dexp_gate); }
     free(m->layers);
     for (size_t i = 0; i < m->n_f32_bufs; i++) free(m->f32_bufs[i]);
     free(m->f32_bufs);

@@ -8,8 +8,9 @@
 #include "core/util.h"
 #include "quant/formats.h"
 
-static const char *const k_names[MOET_QF_COUNT] = {"bf16", "q8_0", "mxfp4", "nvfp4", "int2", "asym2", "sym2", "w2"};
-static const double k_bpw[MOET_QF_COUNT] = {16, 8.5, 4.25, 4.5, 2.25, 2.5, 2.25, 2.25};
+static const char *const k_names[MOET_QF_COUNT] = {"bf16", "q8_0", "mxfp4", "nvfp4", "int2", "asym2", "sym2", "w2",
+                                                   "w2+nvfp4", "w2+w2"};
+static const double k_bpw[MOET_QF_COUNT] = {16, 8.5, 4.25, 4.5, 2.25, 2.5, 2.25, 2.25, 6.75, 4.5};
 
 const char *moet_qformat_name(moet_qformat f) { return (unsigned)f < MOET_QF_COUNT ? k_names[f] : "?"; }
 double moet_qformat_bpw(moet_qformat f) { return (unsigned)f < MOET_QF_COUNT ? k_bpw[f] : 0; }
@@ -254,4 +255,24 @@ int moet_matq_roundtrip(const float *W, int64_t rows, int64_t cols, const double
     if (st) *st = s;
     free(tmp);
     return 0;
+}
+
+int moet_matq_roundtrip_delta(const float *W, int64_t rows, int64_t cols, const double *H, const moet_matq_options *o,
+                              float *out, float *out_delta, moet_matq_stats *st) {
+    if (!moet_qformat_has_delta(o->format) || !out_delta || out == W) return -1;
+    moet_matq_options bo = *o;
+    bo.format = MOET_QF_W2;
+    if (moet_matq_roundtrip(W, rows, cols, H, &bo, out, st)) return -1;
+    float *res = malloc((size_t)(rows * cols) * sizeof(float));
+    if (!res) return -1;
+    for (int64_t i = 0; i < rows * cols; i++) res[i] = W[i] - out[i];
+    moet_matq_options dopt = *o;
+    dopt.format = o->format == MOET_QF_W2_NVFP4 ? MOET_QF_NVFP4 : MOET_QF_W2;
+    dopt.seed = o->seed + 0x5bd1e995u; /* the second stage sees the residual in its own basis */
+    moet_matq_stats ds;
+    int rc = moet_matq_roundtrip(res, rows, cols, H, &dopt, res, &ds);
+    if (!rc)
+        for (int64_t i = 0; i < rows * cols; i++) out_delta[i] = out[i] + res[i];
+    free(res);
+    return rc;
 }

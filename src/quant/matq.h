@@ -14,6 +14,8 @@
 
 typedef enum {
     MOET_QF_BF16, MOET_QF_Q8_0, MOET_QF_MXFP4, MOET_QF_NVFP4, MOET_QF_INT2, MOET_QF_ASYM2, MOET_QF_SYM2, MOET_QF_W2,
+    MOET_QF_W2_NVFP4,  /* W2 base + NVFP4 delta of the residual W - dequant(W2): 2.25 + 4.5 bpw */
+    MOET_QF_W2_W2,     /* W2 base + a second W2 stage on the residual: 2.25 + 2.25 bpw (NVFP4's budget) */
     MOET_QF_COUNT
 } moet_qformat;
 
@@ -39,9 +41,13 @@ typedef struct {
 } moet_matq_stats;
 
 /* H: cols × cols (row-major, symmetric, mean x x^T), or NULL (then imp = 1 and no error feedback).
- * out may equal W. Returns 0, or -1 on bad arguments / out of memory. */
+ * out may equal W. Returns 0, or -1 on bad arguments / out of memory.
+ * Delta formats: out receives the W2 base alone and out_delta (required) base + delta; st->err_w is the base's. */
 int moet_matq_roundtrip(const float *W, int64_t rows, int64_t cols, const double *H, const moet_matq_options *o,
                         float *out, moet_matq_stats *st);
+int moet_matq_roundtrip_delta(const float *W, int64_t rows, int64_t cols, const double *H, const moet_matq_options *o,
+                              float *out, float *out_delta, moet_matq_stats *st);
+static inline int moet_qformat_has_delta(int f) { return f == MOET_QF_W2_NVFP4 || f == MOET_QF_W2_W2; }
 
 /* Rotation used by W2: block size and the transform of one row in place (forward: w R; inverse: w R^T). */
 int64_t moet_hadamard_block(int64_t cols);

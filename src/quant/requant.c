@@ -16,6 +16,7 @@ typedef struct {
     const moet_matq_options *o;
     const moet_calib *c;
     float **bufs;         /* [task*3 + k] new f32 weights */
+    float **dbufs;        /* base + delta, delta formats only */
     double *num, *den, *beta; /* per task */
     int64_t *task_layer;
     int64_t n_tasks;
@@ -56,7 +57,14 @@ static void rq_task(void *vctx, int64_t b, int64_t e, int tid) {
             moet_matq_options o = *x->o;
             o.seed = (uint64_t)l * 2 + (k == 2 ? 2 : 1); /* gate and up share their input, so their rotation */
             moet_matq_stats st;
-            if (moet_matq_roundtrip(src, w->rows, w->cols, k == 2 ? hdn : hin, &o, dst, &st)) x->failed = 1;
+            const double *h = k == 2 ? hdn : hin;
+            if (moet_qformat_has_delta(o.format)) {
+                float *dd = malloc((size_t)(w->rows * w->cols) * sizeof(float));
+                if (!dd || moet_matq_roundtrip_delta(src, w->rows, w->cols, h, &o, dst, dd, &st)) x->failed = 1;
+                x->dbufs[t * 3 + k] = dd;
+            } else if (moet_matq_roundtrip(src, w->rows, w->cols, h, &o, dst, &st)) {
+                x->failed = 1;
+            }
             double s2 = 0;
             for (int64_t i = 0; i < w->rows * w->cols; i++) s2 += (double)src[i] * src[i];
             x->num[t] += st.err_w * s2;
@@ -89,12 +97,13 @@ int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const 
     rq_ctx x = {.m = m, .o = o, .c = c, .n_tasks = n_moe * E, .t0 = moet_time_s()};
     pthread_mutex_init(&x.mu, NULL);
     x.bufs = calloc((size_t)x.n_tasks * 3, sizeof(float *));
+    x.dbufs = calloc((size_t)x.n_tasks * 3, sizeof(float *));
     x.num = calloc((size_t)x.n_tasks, sizeof(double));
     x.den = calloc((size_t)x.n_tasks, sizeof(double));
     x.beta = calloc((size_t)x.n_tasks, sizeof(double));
     x.task_layer = calloc((size_t)x.n_tasks, sizeof(int64_t));
     int rc = MOET_OK;
-    if (!x.bufs || !x.num || !x.den || !x.beta || !x.task_layer) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    if (!x.bufs || !x.dbufs || !x.num || !x.den || !x.beta || !x.task_layer) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
     for (int l = 0, t = 0; l < hp->n_layers; l++)
         if (hp->layer_moe[l])
             for (int64_t e = 0; e < E; e++) x.task_layer[t++] = l;
@@ -104,13 +113,23 @@ int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const 
     fprintf(stderr, "\n");
     if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "quantization failed (out of memory)"); goto out; }
     /* Install the new weights (ownership to the model). */
-    size_t need = m->n_f32_bufs + (size_t)x.n_tasks * 3;
+    const int delta = moet_qformat_has_delta(o->format);
+    size_t need = m->n_f32_bufs + (size_t)x.n_tasks * 3 * (delta ? 2 : 1);
     if (need > m->cap_f32_bufs) {
         float **nb = realloc(m->f32_bufs, need * sizeof(float *));
         if (!nb) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
         m->f32_bufs = nb;
         m->cap_f32_bufs = need;
     }
+    if (delta)
+        for (int l = 0; l < hp->n_layers; l++) {
+            if (!hp->layer_moe[l]) continue;
+            moet_layer *L = &m->layers[l];
+            free(L->dexp_gate);
+            if (!(L->dexp_gate = calloc((size_t)E * 3, sizeof(moet_weight)))) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+            L->dexp_up = L->dexp_gate + E;
+            L->dexp_down = L->dexp_up + E;
+        }
     double num = 0, den = 0, beta = 0;
     for (int64_t t = 0; t < x.n_tasks; t++) {
         moet_layer *L = &m->layers[x.task_layer[t]];
@@ -122,6 +141,13 @@ int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const 
             ws[k]->row_bytes = (size_t)ws[k]->cols * sizeof(float);
             m->f32_bufs[m->n_f32_bufs++] = x.bufs[t * 3 + k];
             x.bufs[t * 3 + k] = NULL;
+            if (delta) {
+                moet_weight *dw = k == 0 ? &L->dexp_gate[e] : k == 1 ? &L->dexp_up[e] : &L->dexp_down[e];
+                *dw = *ws[k];
+                dw->data = x.dbufs[t * 3 + k];
+                m->f32_bufs[m->n_f32_bufs++] = x.dbufs[t * 3 + k];
+                x.dbufs[t * 3 + k] = NULL;
+            }
         }
         num += x.num[t];
         den += x.den[t];
@@ -135,7 +161,9 @@ int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const 
     }
 out:
     if (x.bufs) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.bufs[i]);
-    free(x.bufs); free(x.num); free(x.den); free(x.beta); free(x.task_layer);
+    if (x.dbufs) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.dbufs[i]);
+    free(x.bufs);
+    free(x.dbufs); free(x.num); free(x.den); free(x.beta); free(x.task_layer);
     pthread_mutex_destroy(&x.mu);
     return rc;
 }

@@ -29,7 +29,10 @@ struct moet_session {
     void **allocs;
     int n_allocs;
     moet_calib *calib;              /* statistics hook, NULL normally */
+    int use_delta;                  /* experts: base (0) or base + delta (1) */
 };
+
+void moet_session_use_delta(moet_session *s, int on) { s->use_delta = on; }
 
 void moet_session_set_calib(moet_session *s, moet_calib *c) { s->calib = c; }
 
@@ -163,8 +166,11 @@ static void forward_chunk(moet_session *s, const int32_t *tokens, int32_t n, int
         if (L->is_moe) {
             moet_moe_args ma = {.x = s->h, .n_tok = n, .hidden = H, .ffn = hp->expert_ffn, .router = &L->router,
                                 .n_experts = hp->n_experts, .n_used = hp->n_experts_used,
-                                .scoring = hp->router_scoring, .norm_topk = hp->norm_topk, .gate = L->exp_gate,
-                                .up = L->exp_up, .down = L->exp_down, .topk_ids = s->topk_ids, .topk_w = s->topk_w,
+                                .scoring = hp->router_scoring, .norm_topk = hp->norm_topk,
+                                .gate = s->use_delta && L->dexp_gate ? L->dexp_gate : L->exp_gate,
+                                .up = s->use_delta && L->dexp_gate ? L->dexp_up : L->exp_up,
+                                .down = s->use_delta && L->dexp_gate ? L->dexp_down : L->exp_down,
+                                .topk_ids = s->topk_ids, .topk_w = s->topk_w,
                                 .y = s->tmp, .scratch = s->moe_scr};
             if (s->calib) {
                 ma.calib_in = s->calib->h_in[il];

@@ -46,7 +46,8 @@ typedef struct {
 
 moet_model_options moet_model_default_options(void);
 
-/* path: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json). */
+/* path: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json), or a moet pack (.gguf)
+ * written by `moet quantize`. */
 int moet_model_load(const char *path, const moet_model_options *opt, moet_model **out, char *err, size_t errlen);
 void moet_model_free(moet_model *m);
 
@@ -68,6 +69,9 @@ const char *moet_model_supported_architectures(void);
 /* ---- tokenizer -------------------------------------------------------------------------------------------- */
 
 int moet_tokenizer_load(const char *tokenizer_json_path, moet_tokenizer **out, char *err, size_t errlen);
+/* The same from tokenizer.json text in memory (label names it in errors). */
+int moet_tokenizer_load_buffer(const char *label, const char *json, size_t len, moet_tokenizer **out, char *err,
+                               size_t errlen);
 void moet_tokenizer_free(moet_tokenizer *t);
 /* Encodes text (len bytes) as HF tokenizers' encode(text) does (added/special tokens matched, post-processor
  * applied). *ids is malloc'd; caller frees. */

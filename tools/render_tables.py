@@ -21,7 +21,78 @@ def cpu_bench():
     return "\n".join(rows)
 
 
-TABLES = {"cpu-bench": cpu_bench}
+def model_sizes(name):
+    """(expert params, other params) of a shared model, from its config.json and safetensors header."""
+    import struct
+    for d in (os.path.join(ROOT, "models", name), os.path.join(ROOT, "..", "shared", "models", name),
+              os.path.join(ROOT, "tests", "models", name)):
+        if os.path.exists(os.path.join(d, "config.json")):
+            break
+    else:
+        return None
+    c = json.load(open(os.path.join(d, "config.json")))
+    raw = open(os.path.join(d, "model.safetensors"), "rb")
+    hl = struct.unpack("<Q", raw.read(8))[0]
+    hdr = json.loads(raw.read(hl))
+    total = 0
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            continue
+        n = 1
+        for x in v["shape"]:
+            n *= x
+        total += n
+    layers = [i for i in range(c["num_hidden_layers"]) if i not in c.get("mlp_only_layers", [])]
+    E = c.get("num_experts", c.get("num_local_experts", 0))
+    ex = len(layers) * E * 3 * c["hidden_size"] * c["moe_intermediate_size"]
+    return ex, total - ex
+
+
+ORDER = ["bf16", "q8_0", "nvfp4", "mxfp4", "w2+w2.on", "asym2", "sym2", "int2", "w2-nocalib", "w2-nogptq", "w2",
+         "w2+nvfp4.off", "w2+nvfp4.on", "w2+nvfp4.gate"]
+LABEL = {"bf16": "BF16 (round trip)", "q8_0": "Q8_0", "nvfp4": "NVFP4 (RTN)", "mxfp4": "MXFP4 (RTN)",
+         "int2": "int2 naive {−2,−1,0,+1}", "asym2": "asym2 affine min-max", "sym2": "sym2 uniform {±½,±1½}",
+         "w2-nocalib": "W2, no calibration", "w2-nogptq": "W2, calibrated, no error feedback", "w2": "**W2** (calibrated)",
+         "w2+nvfp4.on": "W2 + NVFP4 delta, `on`", "w2+nvfp4.gate": "W2 + NVFP4 delta, `gate` τ=0.6",
+         "w2+w2.on": "W2 + W2 delta, `on` (2-bit delta)"}
+
+
+def quality():
+    out = []
+    files = sorted(glob.glob(os.path.join(ROOT, "bench/results/quality/*.json")))
+    models = sorted({json.load(open(f))["model"] for f in files})
+    for mname in models:
+        sizes = model_sizes(mname)
+        runs = {}
+        for f in files:
+            d = json.load(open(f))
+            if d["model"] == mname:
+                runs[d["run"]] = d
+        if not runs:
+            continue
+        any_d = next(iter(runs.values()))
+        out.append(f"**{mname}**, {any_d['data']}, ctx {any_d['result']['ctx']}, {any_d['result']['chunks']} windows "
+                   f"({any_d['result']['tokens']} predictions), KLD to the BF16 model; commit {any_d['commit']}, "
+                   f"{any_d['machine']}, {any_d['date'][:10]}.")
+        out.append("")
+        out.append("| experts as | expert bpw | est. size | PPL | mean KLD | p99 KLD | top-1 | steps corrected |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for r in sorted(runs, key=lambda r: ORDER.index(r) if r in ORDER else 99):
+            res = runs[r]["result"]
+            bpw = res.get("expert_bpw", 16)
+            if res.get("delta") == "gate":
+                bpw_s = f"2.25 + 4.5 on {100 * res['gate_corrected']:.0f}% of steps"
+            else:
+                bpw_s = f"{bpw:g}"
+            size = "" if not sizes else f"{(sizes[0] * bpw / 8 + sizes[1] * 2) / 2**20:.1f} MiB"
+            corr = f"{100 * res['gate_corrected']:.1f}%" if res.get("delta") == "gate" else ""
+            out.append(f"| {LABEL.get(r, r)} | {bpw_s} | {size} | {res['ppl']:.3f} | {res['kld_mean']:.4f} | "
+                       f"{res['kld_p99']:.3f} | {res['top1_agree']:.3f} | {corr} |")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+TABLES = {"cpu-bench": cpu_bench, "quality": quality}
 
 
 def render(path, check):

@@ -24,6 +24,11 @@ typedef struct {
     int32_t type;
     int64_t rows, cols;
     size_t row_bytes;
+    /* Per-matrix quantization parameters (quant/blocks.h): the 2-bit formats' scale base and beta, NVFP4's tensor
+     * scale. rotated: the matrix is stored as W·R (R = moet_rotate_row(seed)), so ops multiply it with x·R. */
+    float qscale, qbeta;
+    uint32_t rot_seed;
+    int32_t rotated;
 } moet_weight;
 
 enum { MOET_ROUTER_SOFTMAX = 0 };

@@ -41,5 +41,6 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 #endif

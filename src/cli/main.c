@@ -20,8 +20,9 @@ void cli_usage(FILE *f) {
             "  perplexity  PPL / KLD:       moet perplexity [-m DIR] -f FILE [--ctx 512] [--chunks N]\n"
             "                               [--save-logits F | --kld-base F] [--json]\n"
             "  bench       CPU speed:       moet bench [-m DIR] [-p 512] [-n 128] [-t 1,2] [--json FILE]\n"
-            "  inspect     model summary:   moet inspect [-m DIR]\n\n"
-            "common options: -m DIR (Hugging Face checkpoint dir; default: the embedded %s),\n"
+            "  inspect     model summary:   moet inspect [-m DIR]\n"
+            "  quantize    write a pack:    moet quantize -m HF_DIR -o OUT.gguf [--experts w2] [--calib TEXT]\n\n"
+            "common options: -m DIR|PACK (Hugging Face checkpoint dir or moet pack; default: the embedded %s),\n"
             "                -t N (threads), -v (verbose)\n"
             "supported architectures: %s\n",
             MOET_DEFAULT_MODEL_DIR, moet_model_supported_architectures());
@@ -169,6 +170,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
     fprintf(stderr, "moet: unknown command '%s'\n\n", cmd);
     cli_usage(stderr);
     return 2;

@@ -12,6 +12,7 @@
 #include "core/util.h"
 #include "format/hf_config.h"
 #include "model/model.h"
+#include "model/pack.h"
 #include "quant/types.h"
 
 moet_model_options moet_model_default_options(void) {
@@ -39,7 +40,31 @@ static int st_to_type(const moet_st_tensor *t) {
     }
 }
 
-int moet_has_tensor(const struct moet_model *m, const char *name) { return moet_st_find(&m->st, name) != NULL; }
+int moet_has_tensor(const struct moet_model *m, const char *name) {
+    return m->pack ? moet_gguf_find_tensor(m->pack, name) != NULL : moet_st_find(&m->st, name) != NULL;
+}
+
+/* Pack tensors: GGUF dims are innermost first, so [rows, cols] is ne = {cols, rows}. */
+static int bind_pack(struct moet_model *m, const char *name, int64_t n, int64_t index, int64_t total_rows, int64_t r0,
+                     int64_t rows, int64_t cols, moet_weight *w, int vector, char *err, size_t errlen) {
+    const moet_gguf_tensor *t = moet_gguf_find_tensor(m->pack, name);
+    if (!t) return moet_err(err, errlen, MOET_EFORMAT, "%s: tensor '%s' is missing", m->pack->path, name);
+    int ok = vector ? (t->n_dims == 1 && t->ne[0] == cols)
+                    : n == 0 ? (t->n_dims == 2 && t->ne[0] == cols && t->ne[1] == total_rows)
+                             : (t->n_dims == 3 && t->ne[0] == cols && t->ne[1] == total_rows && t->ne[2] == n);
+    if (!ok)
+        return moet_err(err, errlen, MOET_EFORMAT, "%s: tensor '%s' has ne [%lld, %lld, %lld], the hyperparameters "
+                        "imply [%lld, %lld]", m->pack->path, name, (long long)t->ne[0], (long long)t->ne[1],
+                        (long long)t->ne[2], (long long)cols, (long long)total_rows);
+    memset(w, 0, sizeof(*w));
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = moet_type_row_bytes(t->type, cols);
+    w->qscale = 1.0f;
+    w->data = t->data + ((size_t)index * (size_t)total_rows + (size_t)r0) * w->row_bytes;
+    return MOET_OK;
+}
 
 static int shape_error(struct moet_model *m, const moet_st_tensor *t, const char *want, char *err, size_t errlen) {
     char sb[160];
@@ -54,6 +79,9 @@ int moet_bind_matrix(struct moet_model *m, const char *name, int64_t rows, int64
 
 int moet_bind_matrix_slice(struct moet_model *m, const char *name, int64_t n, int64_t index, int64_t total_rows,
                            int64_t r0, int64_t rows, int64_t cols, moet_weight *w, char *err, size_t errlen) {
+    if (m->pack) return bind_pack(m, name, n, index, total_rows, r0, rows, cols, w, 0, err, errlen);
+    memset(w, 0, sizeof(*w));
+    w->qscale = 1.0f;
     const moet_st_tensor *t = find_tensor(m, name, err, errlen);
     if (!t) return MOET_EFORMAT;
     char want[160];
@@ -78,17 +106,30 @@ int moet_bind_matrix_slice(struct moet_model *m, const char *name, int64_t n, in
 }
 
 int moet_bind_vector(struct moet_model *m, const char *name, int64_t n, const float **out, char *err, size_t errlen) {
-    const moet_st_tensor *t = find_tensor(m, name, err, errlen);
-    if (!t) return MOET_EFORMAT;
-    if (t->ndim != 1 || t->shape[0] != n) {
-        char want[64];
-        snprintf(want, sizeof want, "[%lld]", (long long)n);
-        return shape_error(m, t, want, err, errlen);
+    int type;
+    const void *src;
+    if (m->pack) {
+        moet_weight w = {0};
+        int rc = bind_pack(m, name, 0, 0, 1, 0, 1, n, &w, 1, err, errlen);
+        if (rc) return rc;
+        if (w.type != MOET_TYPE_F32 && w.type != MOET_TYPE_F16 && w.type != MOET_TYPE_BF16)
+            return moet_err(err, errlen, MOET_EFORMAT, "%s: vector '%s' is not f32/f16/bf16", m->pack->path, name);
+        type = w.type;
+        src = w.data;
+    } else {
+        const moet_st_tensor *t = find_tensor(m, name, err, errlen);
+        if (!t) return MOET_EFORMAT;
+        if (t->ndim != 1 || t->shape[0] != n) {
+            char want[64];
+            snprintf(want, sizeof want, "[%lld]", (long long)n);
+            return shape_error(m, t, want, err, errlen);
+        }
+        type = st_to_type(t);
+        if (type < 0)
+            return moet_err(err, errlen, MOET_EUNSUP, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)",
+                            m->st.paths[t->file], name, moet_st_dtype_name(t->dtype));
+        src = t->data;
     }
-    int type = st_to_type(t);
-    if (type < 0)
-        return moet_err(err, errlen, MOET_EUNSUP, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)",
-                        m->st.paths[t->file], name, moet_st_dtype_name(t->dtype));
     if (m->n_f32_bufs == m->cap_f32_bufs) {
         size_t nc = m->cap_f32_bufs ? m->cap_f32_bufs * 2 : 64;
         float **nb = realloc(m->f32_bufs, nc * sizeof(*nb));
@@ -98,7 +139,7 @@ int moet_bind_vector(struct moet_model *m, const char *name, int64_t n, const fl
     }
     float *v = malloc((size_t)(n ? n : 1) * sizeof(float));
     if (!v) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
-    moet_type_row_to_f32(type, t->data, v, n);
+    moet_type_row_to_f32(type, src, v, n);
     m->f32_bufs[m->n_f32_bufs++] = v;
     *out = v;
     return MOET_OK;
@@ -156,6 +197,7 @@ void moet_model_free(moet_model *m) {
     free(m->hp.layer_moe);
     free(m->st_used);
     moet_st_free(&m->st);
+    if (m->pack) { moet_gguf_close(m->pack); free(m->pack); }
     moet_tokenizer_free(m->tok);
     free(m->chat_template);
     free(m);
@@ -171,6 +213,10 @@ int moet_model_load(const char *path, const moet_model_options *opt, moet_model 
     json_t *cfg = NULL;
     int rc;
     double t0 = moet_time_s();
+    if (moet_file_exists(path)) { /* a file: a moet pack */
+        if ((rc = moet_pack_load(m, path, err, errlen))) goto fail;
+        goto backend;
+    }
 
     if (!moet_path_join(p, sizeof p, path, "config.json")) { rc = moet_err(err, errlen, MOET_EINVAL, "path too long"); goto fail; }
     if ((rc = read_json(p, &cfg, err, errlen))) goto fail;
@@ -237,6 +283,7 @@ int moet_model_load(const char *path, const moet_model_options *opt, moet_model 
         json_decref(cfg);
         cfg = NULL;
     }
+backend:
     m->be = moet_backend_cpu_create(o.n_threads);
     if (!m->be) { rc = moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend"); goto fail; }
     if (o.verbose)

@@ -5,6 +5,7 @@
 #define MOET_MODEL_MODEL_H
 
 #include "backend/backend.h"
+#include "format/gguf.h"
 #include "format/safetensors.h"
 #include "model/arch.h"
 #include "model/hparams.h"
@@ -15,6 +16,7 @@ struct moet_model {
     const moet_arch *arch;
     moet_st_set st;
     uint8_t *st_used;          /* [st.n_tensors]: bound by the architecture */
+    moet_gguf *pack;           /* when loaded from a pack: tensors come from here instead of st */
     moet_tokenizer *tok;
     moet_backend *be;
     moet_weight tok_embd, output;

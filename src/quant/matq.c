@@ -7,6 +7,7 @@
 
 #include "core/util.h"
 #include "quant/formats.h"
+#include "quant/types.h"
 
 static const char *const k_names[MOET_QF_COUNT] = {"bf16", "q8_0", "mxfp4", "nvfp4", "int2", "asym2", "sym2", "w2",
                                                    "w2+nvfp4", "w2+w2"};
@@ -58,6 +59,20 @@ void moet_rotate_row(double *w, int64_t cols, uint64_t seed, int inverse) {
         fwht(w + o, b);
         for (int64_t j = 0; j < b; j++) w[o + j] *= sc;
         if (inverse) for (int64_t j = 0; j < b; j++) w[o + j] *= sign_of(seed, o + j);
+    }
+}
+
+void moet_rotate_row_f32(float *w, int64_t cols, uint64_t seed, int inverse) {
+    double tmp[256];
+    int64_t b = moet_hadamard_block(cols);
+    double sc = 1.0 / sqrt((double)b);
+    for (int64_t o = 0; o < cols; o += b) {
+        for (int64_t j = 0; j < b; j++) tmp[j] = inverse ? w[o + j] : w[o + j] * sign_of(seed, o + j);
+        fwht(tmp, b);
+        for (int64_t j = 0; j < b; j++) {
+            double v = tmp[j] * sc;
+            w[o + j] = (float)(inverse ? v * sign_of(seed, o + j) : v);
+        }
     }
 }
 
@@ -120,14 +135,18 @@ static int gptq_u(const double *H, int64_t n, double *U) {
 
 /* ---- the roundtrip ---------------------------------------------------------------------------------------------- */
 
-static void rtn_rows(const float *W, int64_t rows, int64_t cols, moet_qformat f, float *out) {
+static void rtn_rows(const float *W, int64_t rows, int64_t cols, moet_qformat f, float *out, uint8_t *blocks,
+                     moet_matq_info *info) {
     float amax = 0;
     for (int64_t i = 0; i < rows * cols; i++) amax = fmaxf(amax, fabsf(W[i]));
     float ts = moet_nvfp4_tensor_scale(amax);
-    void *blk = malloc((size_t)cols * 2 + 64);
+    void *own = malloc((size_t)cols * 2 + 64);
+    size_t rb = info ? moet_type_row_bytes(info->type, cols) : 0;
+    if (info) info->qscale = f == MOET_QF_NVFP4 ? ts : f == MOET_QF_ASYM2 ? amax : 1.0f;
     for (int64_t r = 0; r < rows; r++) {
         const float *x = W + r * cols;
         float *y = out + r * cols;
+        void *blk = blocks ? blocks + (size_t)r * rb : own;
         switch (f) {
         case MOET_QF_BF16:
             for (int64_t j = 0; j < cols; j++) y[j] = moet_bf16_to_f32(moet_f32_to_bf16(x[j]));
@@ -139,12 +158,12 @@ static void rtn_rows(const float *W, int64_t rows, int64_t cols, moet_qformat f,
         default: break;
         }
     }
-    free(blk);
+    free(own);
 }
 
 /* W2 / int2 / sym2 on the (rotated) rows. imp: cols importances. U: GPTQ factor or NULL. */
 static double q2_rows(const double *Wr, int64_t rows, int64_t cols, const moet_q2_params *p, const float *imp,
-                      const double *U, int search, double *deq) {
+                      const double *U, int search, double *deq, moet_block_q2 *blocks) {
     double err = 0;
     double *w = malloc((size_t)cols * sizeof(double));
     float xs[MOET_QK], lv[4];
@@ -162,6 +181,11 @@ static double q2_rows(const double *Wr, int64_t rows, int64_t cols, const moet_q
                 uint8_t code = U ? moet_q2_nearest(lv, s, (float)w[c]) : (uint8_t)((b.qs[j / 4] >> (2 * (j % 4))) & 3);
                 double q = (double)(lv[code] * s), e = w[c] - q;
                 deq[r * cols + c] = q;
+                if (blocks) {
+                    moet_block_q2 *ob = &blocks[(r * cols + g) / MOET_QK];
+                    if (j == 0) { ob->sc = b.sc; memset(ob->qs, 0, sizeof ob->qs); }
+                    ob->qs[j / 4] |= (uint8_t)(code << (2 * (j % 4)));
+                }
                 err += (imp ? imp[c] : 1.0) * e * e;
                 if (U) {
                     double f = e / U[c * cols + c];
@@ -175,9 +199,25 @@ static double q2_rows(const double *Wr, int64_t rows, int64_t cols, const moet_q
     return err;
 }
 
+static const int32_t k_types[MOET_QF_COUNT] = {MOET_TYPE_BF16, MOET_TYPE_Q8_0, MOET_TYPE_MXFP4, MOET_TYPE_NVFP4,
+                                               MOET_TYPE_INT2, MOET_TYPE_ASYM2, MOET_TYPE_SYM2, MOET_TYPE_W2,
+                                               MOET_TYPE_W2, MOET_TYPE_W2};
+int32_t moet_qformat_type(moet_qformat f) { return (unsigned)f < MOET_QF_COUNT ? k_types[f] : -1; }
+
 int moet_matq_roundtrip(const float *W, int64_t rows, int64_t cols, const double *H, const moet_matq_options *o,
                         float *out, moet_matq_stats *st) {
+    return moet_matq_quantize(W, rows, cols, H, o, out, NULL, NULL, st);
+}
+
+int moet_matq_quantize(const float *W, int64_t rows, int64_t cols, const double *H, const moet_matq_options *o,
+                       float *out, void *blocks_v, moet_matq_info *info, moet_matq_stats *st) {
+    uint8_t *blocks = blocks_v;
     if (rows <= 0 || cols <= 0 || cols % MOET_QK) return -1;
+    if (info) {
+        memset(info, 0, sizeof(*info));
+        info->type = moet_qformat_type(o->format);
+        info->qscale = 1.0f;
+    }
     double sw = 0;
     for (int64_t i = 0; i < rows * cols; i++) sw += (double)W[i] * W[i];
     float *tmp = NULL;
@@ -189,7 +229,9 @@ int moet_matq_roundtrip(const float *W, int64_t rows, int64_t cols, const double
     }
     moet_matq_stats s = {0};
     if (o->format != MOET_QF_W2 && o->format != MOET_QF_INT2 && o->format != MOET_QF_SYM2) {
-        rtn_rows(src, rows, cols, o->format, out);
+        rtn_rows(src, rows, cols, o->format, out, blocks, info);
+        if (blocks && o->format == MOET_QF_BF16)
+            for (int64_t i = 0; i < rows * cols; i++) ((uint16_t *)blocks)[i] = moet_f32_to_bf16(src[i]);
     } else {
         const int w2 = o->format == MOET_QF_W2;
         const int rot = w2 && o->rotate;
@@ -238,12 +280,13 @@ int moet_matq_roundtrip(const float *W, int64_t rows, int64_t cols, const double
             float bb = 0.33f;
             for (float b = 0.20f; b <= 0.50f; b += 0.02f) {
                 p.beta = b;
-                double e = q2_rows(Wr, rows, cols, &p, imp, NULL, search, deq);
+                double e = q2_rows(Wr, rows, cols, &p, imp, NULL, search, deq, NULL);
                 if (e < best) { best = e; bb = b; }
             }
             p.beta = bb;
         }
-        q2_rows(Wr, rows, cols, &p, imp, U, search, deq);
+        q2_rows(Wr, rows, cols, &p, imp, U, search, deq, (moet_block_q2 *)blocks);
+        if (info) { info->qscale = p.base; info->qbeta = p.beta; info->rotated = rot; info->rot_seed = (uint32_t)o->seed; }
         if (rot) for (int64_t r = 0; r < rows; r++) moet_rotate_row(deq + r * cols, cols, o->seed, 1);
         for (int64_t i = 0; i < rows * cols; i++) out[i] = (float)deq[i];
         s.beta = p.beta;

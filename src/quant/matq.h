@@ -49,8 +49,23 @@ int moet_matq_roundtrip_delta(const float *W, int64_t rows, int64_t cols, const 
                               float *out, float *out_delta, moet_matq_stats *st);
 static inline int moet_qformat_has_delta(int f) { return f == MOET_QF_W2_NVFP4 || f == MOET_QF_W2_W2; }
 
+/* What a packed matrix needs beside its blocks. */
+typedef struct {
+    int32_t type;      /* MOET_TYPE_* of the blocks */
+    float qscale, qbeta;
+    uint32_t rot_seed;
+    int32_t rotated;
+} moet_matq_info;
+
+int32_t moet_qformat_type(moet_qformat f);
+/* As moet_matq_roundtrip, and also writes the packed rows (rows × moet_type_row_bytes(type, cols); in the rotated
+ * basis when info->rotated) when blocks != NULL; out (required) receives the dequantized matrix. */
+int moet_matq_quantize(const float *W, int64_t rows, int64_t cols, const double *H, const moet_matq_options *o,
+                       float *out, void *blocks, moet_matq_info *info, moet_matq_stats *st);
+
 /* Rotation used by W2: block size and the transform of one row in place (forward: w R; inverse: w R^T). */
 int64_t moet_hadamard_block(int64_t cols);
 void moet_rotate_row(double *w, int64_t cols, uint64_t seed, int inverse);
+void moet_rotate_row_f32(float *w, int64_t cols, uint64_t seed, int inverse);
 
 #endif

@@ -23,14 +23,16 @@ typedef struct {
     int failed;
     pthread_mutex_t mu;
     int64_t done;
-    double t0;
+    double t0, last;
 } rq_ctx;
 
 static double *mean_h(const double *acc, int64_t count, int64_t dim) {
     if (!acc || count <= 0) return NULL;
     double *h = malloc((size_t)(dim * dim) * sizeof(double));
     if (!h) return NULL;
-    for (int64_t i = 0; i < dim * dim; i++) h[i] = acc[i] / (double)count;
+    /* the accumulator holds the upper triangle (see cpu_backend.c accum_xxt) */
+    for (int64_t i = 0; i < dim; i++)
+        for (int64_t j = i; j < dim; j++) h[i * dim + j] = h[j * dim + i] = acc[i * dim + j] / (double)count;
     return h;
 }
 
@@ -78,8 +80,11 @@ static void rq_task(void *vctx, int64_t b, int64_t e, int tid) {
         pthread_mutex_lock(&x->mu);
         x->done++;
         double el = moet_time_s() - x->t0;
-        fprintf(stderr, "\rmoet: quantizing experts to %s [%lld/%lld] %.1f experts/s", moet_qformat_name(x->o->format),
+        if (moet_time_s() - x->last >= 0.25 || x->done == x->n_tasks) {
+            x->last = moet_time_s();
+            fprintf(stderr, "\rmoet: quantizing experts to %s [%lld/%lld] %.1f experts/s", moet_qformat_name(x->o->format),
                 (long long)x->done, (long long)x->n_tasks, (double)x->done / (el > 0 ? el : 1));
+        }
         pthread_mutex_unlock(&x->mu);
     }
 }

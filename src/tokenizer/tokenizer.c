@@ -222,30 +222,37 @@ static int build(moet_tokenizer *t, const json_t *root, char *err, size_t errlen
     return MOET_OK;
 }
 
-int moet_tokenizer_load(const char *path, moet_tokenizer **out, char *err, size_t errlen) {
+int moet_tokenizer_load_buffer(const char *label, const char *txt, size_t len, moet_tokenizer **out, char *err,
+                               size_t errlen) {
     *out = NULL;
-    char *txt;
-    size_t len;
-    int rc = moet_file_read_all(path, 512u << 20, &txt, &len, err, errlen);
-    if (rc) return rc;
     json_error_t je;
     json_t *root = json_loadb(txt, len, JSON_REJECT_DUPLICATES, &je);
-    free(txt);
-    if (!root) return moet_err(err, errlen, MOET_EFORMAT, "%s: invalid JSON (line %d col %d): %s", path, je.line,
+    if (!root) return moet_err(err, errlen, MOET_EFORMAT, "%s: invalid JSON (line %d col %d): %s", label, je.line,
                                je.column, je.text);
     moet_tokenizer *t = calloc(1, sizeof(*t));
     if (!t) { json_decref(root); return moet_err(err, errlen, MOET_ENOMEM, "out of memory"); }
     moet_strmap_init(&t->vocab);
     moet_u64map_init(&t->merges);
     char sub[512];
-    rc = json_is_object(root) ? build(t, root, sub, sizeof sub) : moet_err(sub, sizeof sub, MOET_EFORMAT, "not an object");
+    int rc = json_is_object(root) ? build(t, root, sub, sizeof sub) : moet_err(sub, sizeof sub, MOET_EFORMAT, "not an object");
     json_decref(root);
     if (rc) {
         moet_tokenizer_free(t);
-        return moet_err(err, errlen, rc, "%s: %s", path, sub);
+        return moet_err(err, errlen, rc, "%s: %s", label, sub);
     }
     *out = t;
     return MOET_OK;
+}
+
+int moet_tokenizer_load(const char *path, moet_tokenizer **out, char *err, size_t errlen) {
+    *out = NULL;
+    char *txt;
+    size_t len;
+    int rc = moet_file_read_all(path, 512u << 20, &txt, &len, err, errlen);
+    if (rc) return rc;
+    rc = moet_tokenizer_load_buffer(path, txt, len, out, err, errlen);
+    free(txt);
+    return rc;
 }
 
 /* ---- encode ---------------------------------------------------------------------------------------------------- */

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "core/pool.h"
 #include "core/util.h"
+#include "quant/matq.h"
 #include "quant/types.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MOET_NO_CLONES)
@@ -27,6 +28,8 @@ typedef struct {
     int n_threads;
     float **rowbuf;     /* per thread: ROW_BLOCK widened rows */
     size_t rowbuf_cap;  /* floats per thread buffer */
+    float *xrot;        /* rotated activations for matrices stored as W·R */
+    size_t xrot_cap;
 } cpu_backend;
 
 static cpu_backend *cpu(moet_backend *be) { return (cpu_backend *)be; }
@@ -120,7 +123,7 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
             if (w->type == MOET_TYPE_F32) {
                 rows[j] = (const float *)src;
             } else {
-                if (j < nr) moet_type_row_to_f32(w->type, src, buf + (size_t)j * K, K);
+                if (j < nr) moet_type_row_to_f32_p(w->type, src, buf + (size_t)j * K, K, w->qscale, w->qbeta);
                 rows[j] = buf + (size_t)rj * K;
             }
         }
@@ -137,6 +140,20 @@ static void cpu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, 
     cpu_backend *c = cpu(be);
     if (n <= 0 || w->rows <= 0) return;
     if (ensure_rowbuf(c, w->cols) != 0) abort(); /* out of memory at first use: nothing sane to return */
+    if (w->rotated) { /* y = (W R)(R^T x): rotate each activation row once (x R as a row vector) */
+        size_t need = (size_t)n * (size_t)w->cols;
+        if (need > c->xrot_cap) {
+            float *p = realloc(c->xrot, need * sizeof(float));
+            if (!p) abort();
+            c->xrot = p;
+            c->xrot_cap = need;
+        }
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(c->xrot + (size_t)t * w->cols, x + (size_t)t * w->cols, (size_t)w->cols * sizeof(float));
+            moet_rotate_row_f32(c->xrot + (size_t)t * w->cols, w->cols, w->rot_seed, 0);
+        }
+        x = c->xrot;
+    }
     mm_ctx m = {c, w, x, n, y};
     int64_t blocks = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
     /* Below ~64K multiply-adds a hand-off costs more than it saves. */
@@ -268,16 +285,37 @@ static void cpu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight
     swiglu_ffn(be, gate, up, down, x, n, scratch, scratch + (size_t)n * gate->rows, y);
 }
 
-/* acc[i][j] += sum_r x[r][i] x[r][j] (calibration statistics; double accumulation) */
-static void accum_xxt(double *acc, const float *x, int32_t n, int64_t dim) {
-    for (int32_t r = 0; r < n; r++) {
-        const float *xr = x + (size_t)r * dim;
-        for (int64_t i = 0; i < dim; i++) {
-            double xi = xr[i];
-            double *ar = acc + (size_t)i * dim;
-            for (int64_t j = 0; j < dim; j++) ar[j] += xi * xr[j];
-        }
+/* Calibration statistics: acc[i][j] += sum_r x[r][i] x[r][j] for j >= i (upper triangle; consumers mirror it),
+ * double accumulation. Rows i and dim-1-i form one task, so every task has the same amount of work. */
+typedef struct {
+    double *acc;
+    const float *x;
+    int32_t n;
+    int64_t dim;
+} xxt_ctx;
+
+static void xxt_row(const xxt_ctx *c, int64_t i) {
+    double *ar = c->acc + (size_t)i * c->dim;
+    for (int32_t r = 0; r < c->n; r++) {
+        const float *xr = c->x + (size_t)r * c->dim;
+        double xi = xr[i];
+        if (xi == 0) continue;
+        for (int64_t j = i; j < c->dim; j++) ar[j] += xi * xr[j];
     }
+}
+
+static void xxt_task(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const xxt_ctx *c = vctx;
+    for (int64_t t = b; t < e; t++) {
+        xxt_row(c, t);
+        if (c->dim - 1 - t != t) xxt_row(c, c->dim - 1 - t);
+    }
+}
+
+static void accum_xxt(moet_backend *be, double *acc, const float *x, int32_t n, int64_t dim) {
+    xxt_ctx c = {acc, x, n, dim};
+    moet_pool_for(cpu(be)->pool, (dim + 1) / 2, xxt_task, &c);
 }
 
 /* Scratch layout for moe: logits [T][E] | xg [T][H] | g [T][F] | u [T][F] | d [T][H] | list [T*k] | cnt [E+1] | fill [E] */
@@ -338,8 +376,8 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
         cpu_mul_mat(be, &a->up[e], xg, n, u);
         for (int64_t i = 0; i < (int64_t)n * F; i++) g[i] = silu(g[i]) * u[i];
         if (a->calib_in) {
-            accum_xxt(a->calib_in + (size_t)e * H * H, xg, n, H);
-            accum_xxt(a->calib_down + (size_t)e * F * F, g, n, F);
+            accum_xxt(be, a->calib_in + (size_t)e * H * H, xg, n, H);
+            accum_xxt(be, a->calib_down + (size_t)e * F * F, g, n, F);
             a->calib_count[e] += n;
         }
         cpu_mul_mat(be, &a->down[e], g, n, d);
@@ -356,6 +394,7 @@ static void cpu_destroy(moet_backend *be) {
     moet_pool_free(c->pool);
     for (int t = 0; t < c->n_threads; t++) free(c->rowbuf[t]);
     free(c->rowbuf);
+    free(c->xrot);
     free(c);
 }
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# quality.sh — the quality table's runs: for one model, the BF16 base distributions, then every expert format and
+# delta mode measured as KL divergence to the base on the same windows. Each result is written to
+# bench/results/quality/<model>.<run>.json with commit, machine and date; tools/render_tables.py renders
+# docs/quality.md from them.
+#   usage: bench/quality.sh MODEL_DIR [RUN ...]     (runs: see RUNS below; default all)
+#   env:   DATA (default ../shared/data/dev.txt), CALIB (default: first 300 kB of ../shared/data/train.txt.xz),
+#          CALIB_TOKENS (16384), CTX (512), CHUNKS (16), MOET (build/moet)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MODEL=$1; shift
+NAME=$(basename "$MODEL")
+MOET=${MOET:-build/moet}
+DATA=${DATA:-../shared/data/dev.txt}
+CTX=${CTX:-512}; CHUNKS=${CHUNKS:-16}; CALIB_TOKENS=${CALIB_TOKENS:-16384}
+OUTDIR=bench/results/quality; mkdir -p "$OUTDIR"
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+if [ -z "${CALIB:-}" ]; then CALIB=$work/calib.txt; xz -dc ../shared/data/train.txt.xz | head -c 300000 > "$CALIB"; fi
+declare -A RUNS=(
+  [bf16]="--experts bf16"            [q8_0]="--experts q8_0"        [mxfp4]="--experts mxfp4"
+  [nvfp4]="--experts nvfp4"          [int2]="--experts int2"        [asym2]="--experts asym2"
+  [sym2]="--experts sym2"            [w2-nocalib]="--experts w2"    [w2]="--experts w2 --calib CAL"
+  [w2-nogptq]="--experts w2 --calib CAL --no-gptq"
+  [w2+nvfp4.on]="--experts w2+nvfp4 --calib CAL --delta on"
+  [w2+nvfp4.gate]="--experts w2+nvfp4 --calib CAL --delta gate --tau 0.6"
+  [w2+w2.on]="--experts w2+w2 --calib CAL --delta on"
+)
+sel=("$@"); [ ${#sel[@]} -gt 0 ] || sel=(bf16 q8_0 mxfp4 nvfp4 int2 asym2 sym2 w2-nocalib w2 w2-nogptq w2+nvfp4.on w2+nvfp4.gate w2+w2.on)
+commit=$(git describe --always --dirty --abbrev=12)
+machine="$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
+"$MOET" perplexity -m "$MODEL" -f "$DATA" --ctx "$CTX" --chunks "$CHUNKS" --save-logits "$work/base.kld" >/dev/null
+for r in "${sel[@]}"; do
+  args=${RUNS[$r]//CAL/$CALIB}
+  echo "quality: $NAME $r ($args)" >&2
+  res=$("$MOET" perplexity -m "$MODEL" -f "$DATA" --ctx "$CTX" --chunks "$CHUNKS" --kld-base "$work/base.kld" --json \
+        --calib-tokens "$CALIB_TOKENS" $args 2>"$work/log") || { cat "$work/log" >&2; exit 1; }
+  size=$(grep -a "experts as" "$work/log" | head -1 || true)
+  printf '{"tool": "bench/quality.sh", "commit": "%s", "date": "%s", "machine": "%s", "model": "%s", "data": "%s", "run": "%s", "args": "%s", "calib_tokens": %s, "result": %s}\n' \
+    "$commit" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$machine" "$NAME" "$(basename "$DATA")" "$r" "${RUNS[$r]}" "$CALIB_TOKENS" "$res" \
+    > "$OUTDIR/$NAME.$r.json"
+done

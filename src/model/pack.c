@@ -1,0 +1,290 @@
+/*
+ * pack.c — writing and loading moet packs (see pack.h, docs/format.md).
+ */
+#include "model/pack.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/pool.h"
+#include "core/util.h"
+#include "quant/types.h"
+
+/* The int32 hyperparameters, by key. Every pack stores all of them. */
+static const struct { const char *key; size_t off; } k_hp_i32[] = {
+#define F(name) {"moet.hp." #name, offsetof(moet_hparams, name)}
+    F(vocab), F(hidden), F(n_layers), F(n_heads), F(n_kv_heads), F(head_dim), F(dense_ffn), F(expert_ffn),
+    F(n_experts), F(n_experts_used), F(norm_topk), F(router_scoring), F(rope_dim), F(max_pos), F(tie_embeddings),
+    F(attn_bias), F(qk_norm), F(bos_id),
+#undef F
+};
+
+static const char *matrix_name(char *buf, size_t cap, int l, int64_t e, int k) {
+    static const char *const kn[3] = {"gate_proj", "up_proj", "down_proj"};
+    snprintf(buf, cap, "model.layers.%d.mlp.experts.%lld.%s.weight", l, (long long)e, kn[k]);
+    return buf;
+}
+
+/* ---- write ---------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const moet_model *m;
+    const moet_pack_options *o;
+    int64_t *task_layer;
+    int64_t n_tasks;
+    uint8_t **blocks;    /* [task*3+k] */
+    float *qparams;      /* [task*3+k][4] */
+    int failed;
+    pthread_mutex_t mu;
+    int64_t done;
+    double t0, last;
+} pw_ctx;
+
+static double *mean_sym(const double *acc, int64_t count, int64_t dim) {
+    if (!acc || count <= 0) return NULL;
+    double *h = malloc((size_t)(dim * dim) * sizeof(double));
+    if (!h) return NULL;
+    for (int64_t i = 0; i < dim; i++)
+        for (int64_t j = i; j < dim; j++) h[i * dim + j] = h[j * dim + i] = acc[i * dim + j] / (double)count;
+    return h;
+}
+
+static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    pw_ctx *x = vctx;
+    const moet_hparams *hp = &x->m->hp;
+    const int64_t H = hp->hidden, F = hp->expert_ffn, E = hp->n_experts;
+    for (int64_t t = b; t < e; t++) {
+        int l = (int)x->task_layer[t];
+        int64_t ex = t % E;
+        const moet_layer *L = &x->m->layers[l];
+        const moet_weight *ws[3] = {&L->exp_gate[ex], &L->exp_up[ex], &L->exp_down[ex]};
+        const moet_calib *c = x->o->calib;
+        int64_t cnt = c ? c->count[l][ex] : 0;
+        double *hin = c ? mean_sym(c->h_in[l] + ex * H * H, cnt, H) : NULL;
+        double *hdn = c ? mean_sym(c->h_down[l] + ex * F * F, cnt, F) : NULL;
+        for (int k = 0; k < 3; k++) {
+            const moet_weight *w = ws[k];
+            float *src = malloc((size_t)(w->rows * w->cols) * sizeof(float));
+            float *deq = malloc((size_t)(w->rows * w->cols) * sizeof(float));
+            moet_matq_options q = x->o->q;
+            q.seed = (uint64_t)l * 2 + (k == 2 ? 2 : 1); /* gate and up share their input, so their rotation */
+            size_t rb = moet_type_row_bytes(moet_qformat_type(q.format), w->cols);
+            uint8_t *blk = malloc(rb * (size_t)w->rows + 1);
+            moet_matq_info info;
+            if (!src || !deq || !blk) { x->failed = 1; free(src); free(deq); free(blk); continue; }
+            for (int64_t r = 0; r < w->rows; r++)
+                moet_type_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, src + r * w->cols, w->cols);
+            if (moet_matq_quantize(src, w->rows, w->cols, k == 2 ? hdn : hin, &q, deq, blk, &info, NULL)) x->failed = 1;
+            float *qp = x->qparams + (t * 3 + k) * 4;
+            qp[0] = info.qscale;
+            qp[1] = info.qbeta;
+            qp[2] = (float)info.rot_seed;
+            qp[3] = (float)info.rotated;
+            x->blocks[t * 3 + k] = blk;
+            free(src);
+            free(deq);
+        }
+        free(hin);
+        free(hdn);
+        pthread_mutex_lock(&x->mu);
+        x->done++;
+        double el = moet_time_s() - x->t0;
+        if (moet_time_s() - x->last >= 0.25 || x->done == x->n_tasks) {
+            x->last = moet_time_s();
+            fprintf(stderr, "\rmoet: quantize: layer %d, experts %lld/%lld done, %.1f experts/s", l, (long long)x->done,
+                (long long)x->n_tasks, (double)x->done / (el > 0 ? el : 1e-9));
+        }
+        pthread_mutex_unlock(&x->mu);
+    }
+}
+
+int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_path, const moet_pack_options *o,
+                    char *err, size_t errlen) {
+    const moet_hparams *hp = &m->hp;
+    if (m->pack) return moet_err(err, errlen, MOET_EINVAL, "re-quantizing a pack is not supported; give the HF directory");
+    if (moet_qformat_has_delta(o->q.format))
+        return moet_err(err, errlen, MOET_EUNSUP, "delta formats go to a delta pack (--delta-out), not implemented yet");
+    const int64_t E = hp->n_experts;
+    pw_ctx x = {.m = m, .o = o, .t0 = moet_time_s()};
+    for (int l = 0; l < hp->n_layers; l++) x.n_tasks += hp->layer_moe[l] ? E : 0;
+    pthread_mutex_init(&x.mu, NULL);
+    x.task_layer = calloc((size_t)x.n_tasks + 1, sizeof(int64_t));
+    x.blocks = calloc((size_t)x.n_tasks * 3 + 1, sizeof(uint8_t *));
+    x.qparams = calloc((size_t)x.n_tasks * 12 + 1, sizeof(float));
+    char *tok_json = NULL, *tmpl = NULL;
+    int rc = MOET_OK;
+    moet_gguf_writer *w = NULL;
+    if (!x.task_layer || !x.blocks || !x.qparams) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    for (int l = 0, t = 0; l < hp->n_layers; l++)
+        if (hp->layer_moe[l])
+            for (int64_t e = 0; e < E; e++) x.task_layer[t++] = l;
+    {
+        moet_pool *pool = moet_pool_create(o->n_threads);
+        moet_pool_for(pool, x.n_tasks, pw_task, &x);
+        moet_pool_free(pool);
+        fprintf(stderr, "\n");
+    }
+    if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "quantization failed (out of memory)"); goto out; }
+    char p[4096];
+    size_t tl;
+    if (!moet_path_join(p, sizeof p, src_dir, "tokenizer.json") || (rc = moet_file_read_all(p, 512u << 20, &tok_json, &tl, err, errlen)))
+        goto out;
+    if (!(w = moet_gguf_writer_create(out_path, 32))) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    moet_gguf_writer_kv_str(w, "general.architecture", "moet-qwen3moe", strlen("moet-qwen3moe"));
+    moet_gguf_writer_kv_u32(w, "moet.format_version", MOET_PACK_FORMAT_VERSION);
+    moet_gguf_writer_kv_str(w, "moet.architecture", hp->architecture, strlen(hp->architecture));
+    const char *fname = moet_qformat_name(o->q.format);
+    moet_gguf_writer_kv_str(w, "moet.expert_format", fname, strlen(fname));
+    moet_gguf_writer_kv_f32(w, "moet.expert_bpw", (float)moet_qformat_bpw(o->q.format));
+    for (size_t i = 0; i < sizeof k_hp_i32 / sizeof k_hp_i32[0]; i++)
+        moet_gguf_writer_kv_i32(w, k_hp_i32[i].key, *(const int32_t *)((const char *)hp + k_hp_i32[i].off));
+    moet_gguf_writer_kv_f32(w, "moet.hp.rms_eps", hp->rms_eps);
+    moet_gguf_writer_kv_f32(w, "moet.hp.rope_theta", (float)hp->rope_theta);
+    {
+        int32_t lm[1024];
+        for (int l = 0; l < hp->n_layers; l++) lm[l] = hp->layer_moe[l];
+        moet_gguf_writer_kv_arr_i32(w, "moet.hp.layer_moe", lm, (size_t)hp->n_layers);
+        moet_gguf_writer_kv_arr_i32(w, "moet.hp.eos_ids", hp->eos_ids, (size_t)hp->n_eos);
+    }
+    moet_gguf_writer_kv_str(w, "moet.tokenizer_json", tok_json, tl);
+    if (m->chat_template) moet_gguf_writer_kv_str(w, "tokenizer.chat_template", m->chat_template, strlen(m->chat_template));
+    /* Dense tensors: every checkpoint tensor that is not a routed expert, as stored. */
+    for (size_t i = 0; i < m->st.n_tensors; i++) {
+        const moet_st_tensor *t = &m->st.tensors[i];
+        if (strstr(t->name, ".mlp.experts.")) continue;
+        int ty = t->dtype == MOET_ST_F32 ? MOET_TYPE_F32 : t->dtype == MOET_ST_F16 ? MOET_TYPE_F16
+                 : t->dtype == MOET_ST_BF16 ? MOET_TYPE_BF16 : -1;
+        if (ty < 0 || t->ndim < 1 || t->ndim > 4) {
+            rc = moet_err(err, errlen, MOET_EUNSUP, "tensor '%s': dtype %s / rank %d not packable", t->name,
+                          moet_st_dtype_name(t->dtype), t->ndim);
+            goto out;
+        }
+        int64_t ne[4];
+        for (int d = 0; d < t->ndim; d++) ne[d] = t->shape[t->ndim - 1 - d];
+        moet_gguf_writer_tensor(w, t->name, ty, t->ndim, ne, t->data, t->nbytes, 32);
+    }
+    /* Experts: one 4 KiB-aligned record each (gate, up, down back to back), then the layer's qparams. */
+    int32_t ty = moet_qformat_type(o->q.format);
+    for (int64_t t = 0; t < x.n_tasks; t++) {
+        int l = (int)x.task_layer[t];
+        int64_t e = t % E;
+        const moet_layer *L = &m->layers[l];
+        const moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
+        for (int k = 0; k < 3; k++) {
+            char nm[256];
+            int64_t ne[2] = {ws[k]->cols, ws[k]->rows};
+            moet_gguf_writer_tensor(w, matrix_name(nm, sizeof nm, l, e, k), ty, 2, ne, x.blocks[t * 3 + k],
+                                    moet_type_row_bytes(ty, ws[k]->cols) * (uint64_t)ws[k]->rows,
+                                    k == 0 ? MOET_PACK_RECORD_ALIGN : 32);
+        }
+        if (e == E - 1) {
+            char nm[256];
+            snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.qparams", l);
+            int64_t ne[2] = {4, 3 * E};
+            moet_gguf_writer_tensor(w, nm, MOET_TYPE_F32, 2, ne, x.qparams + (t - (E - 1)) * 12,
+                                    (uint64_t)(12 * E) * sizeof(float), 32);
+        }
+    }
+    rc = moet_gguf_writer_finish(w, err, errlen);
+    w = NULL;
+out:
+    if (w) moet_gguf_writer_abort(w);
+    if (x.blocks) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.blocks[i]);
+    free(x.blocks);
+    free(x.qparams);
+    free(x.task_layer);
+    free(tok_json);
+    free(tmpl);
+    pthread_mutex_destroy(&x.mu);
+    return rc;
+}
+
+/* ---- load ----------------------------------------------------------------------------------------------------- */
+
+int moet_pack_load(moet_model *m, const char *path, char *err, size_t errlen) {
+    moet_hparams *hp = &m->hp;
+    if (!(m->pack = calloc(1, sizeof(moet_gguf)))) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    int rc = moet_gguf_open(path, m->pack, err, errlen);
+    if (rc) { free(m->pack); m->pack = NULL; return rc; }
+    const moet_gguf *g = m->pack;
+    int64_t v;
+    char *s = NULL;
+    if (moet_gguf_get_i64(g, "moet.format_version", &v) || v != MOET_PACK_FORMAT_VERSION)
+        return moet_err(err, errlen, MOET_EFORMAT, "%s: not a moet pack of format version %d", path, MOET_PACK_FORMAT_VERSION);
+    if (moet_gguf_get_str(g, "moet.architecture", &s))
+        return moet_err(err, errlen, MOET_EFORMAT, "%s: missing moet.architecture", path);
+    snprintf(hp->architecture, sizeof hp->architecture, "%s", s);
+    free(s);
+    if (!(m->arch = moet_arch_find(hp->architecture)))
+        return moet_err(err, errlen, MOET_EUNSUP, "%s: unsupported architecture '%s' (supported: %s)", path,
+                        hp->architecture, moet_arch_list());
+    for (size_t i = 0; i < sizeof k_hp_i32 / sizeof k_hp_i32[0]; i++) {
+        if (moet_gguf_get_i64(g, k_hp_i32[i].key, &v) || v < -1 || v > (1 << 24))
+            return moet_err(err, errlen, MOET_EFORMAT, "%s: missing or bad %s", path, k_hp_i32[i].key);
+        *(int32_t *)((char *)hp + k_hp_i32[i].off) = (int32_t)v;
+    }
+    double d;
+    if (moet_gguf_get_f64(g, "moet.hp.rms_eps", &d)) return moet_err(err, errlen, MOET_EFORMAT, "%s: missing moet.hp.rms_eps", path);
+    hp->rms_eps = (float)d;
+    if (moet_gguf_get_f64(g, "moet.hp.rope_theta", &d)) return moet_err(err, errlen, MOET_EFORMAT, "%s: missing moet.hp.rope_theta", path);
+    hp->rope_theta = d;
+    if (hp->vocab < 1 || hp->hidden < 1 || hp->n_layers < 1 || hp->n_layers > 1024 || hp->n_heads < 1 ||
+        hp->n_kv_heads < 1 || hp->n_heads % hp->n_kv_heads || hp->head_dim < 2 || hp->head_dim % 2 ||
+        hp->rope_dim != hp->head_dim || hp->n_experts < 0 || hp->n_experts_used > hp->n_experts || hp->max_pos < 1)
+        return moet_err(err, errlen, MOET_EFORMAT, "%s: inconsistent hyperparameters", path);
+    const moet_gguf_kv *lm = moet_gguf_find_kv(g, "moet.hp.layer_moe"), *eo = moet_gguf_find_kv(g, "moet.hp.eos_ids");
+    if (!lm || lm->type != MOET_GGUF_ARRAY || lm->arr_type != MOET_GGUF_I32 || lm->arr_n != (uint64_t)hp->n_layers)
+        return moet_err(err, errlen, MOET_EFORMAT, "%s: moet.hp.layer_moe must be %d i32", path, hp->n_layers);
+    if (!(hp->layer_moe = calloc((size_t)hp->n_layers, 1))) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    for (int l = 0; l < hp->n_layers; l++) {
+        int32_t x;
+        memcpy(&x, lm->arr + 4 * l, 4);
+        hp->layer_moe[l] = x != 0;
+    }
+    if (eo && eo->type == MOET_GGUF_ARRAY && eo->arr_type == MOET_GGUF_I32)
+        for (uint64_t i = 0; i < eo->arr_n && hp->n_eos < MOET_MAX_EOS; i++) {
+            int32_t x;
+            memcpy(&x, eo->arr + 4 * i, 4);
+            if (x >= 0 && x < hp->vocab) hp->eos_ids[hp->n_eos++] = x;
+        }
+    const moet_gguf_kv *tj = moet_gguf_find_kv(g, "moet.tokenizer_json");
+    if (!tj || tj->type != MOET_GGUF_STRING) return moet_err(err, errlen, MOET_EFORMAT, "%s: missing moet.tokenizer_json", path);
+    if ((rc = moet_tokenizer_load_buffer(path, tj->str, tj->str_len, &m->tok, err, errlen))) return rc;
+    if (!moet_gguf_get_str(g, "tokenizer.chat_template", &s)) m->chat_template = s;
+    if ((rc = m->arch->bind(m, err, errlen))) return rc;
+    /* Per-matrix parameters of the experts. */
+    for (int l = 0; l < hp->n_layers; l++) {
+        if (!hp->layer_moe[l]) continue;
+        char nm[256];
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.qparams", l);
+        const moet_gguf_tensor *t = moet_gguf_find_tensor(g, nm);
+        if (!t || t->type != MOET_TYPE_F32 || t->ne[0] != 4 || t->ne[1] != 3 * (int64_t)hp->n_experts)
+            return moet_err(err, errlen, MOET_EFORMAT, "%s: %s missing or of the wrong shape", path, nm);
+        const float *qp = (const float *)t->data;
+        moet_layer *L = &m->layers[l];
+        for (int64_t e = 0; e < hp->n_experts; e++) {
+            moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
+            for (int k = 0; k < 3; k++) {
+                const float *q = qp + (e * 3 + k) * 4;
+                if (!(q[0] > 0) || q[1] < 0 || q[1] >= 1 || q[2] < 0 || q[2] > 16777216.0f || (q[3] != 0 && q[3] != 1))
+                    return moet_err(err, errlen, MOET_EFORMAT, "%s: bad qparams for layer %d expert %lld", path, l, (long long)e);
+                ws[k]->qscale = q[0];
+                ws[k]->qbeta = q[1];
+                ws[k]->rot_seed = (uint32_t)q[2];
+                ws[k]->rotated = (int32_t)q[3];
+                if (ws[k]->rotated && ws[k]->cols % 32)
+                    return moet_err(err, errlen, MOET_EFORMAT, "%s: rotated matrix of width %lld", path, (long long)ws[k]->cols);
+            }
+        }
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const moet_type_traits *tr = moet_type_get(g->tensors[i].type);
+        m->n_params += (int64_t)(g->tensors[i].nbytes / (uint64_t)tr->type_size * (uint64_t)tr->block_size);
+        m->weight_bytes += (int64_t)g->tensors[i].nbytes;
+    }
+    return MOET_OK;
+}

@@ -15,7 +15,7 @@ DATA=${DATA:-../shared/data/dev.txt}
 CTX=${CTX:-512}; CHUNKS=${CHUNKS:-16}; CALIB_TOKENS=${CALIB_TOKENS:-16384}
 OUTDIR=bench/results/quality; mkdir -p "$OUTDIR"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-if [ -z "${CALIB:-}" ]; then CALIB=$work/calib.txt; xz -dc ../shared/data/train.txt.xz | head -c 300000 > "$CALIB"; fi
+if [ -z "${CALIB:-}" ]; then CALIB=$work/calib.txt; (set +o pipefail; xz -dc ../shared/data/train.txt.xz | head -c 300000 > "$CALIB"); fi
 declare -A RUNS=(
   [bf16]="--experts bf16"            [q8_0]="--experts q8_0"        [mxfp4]="--experts mxfp4"
   [nvfp4]="--experts nvfp4"          [int2]="--experts int2"        [asym2]="--experts asym2"

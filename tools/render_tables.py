@@ -59,7 +59,8 @@ LABEL = {"bf16": "BF16 (round trip)", "q8_0": "Q8_0", "nvfp4": "NVFP4 (RTN)", "m
 
 def quality():
     out = []
-    files = sorted(glob.glob(os.path.join(ROOT, "bench/results/quality/*.json")))
+    files = [f for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/quality/*.json")))
+             if "model" in json.load(open(f))]  # only bench/quality.sh results
     models = sorted({json.load(open(f))["model"] for f in files})
     for mname in models:
         sizes = model_sizes(mname)

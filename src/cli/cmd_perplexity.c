@@ -37,7 +37,7 @@ int cmd_perplexity(int argc, char **argv) {
     long ctx = 512, chunks = 0, topk_opt = 0, calib_tokens = 32768;
     int json = 0, no_rotate = 0, no_gptq = 0, no_search = 0;
     double beta = 0, tau = 0.6;
-    const char *delta_mode = NULL;
+    const char *delta_mode = NULL, *study_path = NULL;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);
         if (r < 0) return 2;
@@ -56,6 +56,7 @@ int cmd_perplexity(int argc, char **argv) {
         else if (!strcmp(a, "--no-calib")) calib_file = NULL;
         else if (!strcmp(a, "--calib-tokens")) { VAL(); if (cli_parse_int(v, 1, 1L << 40, &calib_tokens)) return 2; }
         else if (!strcmp(a, "--delta")) { VAL(); delta_mode = v; }
+        else if (!strcmp(a, "--gate-study")) { VAL(); study_path = v; }
         else if (!strcmp(a, "--tau")) { VAL(); if (cli_parse_float(v, &tau) || tau < 0 || tau > 1) { fprintf(stderr, "moet perplexity: --tau in [0, 1]\n"); return 2; } }
         else if (!strcmp(a, "--no-rotate")) no_rotate = 1;
         else if (!strcmp(a, "--no-gptq")) no_gptq = 1;
@@ -117,7 +118,9 @@ int cmd_perplexity(int argc, char **argv) {
     float *logp = NULL, *rec_lp = NULL;
     double *klds = NULL;
     uint8_t *mark = NULL;
-    float *gate_buf = NULL;
+    float *gate_buf = NULL, *study_on = NULL;
+    double *study_sig = NULL;
+    FILE *study = NULL;
     FILE *fs = NULL, *fb = NULL;
     char tmp_path[4096] = {0};
     moet_session *s = NULL;
@@ -183,6 +186,16 @@ int cmd_perplexity(int argc, char **argv) {
     if (!logp || !scr_ids || !rec_ids || !rec_lp || (base && !klds) || !mark) { fprintf(stderr, "moet: out of memory\n"); goto out; }
     double nll = 0, t_eval = moet_time_s();
     size_t n_scored = 0, agree = 0, corrected = 0;
+    /* --gate-study: every step on the base and, from the same cache, on base + delta; per step the confidence
+     * signals of the base step and both KLDs go to a CSV, to choose the gate's signal and threshold offline. */
+    if (study_path && (dmode != 2 || !fb)) { fprintf(stderr, "moet perplexity: --gate-study needs --delta gate and --kld-base\n"); goto out; }
+    if (study_path) {
+        if (!(study = fopen(study_path, "w"))) { fprintf(stderr, "moet: error: cannot write %s\n", study_path); goto out; }
+        fprintf(study, "window,pos,top1,margin,entropy,kld_base,kld_on\n");
+        study_on = malloc((size_t)ctx * (size_t)V * sizeof(float));
+        study_sig = malloc((size_t)ctx * 3 * sizeof(double));
+        if (!study_on || !study_sig) { fprintf(stderr, "moet: out of memory\n"); goto out; }
+    }
     if (dmode == 2 && !(gate_buf = malloc((size_t)ctx * (size_t)V * sizeof(float)))) { fprintf(stderr, "moet: out of memory\n"); goto out; }
     moet_session_use_delta(s, dmode == 1);
     for (size_t w = 0; w < n_win; w++) {
@@ -204,6 +217,24 @@ int cmd_perplexity(int argc, char **argv) {
                 moet_log_softmax(l1, V, logp);
                 float mx = logp[0];
                 for (int32_t k = 1; k < V; k++) mx = logp[k] > mx ? logp[k] : mx;
+                if (study) {
+                    double p1 = 0, p2 = 0, ent = 0;
+                    for (int32_t k = 0; k < V; k++) {
+                        double pk = exp((double)logp[k]);
+                        ent -= pk * (double)logp[k];
+                        if (pk > p1) { p2 = p1; p1 = pk; } else if (pk > p2) p2 = pk;
+                    }
+                    study_sig[j * 3] = p1; study_sig[j * 3 + 1] = p1 - p2; study_sig[j * 3 + 2] = ent;
+                    memcpy(gate_buf + (size_t)j * V, l1, (size_t)V * sizeof(float));
+                    moet_session_truncate(s, moet_session_pos(s) - 1, NULL, 0);
+                    moet_session_use_delta(s, 1);
+                    int erc = moet_session_eval(s, wt + j, 1, MOET_LOGITS_LAST, err, sizeof err);
+                    moet_session_use_delta(s, 0);
+                    if (!erc) memcpy(study_on + (size_t)j * V, moet_session_logits(s, NULL), (size_t)V * sizeof(float));
+                    moet_session_truncate(s, moet_session_pos(s) - 1, NULL, 0); /* back to the base entry */
+                    if (erc || moet_session_eval(s, wt + j, 1, MOET_LOGITS_LAST, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
+                    continue;
+                }
                 if (expf(mx) < (float)tau) {
                     moet_session_truncate(s, moet_session_pos(s) - 1, NULL, 0);
                     moet_session_use_delta(s, 1);
@@ -239,6 +270,15 @@ int cmd_perplexity(int argc, char **argv) {
                 for (uint32_t k = 0; k < kh.topk; k++)
                     if (rec_ids[k] < 0 || rec_ids[k] >= V) { fprintf(stderr, "moet: error: %s is corrupt\n", base); goto out; }
                 klds[n_scored] = moet_kld_eval(rec_ids, rec_lp, rest, kh.topk, logp, V, mark);
+                if (study) {
+                    float *lq = malloc((size_t)V * sizeof(float));
+                    if (!lq) goto out;
+                    moet_log_softmax(study_on + (size_t)j * V, V, lq);
+                    double kon = moet_kld_eval(rec_ids, rec_lp, rest, kh.topk, lq, V, mark);
+                    free(lq);
+                    fprintf(study, "%zu,%ld,%.6g,%.6g,%.6g,%.6g,%.6g\n", w, j, study_sig[j * 3], study_sig[j * 3 + 1],
+                            study_sig[j * 3 + 2], klds[n_scored], kon);
+                }
                 int32_t am = 0;
                 for (int32_t k = 1; k < V; k++) if (logp[k] > logp[am]) am = k;
                 agree += am == rec_ids[0];
@@ -296,6 +336,9 @@ out:
     free(klds);
     free(mark);
     free(gate_buf);
+    free(study_on);
+    free(study_sig);
+    if (study) fclose(study);
     moet_model_free(m);
     return rc;
 }

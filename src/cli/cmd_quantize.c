@@ -21,7 +21,7 @@ static void usage(void) {
 int cmd_quantize(int argc, char **argv) {
     cli_common c = {0};
     const char *out = NULL, *fmt = "w2", *calib = NULL, *dense = "bf16";
-    long calib_tokens = 32768, group = 32;
+    long calib_tokens = 16384, group = 32;
     int no_calib = 0, no_rotate = 0, no_gptq = 0, no_search = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);

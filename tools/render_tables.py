@@ -93,7 +93,21 @@ def quality():
     return "\n".join(out).rstrip()
 
 
-TABLES = {"cpu-bench": cpu_bench, "quality": quality}
+def gate_study():
+    out = ["| model | signal | KLD at 10% | 20% | 30% | 50% | corrected for 1.3× of on-from-base-cache |", "|---|---|---|---|---|---|---|"]
+    for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/gate/*.study.json"))):
+        d = json.load(open(f))
+        name = os.path.basename(f).split(".")[0]
+        for sig, v in d["signals"].items():
+            c = dict((round(a, 1), b) for a, b in v["curve"])
+            need = v["fraction_for_1.3x_on"]
+            out.append(f"| {name} | {sig} | " + " | ".join(f"{c.get(x, float('nan')):.4f}" for x in (0.1, 0.2, 0.3, 0.5)) +
+                       f" | {need:.0%} |" if need is not None else " | — |")
+        out.append(f"| {name} | (base alone / every step corrected from the base cache) | {d['kld_base']:.4f} | | | | on-from-base-cache {d['kld_on']:.4f} |")
+    return "\n".join(out)
+
+
+TABLES = {"cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
 
 
 def render(path, check):

@@ -12,6 +12,7 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "model/pack.h"
+#include "quant/calib.h"
 #include "quant/requant.h"
 #include "quant/types.h"
 #include "test_util.h"
@@ -64,7 +65,7 @@ int main(int argc, char **argv) {
                     for (int64_t r = 0; r < w->rows; r++)
                         moet_type_row_to_f32(w->type, (const uint8_t *)w->data + r * w->row_bytes, src + r * w->cols, w->cols);
                     moet_matq_options q = po.q;
-                    q.seed = (uint64_t)l * 2 + (k == 2 ? 2 : 1);
+                    q.seed = moet_expert_rot_seed(l, k);
                     moet_matq_info info;
                     REQUIRE(moet_matq_quantize(src, w->rows, w->cols, NULL, &q, deq, blk, &info, NULL) == 0, "quantize");
                     if (pt->type != info.type || memcmp(blk, pt->data, pt->nbytes)) mismatched++;

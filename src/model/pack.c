@@ -43,35 +43,23 @@ typedef struct {
     double t0, last;
 } pw_ctx;
 
-static double *mean_sym(const double *acc, int64_t count, int64_t dim) {
-    if (!acc || count <= 0) return NULL;
-    double *h = malloc((size_t)(dim * dim) * sizeof(double));
-    if (!h) return NULL;
-    for (int64_t i = 0; i < dim; i++)
-        for (int64_t j = i; j < dim; j++) h[i * dim + j] = h[j * dim + i] = acc[i * dim + j] / (double)count;
-    return h;
-}
-
 static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
     (void)tid;
     pw_ctx *x = vctx;
     const moet_hparams *hp = &x->m->hp;
-    const int64_t H = hp->hidden, F = hp->expert_ffn, E = hp->n_experts;
+    const int64_t E = hp->n_experts;
     for (int64_t t = b; t < e; t++) {
         int l = (int)x->task_layer[t];
         int64_t ex = t % E;
         const moet_layer *L = &x->m->layers[l];
         const moet_weight *ws[3] = {&L->exp_gate[ex], &L->exp_up[ex], &L->exp_down[ex]};
-        const moet_calib *c = x->o->calib;
-        int64_t cnt = c ? c->count[l][ex] : 0;
-        double *hin = c ? mean_sym(c->h_in[l] + ex * H * H, cnt, H) : NULL;
-        double *hdn = c ? mean_sym(c->h_down[l] + ex * F * F, cnt, F) : NULL;
+        double *hin = moet_calib_hessian(x->o->calib, l, ex, 0), *hdn = moet_calib_hessian(x->o->calib, l, ex, 1);
         for (int k = 0; k < 3; k++) {
             const moet_weight *w = ws[k];
             float *src = malloc((size_t)(w->rows * w->cols) * sizeof(float));
             float *deq = malloc((size_t)(w->rows * w->cols) * sizeof(float));
             moet_matq_options q = x->o->q;
-            q.seed = (uint64_t)l * 2 + (k == 2 ? 2 : 1); /* gate and up share their input, so their rotation */
+            q.seed = moet_expert_rot_seed(l, k);
             size_t rb = moet_type_row_bytes(moet_qformat_type(q.format), w->cols);
             uint8_t *blk = malloc(rb * (size_t)w->rows + 1);
             moet_matq_info info;

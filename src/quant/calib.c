@@ -44,6 +44,18 @@ void moet_calib_free(moet_calib *c) {
     free(c);
 }
 
+double *moet_calib_hessian(const moet_calib *c, int l, int64_t e, int which) {
+    if (!c || l < 0 || l >= c->n_layers || !c->count[l] || c->count[l][e] <= 0) return NULL;
+    const int64_t dim = which ? c->ffn : c->hidden, n = c->count[l][e];
+    const double *acc = (which ? c->h_down[l] : c->h_in[l]) + e * dim * dim;
+    double *h = malloc((size_t)(dim * dim) * sizeof(double));
+    if (!h) return NULL;
+    /* the accumulator holds the upper triangle (see cpu_backend.c accum_xxt) */
+    for (int64_t i = 0; i < dim; i++)
+        for (int64_t j = i; j < dim; j++) h[i * dim + j] = h[j * dim + i] = acc[i * dim + j] / (double)n;
+    return h;
+}
+
 int moet_calib_run(const moet_model *m, moet_calib *c, const char *text, size_t len, int32_t ctx, int64_t max_tokens,
                    char *err, size_t errlen) {
     int32_t *ids;

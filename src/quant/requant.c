@@ -26,28 +26,16 @@ typedef struct {
     double t0, last;
 } rq_ctx;
 
-static double *mean_h(const double *acc, int64_t count, int64_t dim) {
-    if (!acc || count <= 0) return NULL;
-    double *h = malloc((size_t)(dim * dim) * sizeof(double));
-    if (!h) return NULL;
-    /* the accumulator holds the upper triangle (see cpu_backend.c accum_xxt) */
-    for (int64_t i = 0; i < dim; i++)
-        for (int64_t j = i; j < dim; j++) h[i * dim + j] = h[j * dim + i] = acc[i * dim + j] / (double)count;
-    return h;
-}
-
 static void rq_task(void *vctx, int64_t b, int64_t e, int tid) {
     (void)tid;
     rq_ctx *x = vctx;
     const moet_hparams *hp = &x->m->hp;
-    const int64_t H = hp->hidden, F = hp->expert_ffn, E = hp->n_experts;
+    const int64_t E = hp->n_experts;
     for (int64_t t = b; t < e; t++) {
         int64_t l = x->task_layer[t], ex = t % E;
         moet_layer *L = &x->m->layers[l];
         moet_weight *ws[3] = {&L->exp_gate[ex], &L->exp_up[ex], &L->exp_down[ex]};
-        int64_t cnt = x->c ? x->c->count[l][ex] : 0;
-        double *hin = x->c ? mean_h(x->c->h_in[l] + ex * H * H, cnt, H) : NULL;
-        double *hdn = x->c ? mean_h(x->c->h_down[l] + ex * F * F, cnt, F) : NULL;
+        double *hin = moet_calib_hessian(x->c, (int)l, ex, 0), *hdn = moet_calib_hessian(x->c, (int)l, ex, 1);
         for (int k = 0; k < 3; k++) {
             const moet_weight *w = ws[k];
             float *src = malloc((size_t)(w->rows * w->cols) * sizeof(float));
@@ -57,7 +45,7 @@ static void rq_task(void *vctx, int64_t b, int64_t e, int tid) {
                 moet_type_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, src + r * w->cols,
                                      w->cols);
             moet_matq_options o = *x->o;
-            o.seed = (uint64_t)l * 2 + (k == 2 ? 2 : 1); /* gate and up share their input, so their rotation */
+            o.seed = moet_expert_rot_seed((int)l, k);
             moet_matq_stats st;
             const double *h = k == 2 ? hdn : hin;
             if (moet_qformat_has_delta(o.format)) {

@@ -60,10 +60,8 @@ int main(int argc, char **argv) {
                         CHECK(pt->data - (pp->data + pp->nbytes) < 32, "%s does not follow %s", nm, prev);
                     }
                     const moet_weight *w = ws[k];
-                    float *src = malloc(sizeof(float) * (size_t)(w->rows * w->cols)), *deq = malloc(sizeof(float) * (size_t)(w->rows * w->cols));
+                    float *src = moet_weight_widen(w), *deq = malloc(sizeof(float) * (size_t)(w->rows * w->cols));
                     uint8_t *blk = malloc(pt->nbytes + 1);
-                    for (int64_t r = 0; r < w->rows; r++)
-                        moet_type_row_to_f32(w->type, (const uint8_t *)w->data + r * w->row_bytes, src + r * w->cols, w->cols);
                     moet_matq_options q = po.q;
                     q.seed = moet_expert_rot_seed(l, k);
                     moet_matq_info info;

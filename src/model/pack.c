@@ -11,6 +11,7 @@
 
 #include "core/pool.h"
 #include "core/util.h"
+#include "quant/requant.h"
 #include "quant/types.h"
 
 /* The int32 hyperparameters, by key. Every pack stores all of them. */
@@ -56,7 +57,7 @@ static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
         double *hin = moet_calib_hessian(x->o->calib, l, ex, 0), *hdn = moet_calib_hessian(x->o->calib, l, ex, 1);
         for (int k = 0; k < 3; k++) {
             const moet_weight *w = ws[k];
-            float *src = malloc((size_t)(w->rows * w->cols) * sizeof(float));
+            float *src = moet_weight_widen(w);
             float *deq = malloc((size_t)(w->rows * w->cols) * sizeof(float));
             moet_matq_options q = x->o->q;
             q.seed = moet_expert_rot_seed(l, k);
@@ -64,8 +65,6 @@ static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
             uint8_t *blk = malloc(rb * (size_t)w->rows + 1);
             moet_matq_info info;
             if (!src || !deq || !blk) { x->failed = 1; free(src); free(deq); free(blk); continue; }
-            for (int64_t r = 0; r < w->rows; r++)
-                moet_type_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, src + r * w->cols, w->cols);
             if (moet_matq_quantize(src, w->rows, w->cols, k == 2 ? hdn : hin, &q, deq, blk, &info, NULL)) x->failed = 1;
             float *qp = x->qparams + (t * 3 + k) * 4;
             qp[0] = info.qscale;

@@ -26,6 +26,15 @@ typedef struct {
     double t0, last;
 } rq_ctx;
 
+float *moet_weight_widen(const moet_weight *w) {
+    float *f = malloc((size_t)(w->rows * w->cols) * sizeof(float) + 1);
+    if (!f) return NULL;
+    for (int64_t r = 0; r < w->rows; r++)
+        moet_type_row_to_f32_p(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, f + r * w->cols, w->cols,
+                               w->qscale, w->qbeta);
+    return f;
+}
+
 static void rq_task(void *vctx, int64_t b, int64_t e, int tid) {
     (void)tid;
     rq_ctx *x = vctx;
@@ -38,12 +47,9 @@ static void rq_task(void *vctx, int64_t b, int64_t e, int tid) {
         double *hin = moet_calib_hessian(x->c, (int)l, ex, 0), *hdn = moet_calib_hessian(x->c, (int)l, ex, 1);
         for (int k = 0; k < 3; k++) {
             const moet_weight *w = ws[k];
-            float *src = malloc((size_t)(w->rows * w->cols) * sizeof(float));
+            float *src = moet_weight_widen(w);
             float *dst = malloc((size_t)(w->rows * w->cols) * sizeof(float));
             if (!src || !dst) { free(src); free(dst); x->failed = 1; continue; }
-            for (int64_t r = 0; r < w->rows; r++)
-                moet_type_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, src + r * w->cols,
-                                     w->cols);
             moet_matq_options o = *x->o;
             o.seed = moet_expert_rot_seed((int)l, k);
             moet_matq_stats st;

@@ -6,6 +6,7 @@
 #ifndef MOET_QUANT_REQUANT_H
 #define MOET_QUANT_REQUANT_H
 
+#include "backend/backend.h"
 #include "moet.h"
 #include "quant/calib.h"
 #include "quant/matq.h"
@@ -16,6 +17,9 @@ typedef struct {
     int64_t n_matrices;
     double seconds;
 } moet_requant_stats;
+
+/* The matrix widened to f32 (malloc'd, rows × cols), or NULL when out of memory. */
+float *moet_weight_widen(const moet_weight *w);
 
 int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const moet_calib *c, int n_threads,
                                moet_requant_stats *st, char *err, size_t errlen);

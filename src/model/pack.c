@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/pool.h"
+#include "core/progress.h"
 #include "core/util.h"
 #include "quant/requant.h"
 #include "quant/types.h"
@@ -39,9 +40,7 @@ typedef struct {
     uint8_t **blocks;    /* [task*3+k] */
     float *qparams;      /* [task*3+k][4] */
     int failed;
-    pthread_mutex_t mu;
-    int64_t done;
-    double t0, last;
+    moet_progress prog;
 } pw_ctx;
 
 static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
@@ -77,15 +76,7 @@ static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
         }
         free(hin);
         free(hdn);
-        pthread_mutex_lock(&x->mu);
-        x->done++;
-        double el = moet_time_s() - x->t0;
-        if (moet_time_s() - x->last >= 0.25 || x->done == x->n_tasks) {
-            x->last = moet_time_s();
-            fprintf(stderr, "\rmoet: quantize: layer %d, experts %lld/%lld done, %.1f experts/s", l, (long long)x->done,
-                (long long)x->n_tasks, (double)x->done / (el > 0 ? el : 1e-9));
-        }
-        pthread_mutex_unlock(&x->mu);
+        moet_progress_add(&x->prog, 1);
     }
 }
 
@@ -96,9 +87,11 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     if (moet_qformat_has_delta(o->q.format))
         return moet_err(err, errlen, MOET_EUNSUP, "delta formats go to a delta pack (--delta-out), not implemented yet");
     const int64_t E = hp->n_experts;
-    pw_ctx x = {.m = m, .o = o, .t0 = moet_time_s()};
+    pw_ctx x = {.m = m, .o = o};
     for (int l = 0; l < hp->n_layers; l++) x.n_tasks += hp->layer_moe[l] ? E : 0;
-    pthread_mutex_init(&x.mu, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "quantizing experts to %s", moet_qformat_name(o->q.format));
+    moet_progress_init(&x.prog, what, "experts", x.n_tasks);
     x.task_layer = calloc((size_t)x.n_tasks + 1, sizeof(int64_t));
     x.blocks = calloc((size_t)x.n_tasks * 3 + 1, sizeof(uint8_t *));
     x.qparams = calloc((size_t)x.n_tasks * 12 + 1, sizeof(float));
@@ -113,7 +106,7 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
         moet_pool *pool = moet_pool_create(o->n_threads);
         moet_pool_for(pool, x.n_tasks, pw_task, &x);
         moet_pool_free(pool);
-        fprintf(stderr, "\n");
+        moet_progress_end(&x.prog);
     }
     if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "quantization failed (out of memory)"); goto out; }
     char p[4096];
@@ -186,7 +179,6 @@ out:
     free(x.task_layer);
     free(tok_json);
     free(tmpl);
-    pthread_mutex_destroy(&x.mu);
     return rc;
 }
 

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/progress.h"
 #include "core/util.h"
 #include "model/model.h"
 #include "runtime/session_int.h"
@@ -71,19 +72,16 @@ int moet_calib_run(const moet_model *m, moet_calib *c, const char *text, size_t 
     size_t n_win = n / (size_t)ctx;
     if (max_tokens > 0 && (int64_t)n_win * ctx > max_tokens) n_win = (size_t)(max_tokens / ctx);
     if (n_win == 0) n_win = n ? 1 : 0;
-    double t0 = moet_time_s(), last = 0;
+    moet_progress prog;
+    moet_progress_init(&prog, "calibrating", "tokens", (int64_t)((size_t)n_win * ctx < n ? (size_t)n_win * ctx : n));
     for (size_t w = 0; w < n_win && !rc; w++) {
         int32_t cnt = (int32_t)((size_t)ctx < n - w * ctx ? (size_t)ctx : n - w * ctx);
         moet_session_truncate(s, 0, NULL, 0);
         rc = moet_session_eval(s, ids + w * (size_t)ctx, cnt, MOET_LOGITS_LAST, err, errlen);
         c->tokens += cnt;
-        double now = moet_time_s();
-        if (now - last < 0.25 && w + 1 < n_win) continue;
-        last = now;
-        fprintf(stderr, "\rmoet: calibrating [%zu/%zu windows] %lld tokens, %.0f tok/s", w + 1, n_win,
-                (long long)c->tokens, (double)c->tokens / (moet_time_s() - t0));
+        moet_progress_add(&prog, cnt);
     }
-    fprintf(stderr, "\n");
+    moet_progress_end(&prog);
     moet_session_free(s);
     free(ids);
     return rc;

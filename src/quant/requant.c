@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/pool.h"
+#include "core/progress.h"
 #include "core/util.h"
 #include "model/model.h"
 #include "quant/types.h"
@@ -21,9 +22,8 @@ typedef struct {
     int64_t *task_layer;
     int64_t n_tasks;
     int failed;
-    pthread_mutex_t mu;
-    int64_t done;
-    double t0, last;
+    moet_progress prog;
+    double t0;
 } rq_ctx;
 
 float *moet_weight_widen(const moet_weight *w) {
@@ -71,15 +71,7 @@ static void rq_task(void *vctx, int64_t b, int64_t e, int tid) {
         }
         free(hin);
         free(hdn);
-        pthread_mutex_lock(&x->mu);
-        x->done++;
-        double el = moet_time_s() - x->t0;
-        if (moet_time_s() - x->last >= 0.25 || x->done == x->n_tasks) {
-            x->last = moet_time_s();
-            fprintf(stderr, "\rmoet: quantizing experts to %s [%lld/%lld] %.1f experts/s", moet_qformat_name(x->o->format),
-                (long long)x->done, (long long)x->n_tasks, (double)x->done / (el > 0 ? el : 1));
-        }
-        pthread_mutex_unlock(&x->mu);
+        moet_progress_add(&x->prog, 1);
     }
 }
 
@@ -94,7 +86,9 @@ int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const 
         return moet_err(err, errlen, MOET_EUNSUP, "expert input dims %d/%d are not multiples of 32", hp->hidden,
                         hp->expert_ffn);
     rq_ctx x = {.m = m, .o = o, .c = c, .n_tasks = n_moe * E, .t0 = moet_time_s()};
-    pthread_mutex_init(&x.mu, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "quantizing experts to %s", moet_qformat_name(o->format));
+    moet_progress_init(&x.prog, what, "experts", x.n_tasks);
     x.bufs = calloc((size_t)x.n_tasks * 3, sizeof(float *));
     x.dbufs = calloc((size_t)x.n_tasks * 3, sizeof(float *));
     x.num = calloc((size_t)x.n_tasks, sizeof(double));
@@ -109,7 +103,7 @@ int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const 
     moet_pool *pool = moet_pool_create(n_threads);
     moet_pool_for(pool, x.n_tasks, rq_task, &x);
     moet_pool_free(pool);
-    fprintf(stderr, "\n");
+    moet_progress_end(&x.prog);
     if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "quantization failed (out of memory)"); goto out; }
     /* Install the new weights (ownership to the model). */
     const int delta = moet_qformat_has_delta(o->format);
@@ -163,6 +157,5 @@ out:
     if (x.dbufs) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.dbufs[i]);
     free(x.bufs);
     free(x.dbufs); free(x.num); free(x.den); free(x.beta); free(x.task_layer);
-    pthread_mutex_destroy(&x.mu);
     return rc;
 }

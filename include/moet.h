@@ -31,6 +31,7 @@ enum {
     MOET_EUNSUP = -4,   /* valid input using an architecture/option moet does not support */
     MOET_ENOMEM = -5,
     MOET_ERANGE = -6,   /* request exceeds a limit (context length, batch size) */
+    MOET_EDEVICE = -7,  /* the compute device is missing or failed (no GPU, CUDA error) */
 };
 
 typedef struct moet_model moet_model;
@@ -42,6 +43,7 @@ typedef struct moet_tokenizer moet_tokenizer;
 typedef struct {
     int n_threads;      /* CPU worker threads for compute; <= 0: all online cores */
     int verbose;        /* log loading details to stderr */
+    const char *device; /* "cpu", "cuda" or "cuda:N"; NULL or "auto": the first GPU when there is one, else cpu */
 } moet_model_options;
 
 moet_model_options moet_model_default_options(void);
@@ -93,6 +95,7 @@ typedef struct {
     int32_t n_ctx;      /* KV capacity in tokens; <= 0: the model's max_position_embeddings */
     int32_t n_batch;    /* tokens per forward chunk (scratch is sized for it); longer evals run in chunks */
     int32_t n_logits;   /* rows MOET_LOGITS_ALL can return from one eval; <= 0: n_batch */
+    int32_t graphs;     /* 1 (default): decode steps are recorded once and replayed (CUDA graphs); 0: launched */
 } moet_session_options;
 
 moet_session_options moet_session_default_options(void);

@@ -1,8 +1,10 @@
 /*
  * test_ops.c — the op harness: each backend op on fresh random inputs against a float64 reference written here
  * from the op's definition, NMSE = ||out - ref||^2 / ||ref||^2 under a per-op tolerance, outputs poisoned with NaN
- * before every launch so an unwritten element fails. Today it runs the CPU backend; the CUDA backend joins the
- * same table.
+ * before every launch so an unwritten element fails. `test_ops cpu` runs the CPU backend, `test_ops cuda` the CUDA
+ * backend (skipped, exit 77, where there is no GPU): inputs go through upload(), outputs come back through
+ * download(), weights stay host memory as the model's do. `test_ops cuda --perf` also times each op at real model
+ * shapes and prints GB/s and TFLOP/s.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -33,10 +35,35 @@ static double nmse(const float *out, const double *ref, size_t n) {
     return isnan(e) ? INFINITY : e / (r > 0 ? r : 1);
 }
 
+static const char *g_be_name = "cpu";
+static double g_tol_scale = 1; /* the CUDA backend sums in another order and uses hardware exp/sqrt */
+
 static void report(const char *op, const char *variant, double v, double tol) {
-    fprintf(stderr, "%-10s %-14s nmse %.3g (tol %.1g)\n", op, variant, v, tol);
-    CHECK(v <= tol, "%s %s: nmse %.3g > %.1g", op, variant, v, tol);
+    tol *= g_tol_scale;
+    fprintf(stderr, "%-5s %-10s %-14s nmse %.3g (tol %.1g)\n", g_be_name, op, variant, v, tol);
+    CHECK(v <= tol, "%s %s %s: nmse %.3g > %.1g", g_be_name, op, variant, v, tol);
 }
+
+/* Backend buffers: dev() uploads a host array, pull() downloads into a poisoned host array. */
+static moet_backend *g_be;
+static void *dev(const void *host, size_t bytes) {
+    void *d = g_be->ops->alloc(g_be, bytes);
+    REQUIRE(d, "alloc %zu", bytes);
+    if (host) g_be->ops->upload(g_be, d, host, bytes);
+    return d;
+}
+static void *dev_poisoned(size_t n_floats) {
+    float *h = malloc(n_floats * sizeof(float));
+    poison(h, n_floats);
+    void *d = dev(h, n_floats * sizeof(float));
+    free(h);
+    return d;
+}
+static void pull(float *host, const void *d, size_t n_floats) {
+    poison(host, n_floats);
+    g_be->ops->download(g_be, host, d, n_floats * sizeof(float));
+}
+static void drop(void *d) { g_be->ops->release(g_be, d); }
 
 /* Quantizes W (rows × cols) to a type and returns the packed buffer and the dequantized rows (original basis). */
 static void *make_weight(int qf, const float *W, int64_t rows, int64_t cols, moet_weight *w, float *deq) {
@@ -59,11 +86,35 @@ static void *make_weight(int qf, const float *W, int64_t rows, int64_t cols, moe
     return blk;
 }
 
-int main(void) {
+int perf_main(moet_backend *be);
+
+int main(int argc, char **argv) {
     g_rng = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull | 1;
     fprintf(stderr, "seed %llu\n", (unsigned long long)g_rng);
-    moet_backend *be = moet_backend_cpu_create(2);
-    REQUIRE(be, "cpu backend");
+    const char *which = argc > 1 ? argv[1] : "cpu";
+    moet_backend *be;
+    if (!strcmp(which, "cuda")) {
+        char err[256];
+        if (moet_backend_cuda_device_count() <= 0) {
+            fprintf(stderr, "SKIP: no CUDA GPU here (or moet built without CUDA): the CUDA op harness runs on the "
+                            "device machine\n");
+            return TEST_SKIP_CODE;
+        }
+        be = moet_backend_cuda_create(0, err, sizeof err);
+        REQUIRE(be, "cuda backend: %s", err);
+        g_tol_scale = 100;
+        if (argc > 2 && !strcmp(argv[2], "--perf")) {
+            int rc = perf_main(be);
+            be->ops->destroy(be);
+            return rc;
+        }
+    } else {
+        be = moet_backend_cpu_create(2);
+    }
+    REQUIRE(be, "backend");
+    g_be = be;
+    g_be_name = be->ops->name;
+    fprintf(stderr, "backend %s (%s)\n", be->ops->name, be->ops->device_name(be));
     const moet_backend_ops *op = be->ops;
 
     /* mul_mat on every weight type: the reference is the float64 product with the dequantized matrix, so the
@@ -85,9 +136,15 @@ int main(void) {
                 for (int64_t c = 0; c < C; c++) s += (double)deq[r * C + c] * x[t * C + c];
                 ref[t * R + r] = s;
             }
-        poison(y, (size_t)(N * R));
-        op->mul_mat(be, &w, x, N, y);
-        report("mul_mat", moet_qformat_name((moet_qformat)qfs[k]), nmse(y, ref, (size_t)(N * R)), w.rotated ? 1e-11 : 1e-12);
+        for (int64_t nn = 1; nn <= N; nn += N - 1) { /* one token (decode kernels) and N (batched) */
+            float *xd = dev(x, sizeof(float) * nn * C), *yd = dev_poisoned((size_t)(nn * R));
+            op->mul_mat(be, &w, xd, nn, yd);
+            pull(y, yd, (size_t)(nn * R));
+            char v[32];
+            snprintf(v, sizeof v, "%s n=%lld", moet_qformat_name((moet_qformat)qfs[k]), (long long)nn);
+            report("mul_mat", v, nmse(y, ref, (size_t)(nn * R)), w.rotated ? 1e-11 : 1e-12);
+            drop(xd); drop(yd);
+        }
         free(blk);
     }
     { /* f32 and f16 weights directly */
@@ -98,9 +155,72 @@ int main(void) {
                 for (int64_t c = 0; c < C; c++) s += (double)W[r * C + c] * x[t * C + c];
                 ref[t * R + r] = s;
             }
-        poison(y, (size_t)(N * R));
-        op->mul_mat(be, &w, x, N, y);
+        float *xd = dev(x, sizeof(float) * N * C), *yd = dev_poisoned((size_t)(N * R));
+        op->mul_mat(be, &w, xd, N, yd);
+        pull(y, yd, (size_t)(N * R));
         report("mul_mat", "f32", nmse(y, ref, (size_t)(N * R)), 1e-12);
+        drop(xd); drop(yd);
+        /* get_rows (embedding lookup) of f32 rows */
+        int32_t ids[4] = {3, 0, (int32_t)R - 1, 3};
+        int32_t *idd = dev(ids, sizeof ids);
+        float *gd = dev_poisoned((size_t)(4 * C)), *gh = malloc(sizeof(float) * 4 * C);
+        double *gr = malloc(sizeof(double) * 4 * C);
+        op->get_rows(be, &w, idd, 4, gd);
+        pull(gh, gd, (size_t)(4 * C));
+        for (int i = 0; i < 4; i++)
+            for (int64_t c = 0; c < C; c++) gr[i * C + c] = W[ids[i] * C + c];
+        report("get_rows", "f32", nmse(gh, gr, (size_t)(4 * C)), 0);
+        drop(idd); drop(gd); free(gh); free(gr);
+    }
+    /* add: residual and bias forms */
+    {
+        const int64_t M = 5, D = 96;
+        float *a = malloc(sizeof(float) * M * D), *b = malloc(sizeof(float) * M * D), *o = malloc(sizeof(float) * M * D);
+        double *rr = malloc(sizeof(double) * M * D);
+        for (int64_t i = 0; i < M * D; i++) { a[i] = gauss(); b[i] = gauss(); }
+        float *ad = dev(a, sizeof(float) * M * D), *bd = dev(b, sizeof(float) * M * D);
+        op->add(be, ad, bd, NULL, M, D);
+        pull(o, ad, (size_t)(M * D));
+        for (int64_t i = 0; i < M * D; i++) rr[i] = (double)a[i] + b[i];
+        report("add", "residual", nmse(o, rr, (size_t)(M * D)), 1e-14);
+        op->upload(be, ad, a, sizeof(float) * M * D);
+        op->add(be, ad, NULL, b, M, D); /* bias: b's first row, a weight (host memory) */
+        pull(o, ad, (size_t)(M * D));
+        for (int64_t i = 0; i < M * D; i++) rr[i] = (double)a[i] + b[i % D];
+        report("add", "bias", nmse(o, rr, (size_t)(M * D)), 1e-14);
+        drop(ad); drop(bd);
+        free(a); free(b); free(o); free(rr);
+    }
+    /* rope (rotate-half) at scattered positions, and kv_store */
+    {
+        const int T = 4, nh = 3, hd = 64;
+        const double theta = 1e6;
+        int32_t pos[4] = {0, 7, 1000, 31};
+        float *a = malloc(sizeof(float) * T * nh * hd), *o = malloc(sizeof(float) * T * nh * hd);
+        double *rr = malloc(sizeof(double) * T * nh * hd);
+        for (int i = 0; i < T * nh * hd; i++) a[i] = gauss();
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < nh; h++)
+                for (int i = 0; i < hd / 2; i++) {
+                    double ang = (double)((float)pos[t] * (float)(1.0 / pow(theta, 2.0 * i / hd)));
+                    double c = cos(ang), sn = sin(ang), u = a[(t * nh + h) * hd + i], v = a[(t * nh + h) * hd + i + hd / 2];
+                    rr[(t * nh + h) * hd + i] = u * c - v * sn;
+                    rr[(t * nh + h) * hd + i + hd / 2] = v * c + u * sn;
+                }
+        float *ad = dev(a, sizeof(float) * T * nh * hd);
+        int32_t *pd = dev(pos, sizeof pos);
+        op->rope(be, ad, T, nh, hd, hd, theta, pd);
+        pull(o, ad, (size_t)(T * nh * hd));
+        report("rope", "neox theta1e6", nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
+        const int64_t Dk = nh * hd;
+        float *cache = dev_poisoned((size_t)(1001 * Dk));
+        op->kv_store(be, cache, ad, pd, T, Dk);
+        float *back = malloc(sizeof(float) * 1001 * Dk);
+        pull(back, cache, (size_t)(1001 * Dk));
+        for (int t = 0; t < T; t++) memcpy(o + t * Dk, back + (size_t)pos[t] * Dk, sizeof(float) * Dk);
+        report("kv_store", "scattered", nmse(o, rr, (size_t)(T * Dk)), 1e-12);
+        drop(ad); drop(pd); drop(cache);
+        free(a); free(o); free(rr); free(back);
     }
 
     /* rms_norm */
@@ -116,9 +236,14 @@ int main(void) {
             double inv = 1 / sqrt(ss / D + 1e-6);
             for (int64_t i = 0; i < D; i++) rr[r * D + i] = g[i] * a[r * D + i] * inv;
         }
-        poison(o, (size_t)(M * D));
-        op->rms_norm(be, a, g, M, D, 1e-6f, o);
+        float *ad = dev(a, sizeof(float) * M * D), *od = dev_poisoned((size_t)(M * D));
+        op->rms_norm(be, ad, g, M, D, 1e-6f, od);
+        pull(o, od, (size_t)(M * D));
         report("rms_norm", "f32", nmse(o, rr, (size_t)(M * D)), 1e-13);
+        op->rms_norm(be, ad, g, M, D, 1e-6f, ad); /* in place */
+        pull(o, ad, (size_t)(M * D));
+        report("rms_norm", "in place", nmse(o, rr, (size_t)(M * D)), 1e-13);
+        drop(ad); drop(od);
         free(a); free(g); free(o); free(rr);
     }
     /* attention (causal, GQA) against the textbook softmax(q k^T / sqrt(d)) v */
@@ -147,12 +272,18 @@ int main(void) {
                 }
             }
         void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
-        moet_attn_args aa = {.q = q, .k_cache = kc, .v_cache = vc, .pos0 = pos0, .n_tok = T, .n_heads = nh,
-                             .n_kv = nkv, .head_dim = hd, .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = o,
+        int32_t pos[6];
+        for (int t = 0; t < T; t++) pos[t] = pos0 + t;
+        float *qd = dev(q, sizeof(float) * T * nh * hd), *kd = dev(kc, sizeof(float) * ctx * nkv * hd),
+              *vd = dev(vc, sizeof(float) * ctx * nkv * hd), *od = dev_poisoned((size_t)(T * nh * hd));
+        int32_t *pd = dev(pos, sizeof pos);
+        moet_attn_args aa = {.q = qd, .k_cache = kd, .v_cache = vd, .pos = pd, .n_tok = T, .n_heads = nh,
+                             .n_kv = nkv, .head_dim = hd, .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = od,
                              .scratch = scr};
-        poison(o, (size_t)(T * nh * hd));
         op->attention(be, &aa);
+        pull(o, od, (size_t)(T * nh * hd));
         report("attention", "gqa causal", nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
+        drop(qd); drop(kd); drop(vd); drop(od); drop(pd);
         op->release(be, scr);
         free(q); free(kc); free(vc); free(o); free(rr);
     }
@@ -211,15 +342,26 @@ int main(void) {
             }
         }
         moet_weight router = {.data = rw, .type = MOET_TYPE_F32, .rows = E, .cols = H, .row_bytes = H * 4, .qscale = 1};
-        int32_t tid[15];
-        float tw[15];
         void *scr = op->alloc(be, op->moe_scratch_bytes(be, T, H, F, E, K));
-        moet_moe_args ma = {.x = xr, .n_tok = T, .hidden = H, .ffn = F, .router = &router, .n_experts = E, .n_used = K,
-                            .norm_topk = 1, .gate = gw, .up = uw, .down = dw, .topk_ids = tid, .topk_w = tw, .y = o,
+        float *xd = dev(xr, sizeof(float) * T * H), *od = dev_poisoned((size_t)(T * H)), *twd = dev_poisoned(15);
+        int32_t *tidd = dev(NULL, sizeof(int32_t) * 15);
+        moet_moe_args ma = {.x = xd, .n_tok = T, .hidden = H, .ffn = F, .router = &router, .n_experts = E, .n_used = K,
+                            .norm_topk = 1, .gate = gw, .up = uw, .down = dw, .topk_ids = tidd, .topk_w = twd, .y = od,
                             .scratch = scr};
-        poison(o, (size_t)(T * H));
         op->moe(be, &ma);
+        pull(o, od, (size_t)(T * H));
         report("moe", "w2 top-3/8", nmse(o, rr, (size_t)(T * H)), 1e-10);
+        /* one token at a time: the decode path */
+        for (int t = 0; t < T; t++) {
+            moet_moe_args m1 = ma;
+            m1.x = xd + t * H;
+            m1.n_tok = 1;
+            m1.y = od + t * H;
+            op->moe(be, &m1);
+        }
+        pull(o, od, (size_t)(T * H));
+        report("moe", "w2 decode n=1", nmse(o, rr, (size_t)(T * H)), 1e-10);
+        drop(xd); drop(od); drop(twd); drop(tidd);
         op->release(be, scr);
         for (int k = 0; k < 3; k++) for (int e = 0; e < E; e++) { free(dq[k][e]); free(blks[k][e]); }
         free(xr); free(rw); free(o); free(rr);
@@ -227,4 +369,95 @@ int main(void) {
     free(W); free(deq); free(x); free(y); free(ref);
     op->destroy(be);
     TEST_END();
+}
+
+/* ---- perf mode ------------------------------------------------------------------------------------------------
+ * The MoE op at the qwen3-30b-a3b expert shape (hidden 2048, expert FFN 768, 128 experts, top 8) and mul_mat at its
+ * expert matrix shape, on synthetic W2 weights in backend memory; several weight sets in rotation so the L2 cache
+ * does not hold them. Each timing replays a recorded step of REPS ops and divides. */
+typedef struct {
+    moet_backend *be;
+    moet_moe_args *ma;   /* [n_sets] */
+    int n_sets, reps;
+} perf_ctx;
+
+static void perf_moe_step(void *v) {
+    perf_ctx *p = v;
+    for (int r = 0; r < p->reps; r++) p->be->ops->moe(p->be, &p->ma[r % p->n_sets]);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int perf_main(moet_backend *be) {
+    const moet_backend_ops *op = be->ops;
+    const int64_t H = 2048, F = 768;
+    const int E = 128, K = 8, SETS = 8, REPS = 48;
+    const size_t gb = moet_type_row_bytes(MOET_TYPE_W2, H) * F, db = moet_type_row_bytes(MOET_TYPE_W2, F) * H;
+    moet_weight *gw = calloc((size_t)E * SETS, sizeof(moet_weight)), *uw = calloc((size_t)E * SETS, sizeof(moet_weight)),
+                *dw = calloc((size_t)E * SETS, sizeof(moet_weight)), *rt = calloc(SETS, sizeof(moet_weight));
+    for (int s = 0; s < SETS; s++) {
+        uint8_t *mem = op->alloc(be, (size_t)E * (2 * gb + db));
+        REQUIRE(mem, "perf weights");
+        for (int e = 0; e < E; e++) {
+            moet_weight *ws[3] = {&gw[s * E + e], &uw[s * E + e], &dw[s * E + e]};
+            for (int k = 0; k < 3; k++) {
+                moet_weight *w = ws[k];
+                w->type = MOET_TYPE_W2;
+                w->rows = k == 2 ? H : F;
+                w->cols = k == 2 ? F : H;
+                w->row_bytes = moet_type_row_bytes(MOET_TYPE_W2, w->cols);
+                w->data = mem + (size_t)e * (2 * gb + db) + (size_t)k * gb;
+                w->qscale = 0.02f;
+                w->qbeta = 0.3f;
+                w->rotated = 1;
+                w->rot_seed = (uint32_t)(k == 2 ? 2 : 1);
+            }
+        }
+        op->fill_random(be, mem, MOET_TYPE_W2, (int64_t)E * (2 * F + H), 1, 0.02f, 77 + (uint64_t)s); /* flat bytes */
+        void *r = op->alloc(be, (size_t)E * H * 2);
+        op->fill_random(be, r, MOET_TYPE_BF16, E, H, 0.02f, 99 + (uint64_t)s);
+        rt[s] = (moet_weight){.data = r, .type = MOET_TYPE_BF16, .rows = E, .cols = H, .row_bytes = (size_t)H * 2,
+                              .qscale = 1};
+    }
+    const int toks[] = {1, 8, 32, 512};
+    printf("%-28s %8s %10s %10s %9s %9s\n", "op (qwen3-30b-a3b experts)", "tokens", "us/op", "MB/op", "GB/s", "TFLOP/s");
+    for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+        const int T = toks[ti];
+        float *x = dev(NULL, sizeof(float) * T * H), *y = dev(NULL, sizeof(float) * T * H);
+        op->fill_random(be, x, MOET_TYPE_F32, T, H, 1.0f, 5);
+        float *tw = dev(NULL, sizeof(float) * T * K);
+        int32_t *ti32 = dev(NULL, sizeof(int32_t) * T * K);
+        void *scr = op->alloc(be, op->moe_scratch_bytes(be, T, H, F, E, K));
+        moet_moe_args ma[SETS];
+        for (int s = 0; s < SETS; s++)
+            ma[s] = (moet_moe_args){.x = x, .n_tok = T, .hidden = H, .ffn = F, .router = &rt[s], .n_experts = E,
+                                    .n_used = K, .norm_topk = 1, .gate = gw + s * E, .up = uw + s * E,
+                                    .down = dw + s * E, .topk_ids = ti32, .topk_w = tw, .y = y, .scratch = scr};
+        int reps = T >= 512 ? 8 : REPS;
+        perf_ctx pc = {be, ma, SETS, reps};
+        float probe;
+        for (int w = 0; w < 3; w++) op->graph_run(be, 1000 + (uint64_t)T, perf_moe_step, &pc);
+        op->download(be, &probe, y, sizeof probe);
+        double best = 1e30;
+        for (int it = 0; it < 10; it++) {
+            double t0 = now_s();
+            op->graph_run(be, 1000 + (uint64_t)T, perf_moe_step, &pc);
+            op->download(be, &probe, y, sizeof probe);
+            double dt = (now_s() - t0) / reps;
+            if (dt < best) best = dt;
+        }
+        /* bytes: the distinct experts' three matrices (at most E) + router; FLOPs: 2 per weight per routed row */
+        int distinct = T * K < E ? T * K : E; /* upper bound for random routing */
+        double bytes = (double)distinct * (2.0 * gb + db) + (double)E * H * 2, flops = 2.0 * T * K * 3.0 * H * F;
+        printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 (router..combine)", T, best * 1e6, bytes / 1e6,
+               bytes / best / 1e9, flops / best / 1e12);
+        drop(x); drop(y); drop(tw); drop(ti32); op->release(be, scr);
+    }
+    for (int s = 0; s < SETS; s++) { op->release(be, (void *)gw[s * E].data); op->release(be, (void *)rt[s].data); }
+    free(gw); free(uw); free(dw); free(rt);
+    return 0;
 }

@@ -1,10 +1,15 @@
 /*
  * backend.h — the one ABI every compute backend implements (CPU now; CUDA builds against this same header).
  *
- * A backend is a table of ops over plain views: weights are (pointer, type, rows, cols) into the mapped model,
- * activations are dense row-major f32 arrays the caller owns (allocated through the backend, so for CUDA they are
- * device memory). Ops are the units a fused GPU kernel would cover: the whole MoE block (route, top-k, experts,
- * combine) is one op, so a backend can run it without a host round trip.
+ * A backend is a table of ops over plain views. Two kinds of memory meet here:
+ *   - weights (moet_weight data, norm and bias vectors): host memory owned by the model (the mapped file or its
+ *     copies), immutable while the backend lives; a device backend mirrors each one on first use (the GPU is a cache
+ *     of the model), or takes it as-is when it already lies in the backend's memory (synthetic models);
+ *   - activations, KV cache, token ids and positions: backend memory from alloc(), moved with upload()/download().
+ * Ops are the units a fused GPU kernel would cover: the whole MoE block (route, top-k, experts, combine) is one op,
+ * so a backend runs it without a host round trip. Nothing that changes from one decode step to the next is an op
+ * argument: token ids and positions are read from backend memory, so a step's op sequence can be recorded once and
+ * replayed (graph_run; CUDA graphs).
  *
  * Threading: a backend instance is used by one thread at a time (the session evaluating, or the server's scheduler).
  */
@@ -53,8 +58,8 @@ typedef struct {
 
 typedef struct {
     const float *q;            /* [n_tok][n_heads * head_dim], already normed and rotated */
-    const float *k_cache, *v_cache; /* [n_ctx][n_kv * head_dim]; positions 0 .. pos0+n_tok-1 valid */
-    int32_t pos0;
+    const float *k_cache, *v_cache; /* [n_ctx][n_kv * head_dim]; rows 0 .. pos[t] valid for query t */
+    const int32_t *pos;        /* backend memory [n_tok]: query t is at position pos[t] and sees keys 0..pos[t] */
     int64_t n_tok;
     int32_t n_heads, n_kv, head_dim, n_ctx;
     float scale;
@@ -67,10 +72,22 @@ typedef struct moet_backend moet_backend;
 typedef struct {
     const char *name;
     void (*destroy)(moet_backend *be);
+    /* What runs the ops, for bench tables and logs ("NVIDIA H200", "x86-64, 2 threads"). */
+    const char *(*device_name)(moet_backend *be);
+    /* Backend memory, zero-filled; NULL when out of memory. */
     void *(*alloc)(moet_backend *be, size_t bytes);
     void (*release)(moet_backend *be, void *p);
-    void (*copy)(moet_backend *be, void *dst, const void *src, size_t bytes);
-    /* y[i] = row ids[i] of w widened to f32 (embedding lookup). ids are host memory. */
+    void (*copy)(moet_backend *be, void *dst, const void *src, size_t bytes);     /* backend -> backend */
+    void (*upload)(moet_backend *be, void *dst, const void *src, size_t bytes);   /* host -> backend */
+    void (*download)(moet_backend *be, void *dst, const void *src, size_t bytes); /* backend -> host, waits */
+    /* Fills rows × cols elements of `type` at p (backend memory) with deterministic pseudo-random values (weights of
+     * synthetic models): floats ~ N(0, scale), block formats with random codes and scales near `scale`. */
+    void (*fill_random)(moet_backend *be, void *p, int32_t type, int64_t rows, int64_t cols, float scale,
+                        uint64_t seed);
+    /* Runs step(ctx), a sequence of this backend's ops. A backend may record it the first times it sees `key` and
+     * replay the record later (the step must then read everything that varies from backend memory); 0 on success. */
+    int (*graph_run)(moet_backend *be, uint64_t key, void (*step)(void *ctx), void *ctx);
+    /* y[i] = row ids[i] of w widened to f32 (embedding lookup); ids in backend memory. */
     void (*get_rows)(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y);
     /* y[r][i] += x[r][i] for n rows of dim; x == NULL adds nothing. bias != NULL: y[r][i] += bias[i] instead. */
     void (*add)(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim);
@@ -78,10 +95,13 @@ typedef struct {
     void (*mul_mat)(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
     /* y[i] = x[i] / rms(x[i]) * w, for n rows of dim; y may equal x. */
     void (*rms_norm)(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y);
-    /* Rotary embedding, rotate-half (NeoX/HF) form, in place on n_tok rows of n_heads × head_dim.
-     * cs: [n_tok][rot_dim/2][2] (cos, sin). */
+    /* Rotary embedding, rotate-half (NeoX/HF) form, in place on n_tok rows of n_heads × head_dim, token t at
+     * position pos[t] (backend memory). Angles as transformers computes them: inv_freq[i] = (f32)(1 / theta^(2i/rot_dim)),
+     * angle = f32(pos) * inv_freq[i] in f32, cos and sin of it rounded to f32. */
     void (*rope)(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
-                 const float *cs);
+                 double theta, const int32_t *pos);
+    /* cache row pos[t] = src row t, for n_tok rows of dim floats (the KV cache write). */
+    void (*kv_store)(moet_backend *be, float *cache, const float *src, const int32_t *pos, int64_t n_tok, int64_t dim);
     void (*attention)(moet_backend *be, const moet_attn_args *a);
     size_t (*attn_scratch_bytes)(moet_backend *be, int32_t n_ctx);
     /* Dense SwiGLU MLP: y = down(silu(gate x) * up x); scratch: 2 * n * ffn floats. */
@@ -99,6 +119,13 @@ struct moet_backend {
 /* The CPU reference backend (pthreads across rows). n_threads <= 0: all cores. */
 moet_backend *moet_backend_cpu_create(int n_threads);
 int moet_backend_cpu_threads(const moet_backend *be);
+
+/* The CUDA backend on GPU `device` (cuda_backend.cu; a stub that fails when moet is built without CUDA).
+ * NULL with the reason in err when there is no such GPU or the build has no CUDA. */
+moet_backend *moet_backend_cuda_create(int device, char *err, size_t errlen);
+/* Number of CUDA GPUs this process can use (0 without CUDA or without a GPU). */
+int moet_backend_cuda_device_count(void);
+
 
 #ifdef __cplusplus
 }

@@ -16,7 +16,7 @@
 #include "quant/types.h"
 
 moet_model_options moet_model_default_options(void) {
-    moet_model_options o = {.n_threads = 0, .verbose = 0};
+    moet_model_options o = {.n_threads = 0, .verbose = 0, .device = NULL};
     return o;
 }
 
@@ -143,6 +143,37 @@ int moet_bind_vector(struct moet_model *m, const char *name, int64_t n, const fl
     m->f32_bufs[m->n_f32_bufs++] = v;
     *out = v;
     return MOET_OK;
+}
+
+/* ---- backend ---------------------------------------------------------------------------------------------------- */
+
+int moet_backend_open(const char *device, int n_threads, moet_backend **out, char *err, size_t errlen) {
+    *out = NULL;
+    int want_cuda = 0, index = 0;
+    if (!device || !strcmp(device, "auto")) {
+        want_cuda = moet_backend_cuda_device_count() > 0;
+    } else if (!strcmp(device, "cpu")) {
+        want_cuda = 0;
+    } else if (!strncmp(device, "cuda", 4) && (device[4] == 0 || device[4] == ':')) {
+        want_cuda = 1;
+        if (device[4] == ':') {
+            char *end;
+            long v = strtol(device + 5, &end, 10);
+            if (end == device + 5 || *end || v < 0 || v > 255)
+                return moet_err(err, errlen, MOET_EINVAL, "--device '%s': expected cuda:N with N a GPU index", device);
+            index = (int)v;
+        }
+    } else {
+        return moet_err(err, errlen, MOET_EINVAL, "--device '%s': expected cpu, cuda, cuda:N or auto", device);
+    }
+    if (want_cuda) {
+        char sub[256];
+        *out = moet_backend_cuda_create(index, sub, sizeof sub);
+        if (!*out) return moet_err(err, errlen, MOET_EDEVICE, "%s", sub);
+        return MOET_OK;
+    }
+    *out = moet_backend_cpu_create(n_threads);
+    return *out ? MOET_OK : moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend");
 }
 
 /* ---- load ------------------------------------------------------------------------------------------------------ */
@@ -284,8 +315,7 @@ int moet_model_load(const char *path, const moet_model_options *opt, moet_model 
         cfg = NULL;
     }
 backend:
-    m->be = moet_backend_cpu_create(o.n_threads);
-    if (!m->be) { rc = moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend"); goto fail; }
+    if ((rc = moet_backend_open(o.device, o.n_threads, &m->be, err, errlen))) goto fail;
     if (o.verbose)
         MOET_LOGI("loaded %s (%s): %d layers, %d experts (top %d), %.1fM params, %.1f MiB, %.2f s", path, m->hp.architecture,
                   m->hp.n_layers, m->hp.n_experts, m->hp.n_experts_used, (double)m->n_params / 1e6,

@@ -28,6 +28,9 @@ struct moet_model {
     char *chat_template;       /* from tokenizer_config.json, may be NULL */
 };
 
+/* Creates the backend a device string names ("cpu", "cuda", "cuda:N", NULL/"auto"). */
+int moet_backend_open(const char *device, int n_threads, moet_backend **out, char *err, size_t errlen);
+
 /* Binds a 2-D tensor of exactly [rows, cols] (F32/F16/BF16). */
 int moet_bind_matrix(struct moet_model *m, const char *name, int64_t rows, int64_t cols, moet_weight *w, char *err,
                      size_t errlen);

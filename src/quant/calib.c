@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/progress.h"
 #include "core/util.h"
@@ -67,7 +68,17 @@ int moet_calib_run(const moet_model *m, moet_calib *c, const char *text, size_t 
     so.n_ctx = ctx;
     so.n_batch = ctx < 512 ? ctx : 512;
     moet_session *s;
-    if ((rc = moet_session_create(m, &so, &s, err, errlen))) { free(ids); return rc; }
+    /* The statistics accumulate in host memory inside the CPU backend's MoE op: calibration always runs there. */
+    moet_backend *cpu = NULL;
+    if (strcmp(m->be->ops->name, "cpu") != 0 && !(cpu = moet_backend_cpu_create(0))) {
+        free(ids);
+        return moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend for calibration");
+    }
+    if ((rc = moet_session_create_on(m, cpu, &so, &s, err, errlen))) {
+        free(ids);
+        if (cpu) cpu->ops->destroy(cpu);
+        return rc;
+    }
     moet_session_set_calib(s, c);
     size_t n_win = n / (size_t)ctx;
     if (max_tokens > 0 && (int64_t)n_win * ctx > max_tokens) n_win = (size_t)(max_tokens / ctx);
@@ -83,6 +94,7 @@ int moet_calib_run(const moet_model *m, moet_calib *c, const char *text, size_t 
     }
     moet_progress_end(&prog);
     moet_session_free(s);
+    if (cpu) cpu->ops->destroy(cpu);
     free(ids);
     return rc;
 }

@@ -21,10 +21,13 @@ struct moet_session {
     moet_backend *be;
     int32_t n_ctx, n_batch, n_logits_cap, pos;
     float **k_cache, **v_cache;     /* [layer] -> [n_ctx][n_kv * head_dim] */
-    float *x, *h, *q, *k, *v, *att, *tmp, *cs, *mlp_scr, *moe_scr, *att_scr, *topk_w;
+    float *x, *h, *q, *k, *v, *att, *tmp, *mlp_scr, *moe_scr, *att_scr, *topk_w;
     int32_t *topk_ids;
-    float *inv_freq;                /* [rope_dim/2] */
-    float *logits;                  /* [n_logits_cap][vocab] */
+    int32_t *tok_dev, *pos_dev;     /* backend memory: the chunk's token ids and positions [n_batch] */
+    int32_t *pos_host;              /* [n_batch] staging for pos_dev */
+    float *logits_dev;              /* backend memory [n_logits_cap][vocab] */
+    float *logits;                  /* host copy [n_logits_cap][vocab] */
+    int graphs;                     /* record/replay decode steps */
     int32_t n_logit_rows;
     void **allocs;
     int n_allocs;
@@ -37,7 +40,7 @@ void moet_session_use_delta(moet_session *s, int on) { s->use_delta = on; }
 void moet_session_set_calib(moet_session *s, moet_calib *c) { s->calib = c; }
 
 moet_session_options moet_session_default_options(void) {
-    moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0};
+    moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0, .graphs = 1};
     return o;
 }
 
@@ -53,12 +56,18 @@ void moet_session_free(moet_session *s) {
     free(s->allocs);
     free(s->k_cache);
     free(s->v_cache);
-    free(s->inv_freq);
+    free(s->pos_host);
+    free(s->logits);
     free(s);
 }
 
 int moet_session_create(const moet_model *m, const moet_session_options *opt, moet_session **out, char *err,
                         size_t errlen) {
+    return moet_session_create_on(m, NULL, opt, out, err, errlen);
+}
+
+int moet_session_create_on(const moet_model *m, moet_backend *be, const moet_session_options *opt, moet_session **out,
+                           char *err, size_t errlen) {
     *out = NULL;
     moet_session_options o = opt ? *opt : moet_session_default_options();
     const moet_hparams *hp = &m->hp;
@@ -73,17 +82,19 @@ int moet_session_create(const moet_model *m, const moet_session_options *opt, mo
     moet_session *s = calloc(1, sizeof(*s));
     if (!s) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     s->m = m;
-    s->be = m->be;
+    s->be = be ? be : m->be;
     s->n_ctx = o.n_ctx;
     s->n_batch = o.n_batch;
     s->n_logits_cap = o.n_logits;
+    s->graphs = o.graphs;
     const size_t B = (size_t)o.n_batch, H = (size_t)hp->hidden, Dq = (size_t)hp->n_heads * hp->head_dim,
                  Dkv = (size_t)hp->n_kv_heads * hp->head_dim, L = (size_t)hp->n_layers;
     s->allocs = calloc(2 * L + 32, sizeof(void *));
     s->k_cache = calloc(L, sizeof(float *));
     s->v_cache = calloc(L, sizeof(float *));
-    s->inv_freq = calloc((size_t)hp->rope_dim / 2 + 1, sizeof(float));
-    if (!s->allocs || !s->k_cache || !s->v_cache || !s->inv_freq) goto oom;
+    s->pos_host = calloc(B, sizeof(int32_t));
+    s->logits = calloc((size_t)o.n_logits * (size_t)hp->vocab, sizeof(float));
+    if (!s->allocs || !s->k_cache || !s->v_cache || !s->pos_host || !s->logits) goto oom;
     for (size_t l = 0; l < L; l++) {
         if (!(s->k_cache[l] = salloc(s, (size_t)o.n_ctx * Dkv * sizeof(float)))) goto oom;
         if (!(s->v_cache[l] = salloc(s, (size_t)o.n_ctx * Dkv * sizeof(float)))) goto oom;
@@ -97,9 +108,10 @@ int moet_session_create(const moet_model *m, const moet_session_options *opt, mo
     A(s->v, B * Dkv);
     A(s->att, B * Dq);
     A(s->tmp, B * H);
-    A(s->cs, B * (size_t)hp->rope_dim);
+    A(s->tok_dev, B);
+    A(s->pos_dev, B);
     A(s->mlp_scr, 2 * B * F);
-    A(s->logits, (size_t)o.n_logits * (size_t)hp->vocab);
+    A(s->logits_dev, (size_t)o.n_logits * (size_t)hp->vocab);
     if (hp->n_experts > 0) {
         A(s->topk_ids, B * (size_t)hp->n_experts_used);
         A(s->topk_w, B * (size_t)hp->n_experts_used);
@@ -109,8 +121,6 @@ int moet_session_create(const moet_model *m, const moet_session_options *opt, mo
     }
     if (!(s->att_scr = salloc(s, s->be->ops->attn_scratch_bytes(s->be, o.n_ctx)))) goto oom;
 #undef A
-    for (int i = 0; i < hp->rope_dim / 2; i++)
-        s->inv_freq[i] = (float)(1.0 / pow(hp->rope_theta, (double)(2 * i) / (double)hp->rope_dim));
     *out = s;
     return MOET_OK;
 oom:
@@ -119,26 +129,27 @@ oom:
                     o.n_batch);
 }
 
-/* One chunk of n <= n_batch tokens at positions pos..pos+n-1. Logits of rows [first_logit, n) go to out. */
-static void forward_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t first_logit, float *out) {
+/* One chunk of n <= n_batch tokens, whose ids and positions are already in tok_dev / pos_dev. Logits of rows
+ * [first_logit, n) go to out (backend memory). Everything it reads that varies between steps is in backend memory,
+ * so the CUDA backend can record it once per shape and replay it. */
+typedef struct {
+    moet_session *s;
+    int32_t n, first_logit;
+    float *out;
+} chunk_args;
+
+static void forward_chunk(void *vctx) {
+    const chunk_args *ca = vctx;
+    moet_session *s = ca->s;
+    const int32_t n = ca->n;
     const moet_model *m = s->m;
     const moet_hparams *hp = &m->hp;
     const moet_backend_ops *op = s->be->ops;
     moet_backend *be = s->be;
     const int64_t H = hp->hidden, hd = hp->head_dim, nh = hp->n_heads, nkv = hp->n_kv_heads;
     const int64_t Dq = nh * hd, Dkv = nkv * hd;
-    const int half = hp->rope_dim / 2;
 
-    /* cos/sin as transformers computes them: f32 inv_freq times f32 position, then cos/sin of that f32 angle. */
-    for (int32_t t = 0; t < n; t++) {
-        float p = (float)(s->pos + t);
-        for (int i = 0; i < half; i++) {
-            float ang = p * s->inv_freq[i];
-            s->cs[((size_t)t * half + i) * 2] = (float)cos((double)ang);
-            s->cs[((size_t)t * half + i) * 2 + 1] = (float)sin((double)ang);
-        }
-    }
-    op->get_rows(be, &m->tok_embd, tokens, n, s->x);
+    op->get_rows(be, &m->tok_embd, s->tok_dev, n, s->x);
     for (int il = 0; il < hp->n_layers; il++) {
         const moet_layer *L = &m->layers[il];
         op->rms_norm(be, s->x, L->attn_norm, n, H, hp->rms_eps, s->h);
@@ -150,11 +161,11 @@ static void forward_chunk(moet_session *s, const int32_t *tokens, int32_t n, int
         if (L->bv) op->add(be, s->v, NULL, L->bv, n, Dkv);
         if (L->q_norm) op->rms_norm(be, s->q, L->q_norm, n * nh, hd, hp->rms_eps, s->q);
         if (L->k_norm) op->rms_norm(be, s->k, L->k_norm, n * nkv, hd, hp->rms_eps, s->k);
-        op->rope(be, s->q, n, (int32_t)nh, (int32_t)hd, hp->rope_dim, s->cs);
-        op->rope(be, s->k, n, (int32_t)nkv, (int32_t)hd, hp->rope_dim, s->cs);
-        op->copy(be, s->k_cache[il] + (size_t)s->pos * Dkv, s->k, (size_t)n * Dkv * sizeof(float));
-        op->copy(be, s->v_cache[il] + (size_t)s->pos * Dkv, s->v, (size_t)n * Dkv * sizeof(float));
-        moet_attn_args aa = {.q = s->q, .k_cache = s->k_cache[il], .v_cache = s->v_cache[il], .pos0 = s->pos,
+        op->rope(be, s->q, n, (int32_t)nh, (int32_t)hd, hp->rope_dim, hp->rope_theta, s->pos_dev);
+        op->rope(be, s->k, n, (int32_t)nkv, (int32_t)hd, hp->rope_dim, hp->rope_theta, s->pos_dev);
+        op->kv_store(be, s->k_cache[il], s->k, s->pos_dev, n, Dkv);
+        op->kv_store(be, s->v_cache[il], s->v, s->pos_dev, n, Dkv);
+        moet_attn_args aa = {.q = s->q, .k_cache = s->k_cache[il], .v_cache = s->v_cache[il], .pos = s->pos_dev,
                              .n_tok = n, .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd,
                              .n_ctx = s->n_ctx, .scale = (float)(1.0 / sqrt((double)hd)), .out = s->att,
                              .scratch = s->att_scr};
@@ -183,11 +194,31 @@ static void forward_chunk(moet_session *s, const int32_t *tokens, int32_t n, int
         }
         op->add(be, s->x, s->tmp, NULL, n, H);
     }
+    if (ca->first_logit >= n) return;
+    const int32_t nl = n - ca->first_logit;
+    op->rms_norm(be, s->x + (size_t)ca->first_logit * H, m->out_norm, nl, H, hp->rms_eps, s->h);
+    op->mul_mat(be, &m->output, s->h, nl, ca->out);
+}
+
+/* Decode-sized chunks are replayed from a record (graph_run); prefill chunks of every other size launch directly. */
+#define GRAPH_MAX_TOKENS 64
+
+static int run_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t first_logit, float *out, char *err,
+                     size_t errlen) {
+    const moet_backend_ops *op = s->be->ops;
+    for (int32_t t = 0; t < n; t++) s->pos_host[t] = s->pos + t;
+    op->upload(s->be, s->tok_dev, tokens, (size_t)n * sizeof(int32_t));
+    op->upload(s->be, s->pos_dev, s->pos_host, (size_t)n * sizeof(int32_t));
+    chunk_args ca = {s, n, first_logit, out};
+    if (s->graphs && !s->calib && n <= GRAPH_MAX_TOKENS && out == s->logits_dev) {
+        uint64_t key = (uint64_t)n << 8 | (uint64_t)(first_logit < n) << 1 | (uint64_t)(s->use_delta != 0);
+        if (op->graph_run(s->be, key, forward_chunk, &ca))
+            return moet_err(err, errlen, MOET_EDEVICE, "%s backend: recording or replaying a decode step failed", op->name);
+    } else {
+        forward_chunk(&ca);
+    }
     s->pos += n;
-    if (first_logit >= n) return;
-    const int32_t nl = n - first_logit;
-    op->rms_norm(be, s->x + (size_t)first_logit * H, m->out_norm, nl, H, hp->rms_eps, s->h);
-    op->mul_mat(be, &m->output, s->h, nl, out);
+    return MOET_OK;
 }
 
 int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int logits_mode, char *err, size_t errlen) {
@@ -201,15 +232,18 @@ int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int log
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return moet_err(err, errlen, MOET_EINVAL, "token id %d at %d outside [0, %d)", tokens[i], i, V);
+    int rc;
     for (int32_t off = 0; off < n; off += s->n_batch) {
         int32_t c = n - off < s->n_batch ? n - off : s->n_batch;
         int last = off + c == n;
         if (logits_mode == MOET_LOGITS_ALL)
-            forward_chunk(s, tokens + off, c, 0, s->logits + (size_t)off * V);
+            rc = run_chunk(s, tokens + off, c, 0, s->logits_dev + (size_t)off * V, err, errlen);
         else
-            forward_chunk(s, tokens + off, c, last ? c - 1 : c, s->logits);
+            rc = run_chunk(s, tokens + off, c, last ? c - 1 : c, s->logits_dev, err, errlen);
+        if (rc) return rc;
     }
     s->n_logit_rows = logits_mode == MOET_LOGITS_ALL ? n : 1;
+    s->be->ops->download(s->be, s->logits, s->logits_dev, (size_t)s->n_logit_rows * (size_t)V * sizeof(float));
     return MOET_OK;
 }
 

@@ -2,8 +2,14 @@
 #ifndef MOET_RUNTIME_SESSION_INT_H
 #define MOET_RUNTIME_SESSION_INT_H
 
+#include "backend/backend.h"
 #include "moet.h"
 #include "quant/calib.h"
+
+/* As moet_session_create, computing on `be` instead of the model's backend (NULL: the model's). be must outlive the
+ * session and read weights from host memory (the CPU backend). */
+int moet_session_create_on(const moet_model *m, moet_backend *be, const moet_session_options *opt, moet_session **out,
+                           char *err, size_t errlen);
 
 /* While set, every MoE layer's forward accumulates its experts' input statistics into c. */
 void moet_session_set_calib(moet_session *s, moet_calib *c);

@@ -5,12 +5,14 @@
  * are built for AVX2+FMA where the CPU has it (function multi-versioning, chosen at load time).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "core/pool.h"
 #include "core/util.h"
+#include "quant/formats.h"
 #include "quant/matq.h"
 #include "quant/types.h"
 
@@ -30,6 +32,7 @@ typedef struct {
     size_t rowbuf_cap;  /* floats per thread buffer */
     float *xrot;        /* rotated activations for matrices stored as W·R */
     size_t xrot_cap;
+    char desc[64];
 } cpu_backend;
 
 static cpu_backend *cpu(moet_backend *be) { return (cpu_backend *)be; }
@@ -168,6 +171,67 @@ static void cpu_copy(moet_backend *be, void *dst, const void *src, size_t bytes)
     memmove(dst, src, bytes);
 }
 
+static int cpu_graph_run(moet_backend *be, uint64_t key, void (*step)(void *ctx), void *ctx) {
+    (void)be; (void)key;
+    step(ctx);
+    return 0;
+}
+
+/* splitmix64: the synthetic weights' generator (the CUDA backend's fill uses the same function per element). */
+static inline uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void cpu_fill_random(moet_backend *be, void *p, int32_t type, int64_t rows, int64_t cols, float scale,
+                            uint64_t seed) {
+    (void)be;
+    const moet_type_traits *tt = moet_type_get(type);
+    size_t rb = moet_type_row_bytes(type, cols);
+    if (!tt || !rb) return;
+    if (type == MOET_TYPE_F32 || type == MOET_TYPE_F16 || type == MOET_TYPE_BF16) {
+        for (int64_t i = 0; i < rows * cols; i++) {
+            uint64_t z = mix64(seed ^ (uint64_t)i * 0x2545f4914f6cdd1dull);
+            /* sum of four uniforms: close enough to a normal for weights, cheap and identical on every backend */
+            double u = ((double)(z & 0xffff) + (double)((z >> 16) & 0xffff) + (double)((z >> 32) & 0xffff) +
+                        (double)(z >> 48)) / 65536.0 - 2.0;
+            float v = (float)(u * 1.7320508075688772) * scale;
+            if (type == MOET_TYPE_F32) ((float *)p)[i] = v;
+            else if (type == MOET_TYPE_F16) ((uint16_t *)p)[i] = moet_f32_to_f16(v);
+            else ((uint16_t *)p)[i] = moet_f32_to_bf16(v);
+        }
+        return;
+    }
+    /* block formats: random bytes, then the scale byte(s) set near `scale` so values stay finite and sized */
+    uint8_t *b = p;
+    size_t total = rb * (size_t)rows;
+    for (size_t i = 0; i < total; i += 8) {
+        uint64_t z = mix64(seed ^ (uint64_t)(i / 8) * 0x2545f4914f6cdd1dull);
+        for (size_t j = 0; j < 8 && i + j < total; j++) b[i + j] = (uint8_t)(z >> (8 * j));
+    }
+    size_t nb = total / (size_t)tt->type_size;
+    for (size_t k = 0; k < nb; k++) {
+        uint8_t *blk = b + k * (size_t)tt->type_size;
+        switch (type) {
+        case MOET_TYPE_W2: case MOET_TYPE_INT2: case MOET_TYPE_SYM2: blk[0] = (uint8_t)(224 + (blk[0] & 31)); break;
+        case MOET_TYPE_ASYM2: blk[0] = (uint8_t)(224 + (blk[0] & 31)); blk[1] = (uint8_t)(blk[1] & 0xbf); break;
+        case MOET_TYPE_NVFP4: blk[0] = (uint8_t)(0x30 + (blk[0] & 15)); break;
+        case MOET_TYPE_MXFP4: blk[0] = (uint8_t)(118 + (blk[0] & 3)); break;
+        case MOET_TYPE_Q8_0: { uint16_t d = moet_f32_to_f16(scale / 64.0f); memcpy(blk, &d, 2); break; }
+        default: break;
+        }
+    }
+}
+
+static void cpu_kv_store(moet_backend *be, float *cache, const float *src, const int32_t *pos, int64_t n_tok,
+                         int64_t dim) {
+    (void)be;
+    for (int64_t t = 0; t < n_tok; t++)
+        memcpy(cache + (size_t)pos[t] * (size_t)dim, src + (size_t)t * (size_t)dim, (size_t)dim * sizeof(float));
+}
+
 static void cpu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y) {
     (void)be;
     for (int64_t i = 0; i < n; i++)
@@ -201,15 +265,22 @@ static void cpu_rms_norm(moet_backend *be, const float *x, const float *w, int64
 }
 
 static void cpu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
-                     const float *cs) {
+                     double theta, const int32_t *pos) {
     (void)be;
     const int half = rot_dim / 2;
+    float cs[2 * 256];
     for (int64_t t = 0; t < n_tok; t++) {
-        const float *c = cs + (size_t)t * half * 2;
+        const float p = (float)pos[t];
+        for (int i = 0; i < half && i < 256; i++) {
+            float inv_freq = (float)(1.0 / pow(theta, (double)(2 * i) / (double)rot_dim));
+            float ang = p * inv_freq;
+            cs[2 * i] = (float)cos((double)ang);
+            cs[2 * i + 1] = (float)sin((double)ang);
+        }
         for (int32_t h = 0; h < n_heads; h++) {
             float *v = x + ((size_t)t * n_heads + h) * head_dim;
             for (int i = 0; i < half; i++) {
-                float co = c[2 * i], si = c[2 * i + 1];
+                float co = cs[2 * i], si = cs[2 * i + 1];
                 float a = v[i], b = v[i + half];
                 v[i] = a * co - b * si;
                 v[i + half] = b * co + a * si;
@@ -234,7 +305,7 @@ static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
         int64_t t = task / a->n_heads;
         int h = (int)(task % a->n_heads), kvh = h / group;
         const float *q = a->q + ((size_t)t * a->n_heads + h) * hd;
-        int32_t n_keys = a->pos0 + (int32_t)t + 1;
+        int32_t n_keys = a->pos[t] + 1;
         float mx = -INFINITY;
         for (int32_t j = 0; j < n_keys; j++) {
             float s = dot1(q, a->k_cache + (size_t)j * kv_stride + (size_t)kvh * hd, hd) * a->scale;
@@ -261,7 +332,7 @@ static size_t cpu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx) {
 static void cpu_attention(moet_backend *be, const moet_attn_args *a) {
     attn_ctx c = {a, cpu(be)->n_threads};
     int64_t tasks = a->n_tok * a->n_heads;
-    if ((double)tasks * (a->pos0 + a->n_tok) * a->head_dim < 65536.0)
+    if ((double)tasks * (a->pos[a->n_tok - 1] + 1) * a->head_dim < 65536.0)
         attn_task(&c, 0, tasks, 0);
     else
         moet_pool_for(cpu(be)->pool, tasks, attn_task, &c);
@@ -398,12 +469,20 @@ static void cpu_destroy(moet_backend *be) {
     free(c);
 }
 
+static const char *cpu_device_name(moet_backend *be) { return cpu(be)->desc; }
+
 static const moet_backend_ops k_cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .release = cpu_release,
+    .device_name = cpu_device_name,
     .copy = cpu_copy,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .fill_random = cpu_fill_random,
+    .graph_run = cpu_graph_run,
+    .kv_store = cpu_kv_store,
     .get_rows = cpu_get_rows,
     .add = cpu_add,
     .mul_mat = cpu_mul_mat,
@@ -423,6 +502,7 @@ moet_backend *moet_backend_cpu_create(int n_threads) {
     c->pool = moet_pool_create(n_threads);
     if (!c->pool) { free(c); return NULL; }
     c->n_threads = moet_pool_threads(c->pool);
+    snprintf(c->desc, sizeof c->desc, "cpu, %d thread%s", c->n_threads, c->n_threads == 1 ? "" : "s");
     c->rowbuf = calloc((size_t)c->n_threads, sizeof(float *));
     if (!c->rowbuf) { cpu_destroy(&c->base); return NULL; }
     return &c->base;

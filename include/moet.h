@@ -59,6 +59,8 @@ typedef struct {
     int32_t n_experts, n_experts_used, expert_ffn, dense_ffn, max_positions;
     int64_t n_params;          /* parameters counted from the tensors */
     int64_t weight_bytes;      /* bytes of weights as stored */
+    const char *backend;       /* "cpu" or "cuda" */
+    const char *device;        /* what computes: "NVIDIA H200 (sm_90, ...)", "cpu, 2 threads" */
 } moet_model_info;
 
 void moet_model_info_get(const moet_model *m, moet_model_info *info);

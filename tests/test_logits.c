@@ -1,5 +1,5 @@
 /*
- * test_logits.c — the CPU forward against transformers.
+ * test_logits.c — the forward (CPU, or CUDA where there is a GPU; MOET_DEVICE overrides) against transformers.
  *
  * usage: test_logits MODEL_DIR REFERENCE.safetensors PROMPT_LEN GREEDY_HAS_PROMPT
  * The reference (made by transformers in fp32 from the same bf16 weights) holds logits [W, T, V], input_ids [W, T]
@@ -33,6 +33,7 @@ int main(int argc, char **argv) {
     const int P = atoi(argv[3]), has_prompt = atoi(argv[4]);
     char err[1024];
     moet_model_options mo = moet_model_default_options();
+    mo.device = getenv("MOET_DEVICE"); /* default: the GPU when there is one */
     moet_model *m;
     REQUIRE(moet_model_load(argv[1], &mo, &m, err, sizeof err) == MOET_OK, "load: %s", err);
     moet_st_set ref;
@@ -48,6 +49,7 @@ int main(int argc, char **argv) {
     REQUIRE(P >= 1 && P <= T && G >= 1, "bad PROMPT_LEN %d for T %d, greedy length %d", P, T, GT);
     moet_model_info info;
     moet_model_info_get(m, &info);
+    fprintf(stderr, "backend %s: %s\n", info.backend, info.device);
     REQUIRE(V == info.vocab_size && ti->shape[0] == W && ti->shape[1] == T, "reference shape mismatch");
     const float *rl = (const float *)tl->data;
     const int32_t *rin = (const int32_t *)ti->data, *rg = (const int32_t *)tg->data;

@@ -103,6 +103,7 @@ int main(int argc, char **argv) {
         be = moet_backend_cuda_create(0, err, sizeof err);
         REQUIRE(be, "cuda backend: %s", err);
         g_tol_scale = 100;
+        g_be = be;
         if (argc > 2 && !strcmp(argv[2], "--perf")) {
             int rc = perf_main(be);
             be->ops->destroy(be);
@@ -145,6 +146,7 @@ int main(int argc, char **argv) {
             report("mul_mat", v, nmse(y, ref, (size_t)(nn * R)), w.rotated ? 1e-11 : 1e-12);
             drop(xd); drop(yd);
         }
+        op->forget(be, blk);
         free(blk);
     }
     { /* f32 and f16 weights directly */
@@ -189,6 +191,7 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < M * D; i++) rr[i] = (double)a[i] + b[i % D];
         report("add", "bias", nmse(o, rr, (size_t)(M * D)), 1e-14);
         drop(ad); drop(bd);
+        op->forget(be, b);
         free(a); free(b); free(o); free(rr);
     }
     /* rope (rotate-half) at scattered positions, and kv_store */
@@ -244,6 +247,7 @@ int main(int argc, char **argv) {
         pull(o, ad, (size_t)(M * D));
         report("rms_norm", "in place", nmse(o, rr, (size_t)(M * D)), 1e-13);
         drop(ad); drop(od);
+        op->forget(be, g);
         free(a); free(g); free(o); free(rr);
     }
     /* attention (causal, GQA) against the textbook softmax(q k^T / sqrt(d)) v */
@@ -363,7 +367,9 @@ int main(int argc, char **argv) {
         report("moe", "w2 decode n=1", nmse(o, rr, (size_t)(T * H)), 1e-10);
         drop(xd); drop(od); drop(twd); drop(tidd);
         op->release(be, scr);
-        for (int k = 0; k < 3; k++) for (int e = 0; e < E; e++) { free(dq[k][e]); free(blks[k][e]); }
+        op->forget(be, gw);
+        op->forget(be, rw);
+        for (int k = 0; k < 3; k++) for (int e = 0; e < E; e++) { op->forget(be, blks[k][e]); free(dq[k][e]); free(blks[k][e]); }
         free(xr); free(rw); free(o); free(rr);
     }
     free(W); free(deq); free(x); free(y); free(ref);
@@ -417,7 +423,7 @@ int perf_main(moet_backend *be) {
                 w->rot_seed = (uint32_t)(k == 2 ? 2 : 1);
             }
         }
-        op->fill_random(be, mem, MOET_TYPE_W2, (int64_t)E * (2 * F + H), 1, 0.02f, 77 + (uint64_t)s); /* flat bytes */
+        op->fill_random(be, mem, MOET_TYPE_W2, (int64_t)E * 3 * F, H, 0.02f, 77 + (uint64_t)s); /* gb == db: 3E matrices of F x H weights */
         void *r = op->alloc(be, (size_t)E * H * 2);
         op->fill_random(be, r, MOET_TYPE_BF16, E, H, 0.02f, 99 + (uint64_t)s);
         rt[s] = (moet_weight){.data = r, .type = MOET_TYPE_BF16, .rows = E, .cols = H, .row_bytes = (size_t)H * 2,

@@ -74,6 +74,12 @@ typedef struct {
     void (*destroy)(moet_backend *be);
     /* What runs the ops, for bench tables and logs ("NVIDIA H200", "x86-64, 2 threads"). */
     const char *(*device_name)(moet_backend *be);
+    /* 0 while healthy; otherwise MOET_EDEVICE (-7) with the first failure (a CUDA error) in err. Ops return nothing:
+     * a failing backend keeps its first error, and callers check here after each step. */
+    int (*status)(moet_backend *be, char *err, size_t errlen);
+    /* The weight at host (a moet_weight's data, a norm or bias vector) is about to be freed or rewritten: drop any
+     * device copy of it, so a later weight at the same address is mirrored afresh. */
+    void (*forget)(moet_backend *be, const void *host);
     /* Backend memory, zero-filled; NULL when out of memory. */
     void *(*alloc)(moet_backend *be, size_t bytes);
     void (*release)(moet_backend *be, void *p);
@@ -87,6 +93,8 @@ typedef struct {
     /* Runs step(ctx), a sequence of this backend's ops. A backend may record it the first times it sees `key` and
      * replay the record later (the step must then read everything that varies from backend memory); 0 on success. */
     int (*graph_run)(moet_backend *be, uint64_t key, void (*step)(void *ctx), void *ctx);
+    /* Drops every record whose key has owner in its top 32 bits (a session going away owns its records). */
+    void (*graph_release)(moet_backend *be, uint32_t owner);
     /* y[i] = row ids[i] of w widened to f32 (embedding lookup); ids in backend memory. */
     void (*get_rows)(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y);
     /* y[r][i] += x[r][i] for n rows of dim; x == NULL adds nothing. bias != NULL: y[r][i] += bias[i] instead. */

@@ -19,6 +19,7 @@ typedef struct {
     const char *model;   /* -m */
     int threads;         /* -t */
     int verbose;         /* -v */
+    const char *device;  /* --device cpu|cuda[:N] (default: the GPU when there is one) */
 } cli_common;
 
 /* Consumes argv[*i] (and its value) if it is a common option; returns 1 if consumed, 0 if not, -1 on error. */

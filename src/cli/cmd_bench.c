@@ -5,6 +5,10 @@
  * pp N: one eval of N prompt tokens from an empty cache. tg N: N single-token evals after a short prompt.
  * Each figure is the median of --reps runs. Token ids are a fixed pseudo-random sequence (speed does not depend
  * on which ids, only routing does, and real routing is measured by perplexity runs).
+ * --synthetic SHAPE builds a model of a real shape with random weights in backend memory (model/synthetic.c);
+ * --experts picks its expert format. For decode the JSON also carries the bytes one token reads (every dense weight,
+ * k experts per layer, the router, lm_head, the KV cache) and that over the time per token (effective GB/s), which
+ * docs/performance.md sets against the GPU's measured copy bandwidth.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +19,9 @@
 
 #include "cli/cli.h"
 #include "core/util.h"
+#include "model/model.h"
+#include "quant/matq.h"
+#include "quant/types.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -43,7 +50,7 @@ static void cpu_name(char *buf, size_t cap) {
 int cmd_bench(int argc, char **argv) {
     cli_common c = {0};
     long pp = 512, tg = 128, reps = 3;
-    const char *threads = "1,2", *json_path = NULL;
+    const char *threads = "1,2", *json_path = NULL, *synthetic = NULL, *experts = "w2";
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);
         if (r < 0) return 2;
@@ -55,6 +62,8 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--reps")) { VAL(); if (cli_parse_int(v, 1, 100, &reps)) return 2; }
         else if (!strcmp(a, "--threads-list") || !strcmp(a, "-T")) { VAL(); threads = v; }
         else if (!strcmp(a, "--json")) { VAL(); json_path = v; }
+        else if (!strcmp(a, "--synthetic")) { VAL(); synthetic = v; }
+        else if (!strcmp(a, "--experts")) { VAL(); experts = v; }
         else { fprintf(stderr, "moet bench: unknown option '%s'\n", a); return 2; }
 #undef VAL
     }
@@ -69,11 +78,14 @@ int cmd_bench(int argc, char **argv) {
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     struct utsname un;
     uname(&un);
-    const char *model_path = c.model ? c.model : MOET_DEFAULT_MODEL_DIR;
+    const char *model_path = synthetic ? synthetic : c.model ? c.model : MOET_DEFAULT_MODEL_DIR;
+    int qf = moet_qformat_parse(experts);
+    if (qf < 0) { fprintf(stderr, "moet bench: unknown --experts '%s'\n", experts); return 2; }
+    char gpu[192] = "";
     char results[8192];
     size_t ro = 0;
     results[0] = 0;
-    printf("| model | size | params | backend | threads | test | t/s |\n|---|---|---|---|---|---|---|\n");
+    printf("| model | size | params | experts | backend | threads | test | t/s | GB/s |\n|---|---|---|---|---|---|---|---|---|\n");
     const char *p = threads;
     int first = 1;
     while (*p) {
@@ -85,15 +97,45 @@ int cmd_bench(int argc, char **argv) {
         if (cli_parse_int(tbuf, 1, 1024, &nt)) { fprintf(stderr, "moet bench: bad thread count '%s'\n", tbuf); return 2; }
         cli_common cc = c;
         cc.threads = (int)nt;
-        moet_model *m = cli_load_model(&cc);
-        if (!m) return 1;
+        moet_model *m = NULL;
+        char err[512];
+        if (synthetic) {
+            moet_model_options mo = moet_model_default_options();
+            mo.n_threads = cc.threads;
+            mo.device = cc.device;
+            double tb = moet_time_s();
+            if (moet_model_synthetic(synthetic, moet_qformat_type((moet_qformat)qf), &mo, &m, err, sizeof err)) {
+                fprintf(stderr, "moet: error: %s\n", err);
+                return 1;
+            }
+            fprintf(stderr, "moet: synthetic %s built in %.1f s\n", synthetic, moet_time_s() - tb);
+        } else if (!(m = cli_load_model(&cc))) {
+            return 1;
+        }
         moet_model_info info;
         moet_model_info_get(m, &info);
+        int on_gpu = strcmp(info.backend, "cpu") != 0;
+        if (on_gpu) snprintf(gpu, sizeof gpu, "%s", info.device);
+        /* bytes one decode token reads: dense weights, k experts per MoE layer, the KV cache at mid-run */
+        const moet_hparams *hp = &m->hp;
+        double tok_bytes = (double)m->output.row_bytes * m->output.rows + (double)m->tok_embd.row_bytes;
+        for (int li = 0; li < hp->n_layers; li++) {
+            const moet_layer *L = &m->layers[li];
+            const moet_weight *dw[4] = {&L->wq, &L->wk, &L->wv, &L->wo};
+            for (int k = 0; k < 4; k++) tok_bytes += (double)dw[k]->row_bytes * dw[k]->rows;
+            if (L->is_moe) {
+                tok_bytes += (double)L->router.row_bytes * L->router.rows;
+                tok_bytes += (double)hp->n_experts_used * ((double)L->exp_gate[0].row_bytes * L->exp_gate[0].rows * 2 +
+                                                           (double)L->exp_down[0].row_bytes * L->exp_down[0].rows);
+            } else {
+                tok_bytes += (double)L->gate.row_bytes * L->gate.rows * 2 + (double)L->down.row_bytes * L->down.rows;
+            }
+            tok_bytes += 2.0 * (double)(4 + tg / 2) * hp->n_kv_heads * hp->head_dim * 4;
+        }
         moet_session_options so = moet_session_default_options();
         so.n_ctx = (int32_t)(pp + tg + 8);
         so.n_batch = pp > 0 ? (int32_t)(pp < 512 ? pp : 512) : 256;
         moet_session *s;
-        char err[512];
         if (moet_session_create(m, &so, &s, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); return 1; }
         int32_t *ids = malloc((size_t)(pp + tg + 8) * sizeof(int32_t));
         for (long i = 0; i < pp + tg + 8; i++) ids[i] = (int32_t)((i * 7919 + 13) % info.vocab_size);
@@ -101,13 +143,15 @@ int cmd_bench(int argc, char **argv) {
         for (long r = 0; r < reps; r++) {
             moet_session_truncate(s, 0, NULL, 0);
             double t0 = moet_time_s();
-            if (pp > 0) moet_session_eval(s, ids, (int32_t)pp, MOET_LOGITS_LAST, err, sizeof err);
+            int erc = 0;
+            if (pp > 0) erc |= moet_session_eval(s, ids, (int32_t)pp, MOET_LOGITS_LAST, err, sizeof err);
             double t1 = moet_time_s();
             tpp[r] = pp > 0 ? (double)pp / (t1 - t0) : 0;
             moet_session_truncate(s, 0, NULL, 0);
-            moet_session_eval(s, ids, 4, MOET_LOGITS_LAST, err, sizeof err);
+            erc |= moet_session_eval(s, ids, 4, MOET_LOGITS_LAST, err, sizeof err);
             t0 = moet_time_s();
-            for (long i = 0; i < tg; i++) moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
+            for (long i = 0; i < tg && !erc; i++) erc |= moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
+            if (erc) { fprintf(stderr, "moet: error: %s\n", err); return 1; }
             t1 = moet_time_s();
             ttg[r] = tg > 0 ? (double)tg / (t1 - t0) : 0;
             fprintf(stderr, "moet: bench threads %ld rep %ld/%ld: pp %.1f t/s, tg %.1f t/s\n", nt, r + 1, reps, tpp[r], ttg[r]);
@@ -117,16 +161,23 @@ int cmd_bench(int argc, char **argv) {
         double mpp = tpp[reps / 2], mtg = ttg[reps / 2];
         const char *name = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
         double mib = (double)info.weight_bytes / (1 << 20);
-        if (pp > 0) printf("| %s | %.1f MiB | %.1fM | cpu | %ld | pp%ld | %.1f |\n", name, mib, (double)info.n_params / 1e6, nt, pp, mpp);
-        if (tg > 0) printf("| %s | %.1f MiB | %.1fM | cpu | %ld | tg%ld | %.1f |\n", name, mib, (double)info.n_params / 1e6, nt, tg, mtg);
+        const char *ex = synthetic ? experts : "as stored";
+        char size[32];
+        if (mib >= 1024) snprintf(size, sizeof size, "%.2f GiB", mib / 1024); else snprintf(size, sizeof size, "%.1f MiB", mib);
+        if (pp > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | pp%ld | %.1f | |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, pp, mpp);
+        if (tg > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | tg%ld | %.1f | %.0f |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, tg, mtg, tok_bytes * mtg / 1e9);
         fflush(stdout);
         ro += (size_t)snprintf(results + ro, sizeof results - ro,
-                               "%s\n    {\"backend\": \"cpu\", \"threads\": %ld, \"pp\": %ld, \"pp_tps\": %.2f, "
-                               "\"tg\": %ld, \"tg_tps\": %.2f}", first ? "" : ",", nt, pp, mpp, tg, mtg);
+                               "%s\n    {\"backend\": \"%s\", \"device\": \"%s\", \"experts\": \"%s\", \"threads\": %ld, "
+                               "\"pp\": %ld, \"pp_tps\": %.2f, \"tg\": %ld, \"tg_tps\": %.2f, \"tg_bytes_per_token\": %.0f, "
+                               "\"tg_gbps\": %.1f, \"weight_bytes\": %lld, \"n_params\": %lld}",
+                               first ? "" : ",", info.backend, info.device, ex, nt, pp, mpp, tg, mtg, tok_bytes,
+                               tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params);
         first = 0;
         free(ids);
         moet_session_free(s);
         moet_model_free(m);
+        if (on_gpu) break; /* thread counts are a CPU matter */
     }
     if (json_path) {
         FILE *f = fopen(json_path, "w");
@@ -134,9 +185,9 @@ int cmd_bench(int argc, char **argv) {
         moet_model_options mo = moet_model_default_options();
         (void)mo;
         fprintf(f, "{\n  \"tool\": \"moet bench\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
-                   "  \"machine\": {\"cpu\": \"%s\", \"cores\": %ld, \"os\": \"%s %s\", \"arch\": \"%s\"},\n"
+                   "  \"machine\": {\"cpu\": \"%s\", \"cores\": %ld, \"os\": \"%s %s\", \"arch\": \"%s\", \"gpu\": \"%s\"},\n"
                    "  \"model\": \"%s\",\n  \"reps\": %ld,\n  \"peak_rss_bytes\": %llu,\n  \"results\": [%s\n  ]\n}\n",
-                cli_git_commit(), date, cpu, sysconf(_SC_NPROCESSORS_ONLN), un.sysname, un.release, un.machine,
+                cli_git_commit(), date, cpu, sysconf(_SC_NPROCESSORS_ONLN), un.sysname, un.release, un.machine, gpu,
                 model_path, reps, (unsigned long long)moet_peak_rss_bytes(), results);
         fclose(f);
         fprintf(stderr, "moet: wrote %s\n", json_path);

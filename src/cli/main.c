@@ -19,11 +19,12 @@ void cli_usage(FILE *f) {
             "  tokenize    print token ids: moet tokenize [-m DIR] TEXT\n"
             "  perplexity  PPL / KLD:       moet perplexity [-m DIR] -f FILE [--ctx 512] [--chunks N]\n"
             "                               [--save-logits F | --kld-base F] [--json]\n"
-            "  bench       CPU speed:       moet bench [-m DIR] [-p 512] [-n 128] [-t 1,2] [--json FILE]\n"
+            "  bench       speed:           moet bench [-m DIR | --synthetic SHAPE] [-p 512] [-n 128] [-t 1,2]\n"
+            "                               [--experts w2] [--json FILE]   (SHAPE: qwen3-30b-a3b, qwen3-235b-a22b)\n"
             "  inspect     model summary:   moet inspect [-m DIR]\n"
             "  quantize    write a pack:    moet quantize -m HF_DIR -o OUT.gguf [--experts w2] [--calib TEXT]\n\n"
             "common options: -m DIR|PACK (Hugging Face checkpoint dir or moet pack; default: the embedded %s),\n"
-            "                -t N (threads), -v (verbose)\n"
+            "                -t N (threads), --device cpu|cuda[:N] (default: cuda when a GPU is there), -v\n"
             "supported architectures: %s\n",
             MOET_DEFAULT_MODEL_DIR, moet_model_supported_architectures());
 }
@@ -70,6 +71,10 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
         c->threads = (int)n;
         return 1;
     }
+    if (!strcmp(a, "--device")) {
+        if (!(c->device = cli_value(argc, argv, i))) return -1;
+        return 1;
+    }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
         c->verbose = 1;
         moet_log_set_level(MOET_LOG_DEBUG);
@@ -82,6 +87,7 @@ moet_model *cli_load_model(const cli_common *c) {
     moet_model_options o = moet_model_default_options();
     o.n_threads = c->threads;
     o.verbose = 1;
+    o.device = c->device;
     moet_model *m = NULL;
     char err[1024];
     const char *path = c->model ? c->model : MOET_DEFAULT_MODEL_DIR;

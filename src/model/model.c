@@ -219,6 +219,8 @@ static int read_eos(const json_t *cfg, moet_hparams *hp, char *err, size_t errle
 
 void moet_model_free(moet_model *m) {
     if (!m) return;
+    for (size_t i = 0; i < m->n_be_bufs; i++) m->be->ops->release(m->be, m->be_bufs[i]);
+    free(m->be_bufs);
     if (m->be) m->be->ops->destroy(m->be);
     if (m->layers)
         for (int i = 0; i < m->hp.n_layers; i++) { free(m->layers[i].exp_gate); free(m->layers[i].dexp_gate); }
@@ -344,6 +346,8 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     info->max_positions = hp->max_pos;
     info->n_params = m->n_params;
     info->weight_bytes = m->weight_bytes;
+    info->backend = m->be ? m->be->ops->name : "none";
+    info->device = m->be ? m->be->ops->device_name(m->be) : "none";
 }
 
 const moet_tokenizer *moet_model_tokenizer(const moet_model *m) { return m->tok; }

@@ -26,7 +26,14 @@ struct moet_model {
     size_t n_f32_bufs, cap_f32_bufs;
     int64_t n_params, weight_bytes;
     char *chat_template;       /* from tokenizer_config.json, may be NULL */
+    void **be_bufs;            /* backend memory holding weights (synthetic models), released before the backend */
+    size_t n_be_bufs;
 };
+
+/* A model of a real architecture's shape with random weights, built in backend memory (no file): for benchmarks.
+ * shape: "qwen3-30b-a3b", "qwen3-235b-a22b" or "mini" (a tiny one for tests); expert_type a MOET_TYPE_*. */
+int moet_model_synthetic(const char *shape, int32_t expert_type, const moet_model_options *opt, moet_model **out,
+                         char *err, size_t errlen);
 
 /* Creates the backend a device string names ("cpu", "cuda", "cuda:N", NULL/"auto"). */
 int moet_backend_open(const char *device, int n_threads, moet_backend **out, char *err, size_t errlen);

@@ -54,10 +54,15 @@ typedef struct {
     uint8_t qs[MOET_QK / 4];
 } moet_block_asym2;
 
-_Static_assert(sizeof(moet_block_q8_0) == 34, "q8_0 block is 34 bytes (ggml)");
-_Static_assert(sizeof(moet_block_mxfp4) == 17, "mxfp4 block is 17 bytes (ggml)");
-_Static_assert(sizeof(moet_block_nvfp4) == 9, "nvfp4 block is 9 bytes");
-_Static_assert(sizeof(moet_block_q2) == 9, "2-bit block is 9 bytes: 2.25 bpw");
-_Static_assert(sizeof(moet_block_asym2) == 10, "asym2 block is 10 bytes: 2.5 bpw");
+#ifdef __cplusplus /* the CUDA files (nvcc compiles them as C++) */
+#define MOET_STATIC_ASSERT static_assert
+#else
+#define MOET_STATIC_ASSERT _Static_assert
+#endif
+MOET_STATIC_ASSERT(sizeof(moet_block_q8_0) == 34, "q8_0 block is 34 bytes (ggml)");
+MOET_STATIC_ASSERT(sizeof(moet_block_mxfp4) == 17, "mxfp4 block is 17 bytes (ggml)");
+MOET_STATIC_ASSERT(sizeof(moet_block_nvfp4) == 9, "nvfp4 block is 9 bytes");
+MOET_STATIC_ASSERT(sizeof(moet_block_q2) == 9, "2-bit block is 9 bytes: 2.25 bpw");
+MOET_STATIC_ASSERT(sizeof(moet_block_asym2) == 10, "asym2 block is 10 bytes: 2.5 bpw");
 
 #endif

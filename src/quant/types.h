@@ -11,6 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     MOET_TYPE_F32 = 0,    /* ggml GGML_TYPE_F32 */
     MOET_TYPE_F16 = 1,    /* ggml GGML_TYPE_F16 */
@@ -42,4 +46,7 @@ static inline void moet_type_row_to_f32(int32_t type, const void *src, float *ds
     moet_type_row_to_f32_p(type, src, dst, n, 1.0f, 0.0f);
 }
 
+#ifdef __cplusplus
+}
+#endif
 #endif

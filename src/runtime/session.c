@@ -28,6 +28,7 @@ struct moet_session {
     float *logits_dev;              /* backend memory [n_logits_cap][vocab] */
     float *logits;                  /* host copy [n_logits_cap][vocab] */
     int graphs;                     /* record/replay decode steps */
+    uint32_t uid;                   /* owner of this session's graph records (keys are uid << 32 | shape) */
     int32_t n_logit_rows;
     void **allocs;
     int n_allocs;
@@ -52,6 +53,7 @@ static void *salloc(moet_session *s, size_t bytes) {
 
 void moet_session_free(moet_session *s) {
     if (!s) return;
+    if (s->be) s->be->ops->graph_release(s->be, s->uid);
     for (int i = 0; i < s->n_allocs; i++) s->be->ops->release(s->be, s->allocs[i]);
     free(s->allocs);
     free(s->k_cache);
@@ -87,6 +89,10 @@ int moet_session_create_on(const moet_model *m, moet_backend *be, const moet_ses
     s->n_batch = o.n_batch;
     s->n_logits_cap = o.n_logits;
     s->graphs = o.graphs;
+    {
+        static _Atomic uint32_t next_uid = 1;
+        s->uid = next_uid++;
+    }
     const size_t B = (size_t)o.n_batch, H = (size_t)hp->hidden, Dq = (size_t)hp->n_heads * hp->head_dim,
                  Dkv = (size_t)hp->n_kv_heads * hp->head_dim, L = (size_t)hp->n_layers;
     s->allocs = calloc(2 * L + 32, sizeof(void *));
@@ -211,7 +217,8 @@ static int run_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t 
     op->upload(s->be, s->pos_dev, s->pos_host, (size_t)n * sizeof(int32_t));
     chunk_args ca = {s, n, first_logit, out};
     if (s->graphs && !s->calib && n <= GRAPH_MAX_TOKENS && out == s->logits_dev) {
-        uint64_t key = (uint64_t)n << 8 | (uint64_t)(first_logit < n) << 1 | (uint64_t)(s->use_delta != 0);
+        /* a record bakes in this session's buffers and the chunk's shape: both are in the key */
+        uint64_t key = (uint64_t)s->uid << 32 | (uint64_t)n << 16 | (uint64_t)first_logit << 4 | (uint64_t)(s->use_delta != 0);
         if (op->graph_run(s->be, key, forward_chunk, &ca))
             return moet_err(err, errlen, MOET_EDEVICE, "%s backend: recording or replaying a decode step failed", op->name);
     } else {
@@ -244,7 +251,7 @@ int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int log
     }
     s->n_logit_rows = logits_mode == MOET_LOGITS_ALL ? n : 1;
     s->be->ops->download(s->be, s->logits, s->logits_dev, (size_t)s->n_logit_rows * (size_t)V * sizeof(float));
-    return MOET_OK;
+    return s->be->ops->status(s->be, err, errlen);
 }
 
 const float *moet_session_logits(const moet_session *s, int32_t *n_rows) {

@@ -171,6 +171,8 @@ static void cpu_copy(moet_backend *be, void *dst, const void *src, size_t bytes)
     memmove(dst, src, bytes);
 }
 
+static void cpu_graph_release(moet_backend *be, uint32_t owner) { (void)be; (void)owner; }
+
 static int cpu_graph_run(moet_backend *be, uint64_t key, void (*step)(void *ctx), void *ctx) {
     (void)be; (void)key;
     step(ctx);
@@ -470,6 +472,8 @@ static void cpu_destroy(moet_backend *be) {
 }
 
 static const char *cpu_device_name(moet_backend *be) { return cpu(be)->desc; }
+static void cpu_forget(moet_backend *be, const void *host) { (void)be; (void)host; }
+static int cpu_status(moet_backend *be, char *err, size_t errlen) { (void)be; (void)err; (void)errlen; return 0; }
 
 static const moet_backend_ops k_cpu_ops = {
     .name = "cpu",
@@ -477,11 +481,14 @@ static const moet_backend_ops k_cpu_ops = {
     .alloc = cpu_alloc,
     .release = cpu_release,
     .device_name = cpu_device_name,
+    .status = cpu_status,
+    .forget = cpu_forget,
     .copy = cpu_copy,
     .upload = cpu_copy,
     .download = cpu_copy,
     .fill_random = cpu_fill_random,
     .graph_run = cpu_graph_run,
+    .graph_release = cpu_graph_release,
     .kv_store = cpu_kv_store,
     .get_rows = cpu_get_rows,
     .add = cpu_add,

@@ -1,0 +1,196 @@
+/*
+ * common.cuh — device helpers every op family uses: the formats' decoders (written from quant/formats.c, the scalar
+ * oracle, and checked against it by tests/test_ops.c), the rotation (random-sign block Hadamard of quant/matq.c),
+ * reductions, and the padded shared-memory layout for activations.
+ *
+ * Activations in shared memory are stored "padded natural": element i at i + i/32. A lane that owns group g (the
+ * 32 elements one quantization block covers) reads element 32g + j at 33g + j, so the 32 lanes of a warp, each on its
+ * own group, hit 32 different banks.
+ */
+#ifndef MOET_BACKEND_CUDA_COMMON_CUH
+#define MOET_BACKEND_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "quant/blocks.h"
+#include "quant/types.h"
+
+#define CU_PAD(i) ((i) + ((i) >> 5))
+
+__device__ __forceinline__ float cu_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float cu_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+__device__ __forceinline__ float cu_e2m1(uint32_t q) {
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float v = mag[q & 7];
+    return (q & 8) ? -v : v;
+}
+
+__device__ __forceinline__ float cu_e4m3(uint32_t v) {
+    int s = (v >> 7) & 1, e = (v >> 3) & 15, m = v & 7;
+    float r;
+    if (e == 15 && m == 7) r = __int_as_float(0x7fc00000);
+    else if (e == 0) r = ldexpf((float)m, -9);
+    else r = ldexpf(1.0f + (float)m / 8.0f, e - 7);
+    return s ? -r : r;
+}
+
+/* The 2-bit family's four levels (quant/formats.c moet_q2_levels). */
+__device__ __forceinline__ void cu_q2_levels(int32_t type, float beta, float lv[4]) {
+    if (type == MOET_TYPE_INT2) { lv[0] = -2; lv[1] = -1; lv[2] = 0; lv[3] = 1; }
+    else if (type == MOET_TYPE_SYM2) { lv[0] = -1.5f; lv[1] = -0.5f; lv[2] = 0.5f; lv[3] = 1.5f; }
+    else { lv[0] = -1; lv[1] = -beta; lv[2] = beta; lv[3] = 1; }
+}
+
+__device__ __forceinline__ float cu_q2_scale(float base, uint32_t sc) {
+    return base * exp2f(((float)sc - 255.0f) / 16.0f);
+}
+
+__device__ __forceinline__ int cu_is_q2(int32_t type) {
+    return type == MOET_TYPE_W2 || type == MOET_TYPE_INT2 || type == MOET_TYPE_SYM2;
+}
+
+/* Decodes group g (elements 32g .. 32g+31) of one row of any supported type into v. */
+__device__ __forceinline__ void cu_decode32(int32_t type, const uint8_t *row, int64_t g, float qscale, float qbeta,
+                                            float v[32]) {
+    switch (type) {
+    case MOET_TYPE_F32: {
+        const float4 *p = (const float4 *)(row + g * 128);
+#pragma unroll
+        for (int j = 0; j < 8; j++) { float4 f = p[j]; v[4 * j] = f.x; v[4 * j + 1] = f.y; v[4 * j + 2] = f.z; v[4 * j + 3] = f.w; }
+        break;
+    }
+    case MOET_TYPE_BF16: case MOET_TYPE_F16: {
+        const uint4 *p = (const uint4 *)(row + g * 64);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint4 q = p[j];
+            uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                uint16_t lo = (uint16_t)(w[k] & 0xffff), hi = (uint16_t)(w[k] >> 16);
+                v[8 * j + 2 * k] = type == MOET_TYPE_BF16 ? cu_bf16(lo) : cu_f16(lo);
+                v[8 * j + 2 * k + 1] = type == MOET_TYPE_BF16 ? cu_bf16(hi) : cu_f16(hi);
+            }
+        }
+        break;
+    }
+    case MOET_TYPE_Q8_0: {
+        const uint8_t *b = row + g * sizeof(moet_block_q8_0);
+        float d = cu_f16((uint16_t)(b[0] | (b[1] << 8)));
+#pragma unroll
+        for (int j = 0; j < 32; j++) v[j] = d * (float)(int8_t)b[2 + j];
+        break;
+    }
+    case MOET_TYPE_MXFP4: {
+        const uint8_t *b = row + g * sizeof(moet_block_mxfp4);
+        float d = ldexpf(1.0f, (int)b[0] - 127);
+#pragma unroll
+        for (int j = 0; j < 16; j++) { v[j] = cu_e2m1(b[1 + j] & 15) * d; v[j + 16] = cu_e2m1(b[1 + j] >> 4) * d; }
+        break;
+    }
+    case MOET_TYPE_NVFP4: {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *b = row + (2 * g + h) * sizeof(moet_block_nvfp4);
+            float d = cu_e4m3(b[0]) * qscale;
+#pragma unroll
+            for (int j = 0; j < 8; j++) { v[16 * h + j] = cu_e2m1(b[1 + j] & 15) * d; v[16 * h + j + 8] = cu_e2m1(b[1 + j] >> 4) * d; }
+        }
+        break;
+    }
+    case MOET_TYPE_ASYM2: {
+        const uint8_t *b = row + g * sizeof(moet_block_asym2);
+        float d = qscale * exp2f(((float)b[0] - 255.0f) / 16.0f);
+        float m = qscale * exp2f(((float)(b[1] & 127) - 127.0f) / 8.0f);
+        if (b[1] & 128) m = -m;
+#pragma unroll
+        for (int j = 0; j < 32; j++) v[j] = (float)((b[2 + j / 4] >> (2 * (j % 4))) & 3) * d + m;
+        break;
+    }
+    default: { /* W2 / INT2 / SYM2 */
+        const uint8_t *b = row + g * sizeof(moet_block_q2);
+        float lv[4];
+        cu_q2_levels(type, qbeta, lv);
+        float s = cu_q2_scale(qscale, b[0]);
+#pragma unroll
+        for (int j = 0; j < 32; j++) v[j] = lv[(b[1 + j / 4] >> (2 * (j % 4))) & 3] * s;
+        break;
+    }
+    }
+}
+
+/* Dot of the 2-bit block at b (9 bytes, any alignment) with 32 activations xs[0..31] (padded layout: contiguous
+ * within a group). The 4-level select is two predicated moves; the block scale multiplies once. */
+__device__ __forceinline__ float cu_q2_dot(const uint8_t *b, const float lv[4], float base, const float *xs) {
+    uint32_t sc = b[0];
+    uint32_t q0 = (uint32_t)b[1] | ((uint32_t)b[2] << 8) | ((uint32_t)b[3] << 16) | ((uint32_t)b[4] << 24);
+    uint32_t q1 = (uint32_t)b[5] | ((uint32_t)b[6] << 8) | ((uint32_t)b[7] << 16) | ((uint32_t)b[8] << 24);
+    float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        uint32_t c0 = (q0 >> (2 * j)) & 3, c1 = (q1 >> (2 * j)) & 3;
+        float l0 = (c0 & 2) ? ((c0 & 1) ? lv[3] : lv[2]) : ((c0 & 1) ? lv[1] : lv[0]);
+        float l1 = (c1 & 2) ? ((c1 & 1) ? lv[3] : lv[2]) : ((c1 & 1) ? lv[1] : lv[0]);
+        acc0 = fmaf(l0, xs[j], acc0);
+        acc1 = fmaf(l1, xs[16 + j], acc1);
+    }
+    return (acc0 + acc1) * cu_q2_scale(base, sc);
+}
+
+__device__ __forceinline__ float cu_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cu_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* quant/matq.c sign_of: the rotation's random sign of column i. */
+__device__ __forceinline__ float cu_rot_sign(uint64_t seed, int64_t i) {
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    z *= 0xd6e8feb86659fd93ull;
+    z ^= z >> 32;
+    return (z & 1) ? -1.0f : 1.0f;
+}
+
+__device__ __forceinline__ int cu_hadamard_block(int64_t cols) {
+    int b = 1;
+    while (b < 256 && cols % (b * 2) == 0) b *= 2;
+    return b;
+}
+
+/* In-place x -> x R on a padded shared-memory vector of n elements (R = blockdiag(D H_b / sqrt(b)), matq.c), by all
+ * threads of the block; the caller synchronises before and after. nv vectors of stride `stride` floats at once.
+ * 32-bit indices and shifts only: b and h are powers of two (a 64-bit division here cost more than the whole GEMV). */
+__device__ __forceinline__ void cu_rotate_smem(float *xs, int nv, int stride, int64_t n64, uint64_t seed) {
+    const int n = (int)n64, b = cu_hadamard_block(n64), half = n >> 1;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    for (int v = 0; v < nv; v++)
+        for (int j = tid; j < n; j += nt) xs[v * stride + CU_PAD(j)] *= cu_rot_sign(seed, j);
+    __syncthreads();
+    for (int h = 1, lh = 0; h < b; h *= 2, lh++) {
+        for (int v = 0; v < nv; v++) {
+            float *xv = xs + v * stride;
+            for (int q = tid; q < half; q += nt) {
+                const int i = ((q >> lh) << (lh + 1)) + (q & (h - 1)), k = i + h;
+                const float a = xv[CU_PAD(i)], c = xv[CU_PAD(k)];
+                xv[CU_PAD(i)] = a + c;
+                xv[CU_PAD(k)] = a - c;
+            }
+        }
+        __syncthreads();
+    }
+    const float sc = (float)(1.0 / sqrt((double)b));
+    for (int v = 0; v < nv; v++)
+        for (int j = tid; j < n; j += nt) xs[v * stride + CU_PAD(j)] *= sc;
+}
+
+#endif

@@ -1,0 +1,345 @@
+/*
+ * cuda_backend.cu — the CUDA backend's lifecycle, memory, weight mirror, graphs and op table (the kernels live one
+ * family per file: matmul.cu, elementwise.cu, attention.cu, moe.cu).
+ *
+ * The GPU as a cache of the model: weights stay host memory in the model (backend.h); the first op that touches a
+ * weight copies it to device memory and remembers the pair, so later steps (and recorded graphs) read the copy.
+ * Weights already in device memory (synthetic models) are used as they are. A layer's routed experts become one
+ * device table of (pointer, parameters) that the MoE kernels index with the router's on-device choice: routing
+ * never goes back to the host.
+ *
+ * Graphs: graph_run runs a step eagerly the first time it sees a key (every mirror is filled then), records it the
+ * second time and replays the record from then on. Everything that varies between steps lives in device memory, so
+ * a replay computes what an eager run would, bit for bit (kernels are deterministic: no atomics in any reduction).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_int.h"
+#include "quant/types.h"
+
+extern "C" int cu_fail(cu_backend *c, cudaError_t e, const char *what, const char *file, int line) {
+    if (e == cudaSuccess) return 0;
+    if (!c->err[0]) {
+        const char *f = strrchr(file, '/');
+        snprintf(c->err, sizeof c->err, "CUDA error in %s (%s:%d): %s", what, f ? f + 1 : file, line,
+                 cudaGetErrorString(e));
+        fprintf(stderr, "moet: %s\n", c->err);
+    }
+    return 1;
+}
+
+/* ---- weight mirror ------------------------------------------------------------------------------------------- */
+
+static size_t ptr_hash(const void *p) {
+    uint64_t z = (uint64_t)(uintptr_t)p;
+    z ^= z >> 33; z *= 0xff51afd7ed558ccdull; z ^= z >> 33;
+    return (size_t)z;
+}
+
+static int mirror_grow(cu_backend *c) {
+    size_t nc = c->cap_mirrors ? c->cap_mirrors * 2 : 1024;
+    cu_mirror *nm = (cu_mirror *)calloc(nc, sizeof(cu_mirror));
+    if (!nm) return -1;
+    for (size_t i = 0; i < c->cap_mirrors; i++) {
+        if (!c->mirrors[i].host) continue;
+        size_t h = ptr_hash(c->mirrors[i].host) & (nc - 1);
+        while (nm[h].host) h = (h + 1) & (nc - 1);
+        nm[h] = c->mirrors[i];
+    }
+    free(c->mirrors);
+    c->mirrors = nm;
+    c->cap_mirrors = nc;
+    return 0;
+}
+
+extern "C" const void *cu_weight(cu_backend *c, const void *host, size_t bytes) {
+    if (!host) return NULL;
+    if (c->cap_mirrors) {
+        size_t h = ptr_hash(host) & (c->cap_mirrors - 1);
+        while (c->mirrors[h].host) {
+            if (c->mirrors[h].host == host && c->mirrors[h].bytes >= bytes) return c->mirrors[h].dev;
+            if (c->mirrors[h].host == host) break; /* same address, larger view: mirror again below */
+            h = (h + 1) & (c->cap_mirrors - 1);
+        }
+    }
+    if (c->capturing) { /* a graph being recorded must not allocate: the eager first run fills every mirror */
+        cu_fail(c, cudaErrorStreamCaptureUnsupported, "weight first used while recording a graph", __FILE__, __LINE__);
+        return NULL;
+    }
+    if (2 * (c->n_mirrors + 1) > c->cap_mirrors && mirror_grow(c)) {
+        cu_fail(c, cudaErrorMemoryAllocation, "mirror table", __FILE__, __LINE__);
+        return NULL;
+    }
+    cu_mirror m = {host, NULL, bytes, 1};
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, host) == cudaSuccess && at.type == cudaMemoryTypeDevice) {
+        m.dev = (void *)host;
+        m.owned = 0;
+    } else {
+        cudaGetLastError();
+        if (CU_CHECK(c, cudaMalloc(&m.dev, bytes ? bytes : 16))) return NULL;
+        if (CU_CHECK(c, cudaMemcpyAsync(m.dev, host, bytes, cudaMemcpyHostToDevice, c->stream)) ||
+            CU_CHECK(c, cudaStreamSynchronize(c->stream)))
+            return NULL;
+    }
+    size_t h = ptr_hash(host) & (c->cap_mirrors - 1);
+    while (c->mirrors[h].host && c->mirrors[h].host != host) h = (h + 1) & (c->cap_mirrors - 1);
+    if (c->mirrors[h].host) { /* replaced by a larger view */
+        if (c->mirrors[h].owned) cudaFree(c->mirrors[h].dev);
+        c->n_mirrors--;
+    }
+    c->mirrors[h] = m;
+    c->n_mirrors++;
+    return m.dev;
+}
+
+extern "C" const uint8_t *cu_weight_mat(cu_backend *c, const moet_weight *w) {
+    return (const uint8_t *)cu_weight(c, w->data, (size_t)w->rows * w->row_bytes);
+}
+
+extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args *a) {
+    for (size_t i = 0; i < c->n_etabs; i++)
+        if (c->etabs[i].gate == a->gate && c->etabs[i].n_experts == a->n_experts) return &c->etabs[i];
+    if (c->capturing) {
+        cu_fail(c, cudaErrorStreamCaptureUnsupported, "expert table first used while recording a graph", __FILE__, __LINE__);
+        return NULL;
+    }
+    if (c->n_etabs == c->cap_etabs) {
+        size_t nc = c->cap_etabs ? 2 * c->cap_etabs : 64;
+        cu_expert_table *nt = (cu_expert_table *)realloc(c->etabs, nc * sizeof(*nt));
+        if (!nt) { cu_fail(c, cudaErrorMemoryAllocation, "expert tables", __FILE__, __LINE__); return NULL; }
+        c->etabs = nt;
+        c->cap_etabs = nc;
+    }
+    const int32_t E = a->n_experts;
+    cu_mat *host = (cu_mat *)calloc((size_t)E * 3, sizeof(cu_mat));
+    if (!host) { cu_fail(c, cudaErrorMemoryAllocation, "expert table", __FILE__, __LINE__); return NULL; }
+    const int32_t type = a->gate[0].type;
+    int32_t down_uniform = 1, gu_uniform = 1;
+    for (int32_t e = 0; e < E; e++) {
+        if (a->gate[e].rotated != a->up[e].rotated || (a->gate[e].rotated && a->gate[e].rot_seed != a->up[e].rot_seed)) {
+            free(host);
+            cu_fail(c, cudaErrorInvalidValue, "an expert's gate and up matrices rotated differently", __FILE__, __LINE__);
+            return NULL;
+        }
+        if (a->down[e].rotated != a->down[0].rotated || a->down[e].rot_seed != a->down[0].rot_seed) down_uniform = 0;
+        if (a->gate[e].rotated != a->gate[0].rotated || a->gate[e].rot_seed != a->gate[0].rot_seed) gu_uniform = 0;
+        const moet_weight *ws[3] = {&a->gate[e], &a->up[e], &a->down[e]};
+        for (int k = 0; k < 3; k++) {
+            if (ws[k]->type != type) {
+                free(host);
+                cu_fail(c, cudaErrorInvalidValue, "routed experts of one layer in several types", __FILE__, __LINE__);
+                return NULL;
+            }
+            const uint8_t *d = cu_weight_mat(c, ws[k]);
+            if (!d) { free(host); return NULL; }
+            host[e * 3 + k] = (cu_mat){d, ws[k]->qscale, ws[k]->qbeta, ws[k]->rot_seed, ws[k]->rotated};
+        }
+    }
+    cu_expert_table t = {a->gate, E, NULL, type, down_uniform, gu_uniform, a->gate[0].rotated, a->down[0].rotated,
+                         a->gate[0].rot_seed, a->down[0].rot_seed};
+    if (CU_CHECK(c, cudaMalloc(&t.table, (size_t)E * 3 * sizeof(cu_mat))) ||
+        CU_CHECK(c, cudaMemcpyAsync(t.table, host, (size_t)E * 3 * sizeof(cu_mat), cudaMemcpyHostToDevice, c->stream)) ||
+        CU_CHECK(c, cudaStreamSynchronize(c->stream))) {
+        free(host);
+        return NULL;
+    }
+    free(host);
+    c->etabs[c->n_etabs] = t;
+    return &c->etabs[c->n_etabs++];
+}
+
+/* Removing from open addressing: clear the slot, then re-insert the rest of its cluster. */
+static void cu_forget(moet_backend *be, const void *host) {
+    cu_backend *c = cu_of(be);
+    if (!c->cap_mirrors || !host) return;
+    size_t mask = c->cap_mirrors - 1, h = ptr_hash(host) & mask;
+    while (c->mirrors[h].host && c->mirrors[h].host != host) h = (h + 1) & mask;
+    if (!c->mirrors[h].host) return;
+    CU_CHECK(c, cudaStreamSynchronize(c->stream));
+    if (c->mirrors[h].owned) CU_CHECK(c, cudaFree(c->mirrors[h].dev));
+    c->mirrors[h].host = NULL;
+    c->n_mirrors--;
+    for (size_t k = (h + 1) & mask; c->mirrors[k].host; k = (k + 1) & mask) {
+        cu_mirror m = c->mirrors[k];
+        c->mirrors[k].host = NULL;
+        size_t j = ptr_hash(m.host) & mask;
+        while (c->mirrors[j].host) j = (j + 1) & mask;
+        c->mirrors[j] = m;
+    }
+    /* expert tables point into mirrors: drop any that used this weight's layer array */
+    for (size_t i = 0; i < c->n_etabs; i++)
+        if (c->etabs[i].gate == host) { cudaFree(c->etabs[i].table); c->etabs[i] = c->etabs[--c->n_etabs]; break; }
+}
+
+/* ---- memory -------------------------------------------------------------------------------------------------- */
+
+static void *cu_alloc(moet_backend *be, size_t bytes) {
+    cu_backend *c = cu_of(be);
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) { cudaGetLastError(); return NULL; }
+    /* on our stream: a legacy-stream memset would not be ordered before our kernels (non-blocking stream) */
+    if (CU_CHECK(c, cudaMemsetAsync(p, 0, bytes, c->stream)) || CU_CHECK(c, cudaStreamSynchronize(c->stream))) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_release(moet_backend *be, void *p) {
+    if (!p) return;
+    cu_backend *c = cu_of(be);
+    /* A released buffer that served as a weight (synthetic models) keeps its identity mirror entry: a later buffer
+     * at the same address maps to itself again, which is still right. */
+    CU_CHECK(c, cudaStreamSynchronize(c->stream));
+    CU_CHECK(c, cudaFree(p));
+}
+
+static void cu_copy(moet_backend *be, void *dst, const void *src, size_t bytes) {
+    cu_backend *c = cu_of(be);
+    CU_CHECK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+}
+
+static void cu_upload(moet_backend *be, void *dst, const void *src, size_t bytes) {
+    cu_backend *c = cu_of(be);
+    CU_CHECK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+}
+
+static void cu_download(moet_backend *be, void *dst, const void *src, size_t bytes) {
+    cu_backend *c = cu_of(be);
+    CU_CHECK(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CU_CHECK(c, cudaStreamSynchronize(c->stream));
+}
+
+static int cu_status(moet_backend *be, char *err, size_t errlen) {
+    cu_backend *c = cu_of(be);
+    if (!c->err[0]) return 0;
+    if (err && errlen) snprintf(err, errlen, "%s", c->err);
+    return -7; /* MOET_EDEVICE */
+}
+
+static const char *cu_device_name(moet_backend *be) { return cu_of(be)->desc; }
+
+/* ---- graphs -------------------------------------------------------------------------------------------------- */
+
+static int cu_graph_run(moet_backend *be, uint64_t key, void (*step)(void *ctx), void *ctx) {
+    cu_backend *c = cu_of(be);
+    if (c->err[0]) return -1;
+    cu_graph *g = NULL;
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].key == key) g = &c->graphs[i];
+    if (!g && c->n_graphs < CU_MAX_GRAPHS) {
+        g = &c->graphs[c->n_graphs++];
+        g->key = key;
+        g->seen = 0;
+        g->exec = NULL;
+    }
+    if (!g || g->seen == 0) { /* first sight (or table full): eager, which also fills the mirrors */
+        if (g) g->seen = 1;
+        step(ctx);
+        return c->err[0] ? -1 : 0;
+    }
+    if (!g->exec) {
+        cudaGraph_t graph;
+        if (CU_CHECK(c, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal))) return -1;
+        c->capturing = 1;
+        step(ctx);
+        c->capturing = 0;
+        cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+        if (CU_CHECK(c, e) || c->err[0]) return -1;
+        e = cudaGraphInstantiate(&g->exec, graph, 0);
+        cudaGraphDestroy(graph);
+        if (CU_CHECK(c, e)) { g->exec = NULL; return -1; }
+    }
+    if (CU_CHECK(c, cudaGraphLaunch(g->exec, c->stream))) return -1;
+    return 0;
+}
+
+static void cu_graph_release(moet_backend *be, uint32_t owner) {
+    cu_backend *c = cu_of(be);
+    int k = 0;
+    for (int i = 0; i < c->n_graphs; i++) {
+        if ((uint32_t)(c->graphs[i].key >> 32) == owner) {
+            if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+        } else {
+            c->graphs[k++] = c->graphs[i];
+        }
+    }
+    c->n_graphs = k;
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------------------------------- */
+
+static void cu_destroy(moet_backend *be) {
+    cu_backend *c = cu_of(be);
+    if (!c) return;
+    cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+    for (size_t i = 0; i < c->cap_mirrors; i++)
+        if (c->mirrors[i].host && c->mirrors[i].owned) cudaFree(c->mirrors[i].dev);
+    for (size_t i = 0; i < c->n_etabs; i++) cudaFree(c->etabs[i].table);
+    free(c->mirrors);
+    free(c->etabs);
+    cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static const moet_backend_ops k_cuda_ops = {
+    /* .name = */ "cuda",
+    /* .destroy = */ cu_destroy,
+    /* .device_name = */ cu_device_name,
+    /* .status = */ cu_status,
+    /* .forget = */ cu_forget,
+    /* .alloc = */ cu_alloc,
+    /* .release = */ cu_release,
+    /* .copy = */ cu_copy,
+    /* .upload = */ cu_upload,
+    /* .download = */ cu_download,
+    /* .fill_random = */ cu_fill_random,
+    /* .graph_run = */ cu_graph_run,
+    /* .graph_release = */ cu_graph_release,
+    /* .get_rows = */ cu_get_rows,
+    /* .add = */ cu_add,
+    /* .mul_mat = */ cu_mul_mat,
+    /* .rms_norm = */ cu_rms_norm,
+    /* .rope = */ cu_rope,
+    /* .kv_store = */ cu_kv_store,
+    /* .attention = */ cu_attention,
+    /* .attn_scratch_bytes = */ cu_attn_scratch_bytes,
+    /* .mlp = */ cu_mlp,
+    /* .moe = */ cu_moe,
+    /* .moe_scratch_bytes = */ cu_moe_scratch_bytes,
+};
+
+extern "C" int moet_backend_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+    return n;
+}
+
+extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t errlen) {
+    int n = moet_backend_cuda_device_count();
+    if (device < 0 || device >= n) {
+        if (err && errlen)
+            snprintf(err, errlen, n ? "cuda:%d: this machine has %d CUDA GPU(s)" : "cuda:%d: no CUDA GPU found", device, n);
+        return NULL;
+    }
+    cu_backend *c = (cu_backend *)calloc(1, sizeof(*c));
+    if (!c) { if (err && errlen) snprintf(err, errlen, "out of memory"); return NULL; }
+    c->base.ops = &k_cuda_ops;
+    c->device = device;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        if (err && errlen) snprintf(err, errlen, "cuda:%d: %s", device, cudaGetErrorString(e));
+        free(c);
+        return NULL;
+    }
+    snprintf(c->desc, sizeof c->desc, "%s (sm_%d%d, %d SMs, %.0f GiB)", c->prop.name, c->prop.major, c->prop.minor,
+             c->prop.multiProcessorCount, (double)c->prop.totalGlobalMem / (1u << 30));
+    return &c->base;
+}

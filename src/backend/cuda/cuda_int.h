@@ -1,0 +1,106 @@
+/*
+ * cuda_int.h — what the CUDA backend's .cu files share: the backend struct, error checking, the weight mirror, and
+ * the launchers each op family's file exports to cuda_backend.cu (which fills the backend.h op table).
+ *
+ * Errors: every CUDA call and every launch is checked; the first failure is kept (sticky) with where it happened,
+ * and the session reads it through the backend's error op after each step. An op never aborts the process.
+ */
+#ifndef MOET_BACKEND_CUDA_INT_H
+#define MOET_BACKEND_CUDA_INT_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+/* One matrix as the kernels see it: device pointer and the per-matrix parameters. 24 bytes, in device tables. */
+typedef struct {
+    const uint8_t *w;
+    float qscale, qbeta;
+    uint32_t rot_seed;
+    int32_t rotated;
+} cu_mat;
+
+typedef struct {
+    const void *host;      /* key: the weight's host (or already-device) address */
+    void *dev;
+    size_t bytes;
+    int owned;             /* 1: we cudaMalloc'd a mirror; 0: the pointer was already device memory */
+} cu_mirror;
+
+typedef struct {
+    const moet_weight *gate; /* key: the layer's expert array */
+    int32_t n_experts;
+    cu_mat *table;         /* device: [E][3] (gate, up, down) */
+    int32_t type;          /* one type for every routed matrix of the layer */
+    int32_t down_uniform;  /* every expert's down matrix has the same rotation: one pass rotates all k inputs */
+    int32_t gu_uniform;    /* likewise for gate/up: x is rotated once per token, not once per expert */
+    int32_t gu_rotated, down_rotated;
+    uint32_t gu_seed, down_seed;
+} cu_expert_table;
+
+typedef struct {
+    uint64_t key;
+    int seen;
+    cudaGraphExec_t exec;
+} cu_graph;
+
+#define CU_MAX_GRAPHS 64
+
+typedef struct {
+    moet_backend base;
+    int device;
+    cudaStream_t stream;
+    cudaDeviceProp prop;
+    char desc[160];
+    char err[512];         /* first failure, "" while healthy */
+    cu_mirror *mirrors;    /* open addressing, cap a power of two */
+    size_t n_mirrors, cap_mirrors;
+    cu_expert_table *etabs;
+    size_t n_etabs, cap_etabs;
+    cu_graph graphs[CU_MAX_GRAPHS];
+    int n_graphs;
+    int capturing;
+} cu_backend;
+
+static inline cu_backend *cu_of(moet_backend *be) { return (cu_backend *)be; }
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Records the first failure; returns 1 when e is an error. */
+int cu_fail(cu_backend *c, cudaError_t e, const char *what, const char *file, int line);
+/* Device copy of a weight (host memory) of `bytes`, uploaded at first use; NULL after recording an error. */
+const void *cu_weight(cu_backend *c, const void *host, size_t bytes);
+const uint8_t *cu_weight_mat(cu_backend *c, const moet_weight *w);
+/* The layer's routed experts as one device table (built at first use). NULL after recording an error. */
+const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args *a);
+
+/* op families (matmul.cu, elementwise.cu, attention.cu, moe.cu) */
+void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
+void cu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y);
+void cu_add(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim);
+void cu_rms_norm(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y);
+void cu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
+             double theta, const int32_t *pos);
+void cu_kv_store(moet_backend *be, float *cache, const float *src, const int32_t *pos, int64_t n_tok, int64_t dim);
+void cu_swiglu(cu_backend *c, float *g, const float *u, int64_t n);
+void cu_fill_random(moet_backend *be, void *p, int32_t type, int64_t rows, int64_t cols, float scale, uint64_t seed);
+void cu_attention(moet_backend *be, const moet_attn_args *a);
+size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx);
+void cu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
+            const float *x, int64_t n, float *scratch, float *y);
+void cu_moe(moet_backend *be, const moet_moe_args *a);
+size_t cu_moe_scratch_bytes(moet_backend *be, int64_t n_tok, int64_t hidden, int64_t ffn, int32_t n_experts,
+                            int32_t n_used);
+
+#ifdef __cplusplus
+}
+#endif
+
+#define CU_CHECK(c, call) cu_fail((c), (call), #call, __FILE__, __LINE__)
+#define CU_LAUNCHED(c, name) cu_fail((c), cudaGetLastError(), name, __FILE__, __LINE__)
+
+#endif

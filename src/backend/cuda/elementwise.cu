@@ -1,0 +1,183 @@
+/*
+ * elementwise.cu — the small bandwidth-trivial ops: residual/bias add, RMSNorm, RoPE, the KV-cache write, SwiGLU's
+ * gating, and the synthetic weights' generator. Each follows the CPU reference's arithmetic (cpu_backend.c): RMSNorm
+ * sums squares in double, RoPE's angle is the f32 product transformers computes, rounded cos/sin of it.
+ */
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_int.h"
+
+__global__ void k_add(float *y, const float *x, const float *bias, int64_t n, int64_t dim) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * dim; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += bias ? bias[i % dim] : x[i];
+}
+
+static unsigned grid_for(int64_t work, int threads) {
+    int64_t b = (work + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+extern "C" void cu_add(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim) {
+    cu_backend *c = cu_of(be);
+    if (c->err[0] || n <= 0 || (!x && !bias)) return;
+    const float *b = NULL;
+    if (bias && !(b = (const float *)cu_weight(c, bias, (size_t)dim * sizeof(float)))) return;
+    k_add<<<grid_for(n * dim, 256), 256, 0, c->stream>>>(y, bias ? NULL : x, b, n, dim);
+    CU_LAUNCHED(c, "k_add");
+}
+
+__global__ void k_rms_norm(const float *x, const float *w, int64_t dim, float eps, float *y) {
+    __shared__ double part[32];
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *yr = y + (int64_t)blockIdx.x * dim;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += (double)xr[i] * xr[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += part[i];
+        part[0] = t;
+    }
+    __syncthreads();
+    const float inv = (float)(1.0 / sqrt(part[0] / (double)dim + (double)eps));
+    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+extern "C" void cu_rms_norm(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps,
+                            float *y) {
+    cu_backend *c = cu_of(be);
+    if (c->err[0] || n <= 0) return;
+    const float *wd = (const float *)cu_weight(c, w, (size_t)dim * sizeof(float));
+    if (!wd) return;
+    int threads = dim >= 1024 ? 256 : dim >= 256 ? 128 : 64;
+    k_rms_norm<<<(unsigned)n, threads, 0, c->stream>>>(x, wd, dim, eps, y);
+    CU_LAUNCHED(c, "k_rms_norm");
+}
+
+__global__ void k_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim, double theta,
+                       const int32_t *pos) {
+    const int half = rot_dim / 2;
+    const int64_t total = n_tok * n_heads * half;
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (int64_t)gridDim.x * blockDim.x) {
+        const int i = (int)(k % half);
+        const int64_t th = k / half, t = th / n_heads;
+        const float inv_freq = (float)(1.0 / pow(theta, (double)(2 * i) / (double)rot_dim));
+        const float ang = (float)pos[t] * inv_freq;
+        const float co = (float)cos((double)ang), si = (float)sin((double)ang);
+        float *v = x + th * head_dim;
+        const float a = v[i], b = v[i + half];
+        v[i] = a * co - b * si;
+        v[i + half] = b * co + a * si;
+    }
+}
+
+extern "C" void cu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
+                        double theta, const int32_t *pos) {
+    cu_backend *c = cu_of(be);
+    if (c->err[0] || n_tok <= 0) return;
+    k_rope<<<grid_for(n_tok * n_heads * (rot_dim / 2), 256), 256, 0, c->stream>>>(x, n_tok, n_heads, head_dim,
+                                                                                  rot_dim, theta, pos);
+    CU_LAUNCHED(c, "k_rope");
+}
+
+__global__ void k_kv_store(float *cache, const float *src, const int32_t *pos, int64_t n_tok, int64_t dim) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tok * dim; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / dim;
+        cache[(int64_t)pos[t] * dim + i % dim] = src[i];
+    }
+}
+
+extern "C" void cu_kv_store(moet_backend *be, float *cache, const float *src, const int32_t *pos, int64_t n_tok,
+                            int64_t dim) {
+    cu_backend *c = cu_of(be);
+    if (c->err[0] || n_tok <= 0) return;
+    k_kv_store<<<grid_for(n_tok * dim, 256), 256, 0, c->stream>>>(cache, src, pos, n_tok, dim);
+    CU_LAUNCHED(c, "k_kv_store");
+}
+
+__global__ void k_swiglu(float *g, const float *u, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float a = g[i];
+        g[i] = a / (1.0f + expf(-a)) * u[i];
+    }
+}
+
+extern "C" void cu_swiglu(cu_backend *c, float *g, const float *u, int64_t n) {
+    if (c->err[0] || n <= 0) return;
+    k_swiglu<<<grid_for(n, 256), 256, 0, c->stream>>>(g, u, n);
+    CU_LAUNCHED(c, "k_swiglu");
+}
+
+/* ---- synthetic weights: the CPU backend's cpu_fill_random, element for element ------------------------------- */
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__global__ void k_fill_float(void *p, int32_t type, int64_t n, float scale, uint64_t seed) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = mix64(seed ^ (uint64_t)i * 0x2545f4914f6cdd1dull);
+        double u = ((double)(z & 0xffff) + (double)((z >> 16) & 0xffff) + (double)((z >> 32) & 0xffff) +
+                    (double)(z >> 48)) / 65536.0 - 2.0;
+        float v = (float)(u * 1.7320508075688772) * scale;
+        if (type == MOET_TYPE_F32) ((float *)p)[i] = v;
+        else if (type == MOET_TYPE_F16) ((uint16_t *)p)[i] = __half_as_ushort(__float2half_rn(v));
+        else ((uint16_t *)p)[i] = f32_to_bf16(v);
+    }
+}
+
+
+__global__ void k_fill_blocks(uint8_t *b, size_t total, int32_t type, int32_t type_size, uint16_t q8d, uint64_t seed) {
+    /* one thread per 8 bytes of random data, then per block the scale fix-up of cpu_fill_random */
+    for (size_t w = (size_t)blockIdx.x * blockDim.x + threadIdx.x; w < (total + 7) / 8; w += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = mix64(seed ^ (uint64_t)w * 0x2545f4914f6cdd1dull);
+        for (size_t j = 0; j < 8 && w * 8 + j < total; j++) b[w * 8 + j] = (uint8_t)(z >> (8 * j));
+    }
+}
+
+__global__ void k_fix_blocks(uint8_t *b, size_t nb, int32_t type, int32_t type_size, uint16_t q8d) {
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < nb; k += (size_t)gridDim.x * blockDim.x) {
+        uint8_t *blk = b + k * (size_t)type_size;
+        switch (type) {
+        case MOET_TYPE_W2: case MOET_TYPE_INT2: case MOET_TYPE_SYM2: blk[0] = (uint8_t)(224 + (blk[0] & 31)); break;
+        case MOET_TYPE_ASYM2: blk[0] = (uint8_t)(224 + (blk[0] & 31)); blk[1] = (uint8_t)(blk[1] & 0xbf); break;
+        case MOET_TYPE_NVFP4: blk[0] = (uint8_t)(0x30 + (blk[0] & 15)); break;
+        case MOET_TYPE_MXFP4: blk[0] = (uint8_t)(118 + (blk[0] & 3)); break;
+        case MOET_TYPE_Q8_0: blk[0] = (uint8_t)(q8d & 0xff); blk[1] = (uint8_t)(q8d >> 8); break;
+        default: break;
+        }
+    }
+}
+
+extern "C" void cu_fill_random(moet_backend *be, void *p, int32_t type, int64_t rows, int64_t cols, float scale,
+                               uint64_t seed) {
+    cu_backend *c = cu_of(be);
+    if (c->err[0]) return;
+    const moet_type_traits *tt = moet_type_get(type);
+    size_t rb = moet_type_row_bytes(type, cols);
+    if (!tt || !rb) return;
+    if (type == MOET_TYPE_F32 || type == MOET_TYPE_F16 || type == MOET_TYPE_BF16) {
+        k_fill_float<<<grid_for(rows * cols, 256), 256, 0, c->stream>>>(p, type, rows * cols, scale, seed);
+        CU_LAUNCHED(c, "k_fill_float");
+        return;
+    }
+    size_t total = rb * (size_t)rows;
+    uint16_t q8d = __half_as_ushort(__float2half_rn(scale / 64.0f));
+    k_fill_blocks<<<grid_for((int64_t)((total + 7) / 8), 256), 256, 0, c->stream>>>((uint8_t *)p, total, type,
+                                                                                     tt->type_size, q8d, seed);
+    CU_LAUNCHED(c, "k_fill_blocks");
+    k_fix_blocks<<<grid_for((int64_t)(total / tt->type_size), 256), 256, 0, c->stream>>>(
+        (uint8_t *)p, total / (size_t)tt->type_size, type, tt->type_size, q8d);
+    CU_LAUNCHED(c, "k_fix_blocks");
+}

@@ -1,0 +1,129 @@
+/*
+ * matmul.cu — y = x · Wᵀ for every weight type, and the embedding lookup.
+ *
+ * Decode is a matrix-vector product bound by the bytes of W: a warp per row, each lane on its own 32-element groups
+ * (one quantization block), weights decoded in registers, activations from shared memory in the padded layout
+ * (common.cuh), so W is read once per chunk of up to 8 tokens and x never conflicts in shared memory. Rotated W2
+ * matrices (stored as W·R) multiply x·R, rotated in shared memory by the CTA before use.
+ * Bytes per call: rows × row_bytes (+ n × cols × 4 of x); FLOPs: 2 × n × rows × cols.
+ */
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_int.h"
+
+#define MM_WARPS 8
+#define MM_ROWS_PER_WARP 4
+#define MM_MAX_TOK 8
+#define MM_SMEM_MAX (96 * 1024)
+
+/* Loads n_tok rows of x (cols each) into padded shared memory and rotates them if the weight is stored rotated. */
+__device__ __forceinline__ void load_x(float *xs, int stride, const float *x, int n_tok, int64_t cols, int rotated,
+                                       uint32_t seed) {
+    for (int t = 0; t < n_tok; t++)
+        for (int j = threadIdx.x; j < (int)cols; j += blockDim.x) xs[t * stride + CU_PAD(j)] = x[(int64_t)t * cols + j];
+    __syncthreads();
+    if (rotated) {
+        cu_rotate_smem(xs, n_tok, stride, cols, seed);
+        __syncthreads();
+    }
+}
+
+__global__ void __launch_bounds__(MM_WARPS * 32)
+k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t cols, size_t row_bytes, float qscale,
+          float qbeta, int rotated, uint32_t seed, const float *__restrict__ x, int64_t n, int ch, int rpw,
+          float *__restrict__ y) {
+    extern __shared__ float xs[];
+    const int stride = (int)CU_PAD(cols);
+    const int64_t t0 = (int64_t)blockIdx.y * ch;
+    const int nt = (int)(n - t0 < ch ? n - t0 : ch);
+    load_x(xs, stride, x + t0 * cols, nt, cols, rotated, seed);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t G = cols / 32;
+    for (int rr = 0; rr < rpw; rr++) {
+        const int64_t r = ((int64_t)blockIdx.x * MM_WARPS + warp) * rpw + rr;
+        if (r >= rows) break;
+        const uint8_t *row = w + r * row_bytes;
+        float acc[MM_MAX_TOK];
+#pragma unroll
+        for (int t = 0; t < MM_MAX_TOK; t++) acc[t] = 0.f;
+        for (int64_t g = lane; g < G; g += 32) {
+            float v[32];
+            cu_decode32(type, row, g, qscale, qbeta, v);
+#pragma unroll
+            for (int t = 0; t < MM_MAX_TOK; t++) {
+                if (t >= nt) break;
+                const float *xg = xs + t * stride + 33 * g;
+                float a = 0.f;
+#pragma unroll
+                for (int j = 0; j < 32; j++) a = fmaf(v[j], xg[j], a);
+                acc[t] += a;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < MM_MAX_TOK; t++) {
+            if (t >= nt) break;
+            float s = cu_warp_sum(acc[t]);
+            if (lane == 0) y[(t0 + t) * rows + r] = s;
+        }
+    }
+}
+
+static int g_mm_attr_set = -1;
+
+extern "C" void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
+    cu_backend *c = cu_of(be);
+    if (n <= 0 || w->rows <= 0 || c->err[0]) return;
+    if (w->cols % 32) {
+        cu_fail(c, cudaErrorInvalidValue, "mul_mat: cols not a multiple of 32", __FILE__, __LINE__);
+        return;
+    }
+    const uint8_t *d = cu_weight_mat(c, w);
+    if (!d) return;
+    if (g_mm_attr_set != c->device) {
+        if (CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX))) return;
+        g_mm_attr_set = c->device;
+    }
+    const size_t row_f = (size_t)CU_PAD(w->cols);
+    int ch = (int)(MM_SMEM_MAX / (row_f * sizeof(float)));
+    if (ch > MM_MAX_TOK) ch = MM_MAX_TOK;
+    if (ch < 1) {
+        cu_fail(c, cudaErrorInvalidValue, "mul_mat: row too wide for shared memory", __FILE__, __LINE__);
+        return;
+    }
+    if (ch > n) ch = (int)n;
+    /* rows per warp: 4 when there are rows enough to fill the GPU twice over, fewer for small matrices (router) */
+    int rpw = MM_ROWS_PER_WARP;
+    while (rpw > 1 && w->rows / (MM_WARPS * rpw) < 2 * c->prop.multiProcessorCount) rpw /= 2;
+    const int64_t per_cta = (int64_t)MM_WARPS * rpw;
+    dim3 grid((unsigned)((w->rows + per_cta - 1) / per_cta), (unsigned)((n + ch - 1) / ch));
+    k_mul_mat<<<grid, MM_WARPS * 32, (size_t)ch * row_f * sizeof(float), c->stream>>>(
+        d, w->type, w->rows, w->cols, w->row_bytes, w->qscale, w->qbeta, w->rotated, w->rot_seed, x, n, ch, rpw, y);
+    CU_LAUNCHED(c, "k_mul_mat");
+}
+
+__global__ void k_get_rows(const uint8_t *__restrict__ w, int32_t type, int64_t cols, size_t row_bytes, float qscale,
+                           float qbeta, const int32_t *__restrict__ ids, int64_t rows, float *__restrict__ y) {
+    const int64_t i = blockIdx.x;
+    int32_t id = ids[i];
+    if (id < 0 || id >= rows) id = 0; /* ids are validated on the host; never read outside the table */
+    const uint8_t *row = w + (int64_t)id * row_bytes;
+    for (int64_t g = threadIdx.x; g < cols / 32; g += blockDim.x) {
+        float v[32];
+        cu_decode32(type, row, g, qscale, qbeta, v);
+#pragma unroll
+        for (int j = 0; j < 32; j++) y[i * cols + 32 * g + j] = v[j];
+    }
+}
+
+extern "C" void cu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y) {
+    cu_backend *c = cu_of(be);
+    if (n <= 0 || c->err[0]) return;
+    if (w->cols % 32) {
+        cu_fail(c, cudaErrorInvalidValue, "get_rows: cols not a multiple of 32", __FILE__, __LINE__);
+        return;
+    }
+    const uint8_t *d = cu_weight_mat(c, w);
+    if (!d) return;
+    k_get_rows<<<(unsigned)n, 128, 0, c->stream>>>(d, w->type, w->cols, w->row_bytes, w->qscale, w->qbeta, ids,
+                                                    w->rows, y);
+    CU_LAUNCHED(c, "k_get_rows");
+}

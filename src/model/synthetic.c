@@ -1,0 +1,167 @@
+/*
+ * synthetic.c — models of real shapes with random weights, built directly in backend memory (for CUDA: on the GPU,
+ * generated there, so a 235B-shaped model is ready in seconds with no file and no host copy).
+ *
+ * The weights are pseudo-random (backend fill_random: the CPU and CUDA backends generate the same values), the
+ * layer plan is the architecture's own (Qwen3-MoE: q/k norm, GQA, every layer MoE), and the routed experts use the
+ * requested type with the same per-matrix parameters a pack would carry (W2: rotated, beta, scale base). Speed
+ * depends on shapes, bytes and routing spread, not on the values; random routers spread tokens over experts about
+ * as evenly as trained ones do at batch 1 (each token reads k distinct experts either way).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "model/model.h"
+#include "quant/calib.h"
+#include "quant/types.h"
+
+typedef struct {
+    const char *name;
+    int32_t layers, hidden, heads, kv_heads, head_dim, experts, used, expert_ffn, vocab;
+} shape_def;
+
+static const shape_def k_shapes[] = {
+    {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768, 151936},
+    {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536, 151936},
+    {"mini", 2, 256, 4, 2, 64, 16, 4, 256, 512},
+};
+
+static void *buf(moet_model *m, size_t bytes) {
+    void *p = m->be->ops->alloc(m->be, bytes);
+    if (!p) return NULL;
+    void **nb = realloc(m->be_bufs, (m->n_be_bufs + 1) * sizeof(void *));
+    if (!nb) { m->be->ops->release(m->be, p); return NULL; }
+    m->be_bufs = nb;
+    m->be_bufs[m->n_be_bufs++] = p;
+    return p;
+}
+
+static int dense(moet_model *m, moet_weight *w, int64_t rows, int64_t cols, uint64_t seed) {
+    memset(w, 0, sizeof(*w));
+    w->type = MOET_TYPE_BF16;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = (size_t)cols * 2;
+    w->qscale = 1;
+    void *p = buf(m, w->row_bytes * (size_t)rows);
+    if (!p) return -1;
+    m->be->ops->fill_random(m->be, p, w->type, rows, cols, 0.02f, seed);
+    w->data = p;
+    m->n_params += rows * cols;
+    m->weight_bytes += (int64_t)(w->row_bytes * (size_t)rows);
+    return 0;
+}
+
+static const float *host_vec(moet_model *m, int64_t n, float v) {
+    if (m->n_f32_bufs == m->cap_f32_bufs) {
+        size_t nc = m->cap_f32_bufs ? 2 * m->cap_f32_bufs : 16;
+        float **nb = realloc(m->f32_bufs, nc * sizeof(*nb));
+        if (!nb) return NULL;
+        m->f32_bufs = nb;
+        m->cap_f32_bufs = nc;
+    }
+    float *p = malloc((size_t)n * sizeof(float));
+    if (!p) return NULL;
+    for (int64_t i = 0; i < n; i++) p[i] = v;
+    m->f32_bufs[m->n_f32_bufs++] = p;
+    return p;
+}
+
+int moet_model_synthetic(const char *shape, int32_t expert_type, const moet_model_options *opt, moet_model **out,
+                         char *err, size_t errlen) {
+    *out = NULL;
+    const shape_def *sd = NULL;
+    for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
+        if (!strcmp(shape, k_shapes[i].name)) sd = &k_shapes[i];
+    if (!sd) return moet_err(err, errlen, MOET_EINVAL, "unknown synthetic shape '%s' (qwen3-30b-a3b, qwen3-235b-a22b, mini)", shape);
+    const moet_type_traits *tt = moet_type_get(expert_type);
+    if (!tt || !moet_type_row_bytes(expert_type, sd->expert_ffn) || !moet_type_row_bytes(expert_type, sd->hidden))
+        return moet_err(err, errlen, MOET_EINVAL, "expert type %d cannot hold this shape", expert_type);
+    moet_model_options o = opt ? *opt : moet_model_default_options();
+    moet_model *m = calloc(1, sizeof(*m));
+    if (!m) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    moet_st_init(&m->st);
+    int rc = moet_backend_open(o.device, o.n_threads, &m->be, err, errlen);
+    if (rc) { free(m); return rc; }
+    moet_hparams *hp = &m->hp;
+    snprintf(hp->architecture, sizeof hp->architecture, "Qwen3MoeForCausalLM");
+    hp->vocab = sd->vocab;
+    hp->hidden = sd->hidden;
+    hp->n_layers = sd->layers;
+    hp->n_heads = sd->heads;
+    hp->n_kv_heads = sd->kv_heads;
+    hp->head_dim = sd->head_dim;
+    hp->dense_ffn = sd->expert_ffn;
+    hp->expert_ffn = sd->expert_ffn;
+    hp->n_experts = sd->experts;
+    hp->n_experts_used = sd->used;
+    hp->norm_topk = 1;
+    hp->router_scoring = MOET_ROUTER_SOFTMAX;
+    hp->rms_eps = 1e-6f;
+    hp->rope_theta = 1e6;
+    hp->rope_dim = sd->head_dim;
+    hp->max_pos = 40960;
+    hp->qk_norm = 1;
+    hp->bos_id = -1;
+    hp->layer_moe = calloc((size_t)sd->layers, 1);
+    m->layers = calloc((size_t)sd->layers, sizeof(moet_layer));
+    if (!hp->layer_moe || !m->layers) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto fail; }
+    const int64_t H = sd->hidden, Dq = (int64_t)sd->heads * sd->head_dim, Dkv = (int64_t)sd->kv_heads * sd->head_dim,
+                  F = sd->expert_ffn, E = sd->experts;
+    const float *ones_h = host_vec(m, H, 1.0f), *ones_d = host_vec(m, sd->head_dim, 1.0f);
+    if (!ones_h || !ones_d) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto fail; }
+    uint64_t seed = 1000;
+    if (dense(m, &m->tok_embd, sd->vocab, H, seed++) || dense(m, &m->output, sd->vocab, H, seed++)) goto oom;
+    m->out_norm = ones_h;
+    const size_t rb_gu = moet_type_row_bytes(expert_type, H), rb_dn = moet_type_row_bytes(expert_type, F);
+    const size_t per_expert = rb_gu * (size_t)F * 2 + rb_dn * (size_t)H;
+    for (int l = 0; l < sd->layers; l++) {
+        moet_layer *L = &m->layers[l];
+        hp->layer_moe[l] = 1;
+        L->is_moe = 1;
+        if (dense(m, &L->wq, Dq, H, seed++) || dense(m, &L->wk, Dkv, H, seed++) || dense(m, &L->wv, Dkv, H, seed++) ||
+            dense(m, &L->wo, H, Dq, seed++) || dense(m, &L->router, E, H, seed++))
+            goto oom;
+        L->attn_norm = L->ffn_norm = ones_h;
+        L->q_norm = L->k_norm = ones_d;
+        L->exp_gate = calloc((size_t)E * 3, sizeof(moet_weight));
+        if (!L->exp_gate) goto oom;
+        L->exp_up = L->exp_gate + E;
+        L->exp_down = L->exp_up + E;
+        uint8_t *mem = buf(m, per_expert * (size_t)E);
+        if (!mem) goto oom;
+        for (int64_t e = 0; e < E; e++) {
+            moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
+            uint8_t *base = mem + (size_t)e * per_expert; /* one contiguous record per expert, as in a pack */
+            for (int k = 0; k < 3; k++) {
+                moet_weight *w = ws[k];
+                w->type = expert_type;
+                w->rows = k == 2 ? H : F;
+                w->cols = k == 2 ? F : H;
+                w->row_bytes = k == 2 ? rb_dn : rb_gu;
+                w->data = base + (k == 2 ? 2 * rb_gu * (size_t)F : (size_t)k * rb_gu * (size_t)F);
+                m->be->ops->fill_random(m->be, (void *)w->data, expert_type, w->rows, w->cols, 0.02f,
+                                        seed * 1000003u + (uint64_t)(e * 3 + k));
+                w->qscale = expert_type == MOET_TYPE_NVFP4 ? 0.005f : 0.02f;
+                w->qbeta = 0.3f;
+                if (expert_type == MOET_TYPE_W2) {
+                    w->rotated = 1;
+                    w->rot_seed = moet_expert_rot_seed(l, k);
+                }
+            }
+        }
+        seed++;
+        m->n_params += E * 3 * H * F;
+        m->weight_bytes += (int64_t)(per_expert * (size_t)E);
+    }
+    char sub[256];
+    if (m->be->ops->status(m->be, sub, sizeof sub)) { rc = moet_err(err, errlen, MOET_EDEVICE, "%s", sub); goto fail; }
+    *out = m;
+    return MOET_OK;
+oom:
+    rc = moet_err(err, errlen, MOET_ENOMEM, "out of %s memory building the synthetic %s model", m->be->ops->name, shape);
+fail:
+    moet_model_free(m);
+    return rc;
+}

@@ -392,14 +392,39 @@ static void perf_moe_step(void *v) {
     for (int r = 0; r < p->reps; r++) p->be->ops->moe(p->be, &p->ma[r % p->n_sets]);
 }
 
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+typedef struct { moet_backend *be; void *a, *b; size_t bytes; int reps; } copy_ctx;
+static void perf_copy_step(void *v) {
+    copy_ctx *p = v;
+    for (int r = 0; r < p->reps; r++) p->be->ops->copy(p->be, r & 1 ? p->a : p->b, r & 1 ? p->b : p->a, p->bytes);
+}
+
 int perf_main(moet_backend *be) {
     const moet_backend_ops *op = be->ops;
+    { /* the ceiling: a large device-to-device copy, bytes read + written */
+        copy_ctx cc = {be, op->alloc(be, (size_t)1 << 31), op->alloc(be, (size_t)1 << 31), (size_t)1 << 31, 10};
+        REQUIRE(cc.a && cc.b, "copy buffers");
+        float probe;
+        op->graph_run(be, 999, perf_copy_step, &cc);
+        op->download(be, &probe, cc.a, sizeof probe);
+        double best = 1e30;
+        for (int it = 0; it < 5; it++) {
+            double t0 = now_s();
+            perf_copy_step(&cc);
+            op->download(be, &probe, cc.a, sizeof probe);
+            double dt = now_s() - t0;
+            if (dt < best) best = dt;
+        }
+        printf("copy bandwidth (d2d, read+write): %.0f GB/s\n", 2.0 * cc.bytes * cc.reps / best / 1e9);
+        op->release(be, cc.a);
+        op->release(be, cc.b);
+    }
     const int64_t H = 2048, F = 768;
     const int E = 128, K = 8, SETS = 8, REPS = 48;
     const size_t gb = moet_type_row_bytes(MOET_TYPE_W2, H) * F, db = moet_type_row_bytes(MOET_TYPE_W2, F) * H;

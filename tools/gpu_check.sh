@@ -14,4 +14,10 @@ TAIL=12 run cuda_vs_cpu $bin/test_cuda models/moe-mini-a
 run logits_a_cuda $bin/test_logits models/moe-mini-a .carry/shared/reference_fp32.safetensors 16 1
 run logits_b_cuda $bin/test_logits tests/models/moe-mini-b tests/models/moe-mini-b/reference_fp32.safetensors 40 0
 [ "${PERF:-1}" = 1 ] && TAIL=12 run ops_perf $bin/test_ops cuda --perf
+if [ "${BENCH:-1}" = 1 ]; then
+  for shape in qwen3-30b-a3b qwen3-235b-a22b; do
+    TAIL=4 run bench_$shape $bin/moet bench --synthetic $shape --device cuda -p 512 -n 128 --reps 3 --json "$out/bench-$shape.json"
+  done
+  TAIL=4 run bench_mini_a $bin/moet bench -m models/moe-mini-a --device cuda -p 512 -n 128 --reps 3 --json "$out/bench-moe-mini-a.json"
+fi
 exit $fail

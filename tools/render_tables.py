@@ -107,7 +107,23 @@ def gate_study():
     return "\n".join(out)
 
 
-TABLES = {"cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
+COPY_GBPS = 4277.0  # bench/results/cuda/ops-perf-h200.txt: d2d copy on the lent H200, read + write counted
+
+
+def cuda_bench():
+    rows = ["| model | weights | experts | pp512 t/s | tg128 t/s | bytes / token | effective GB/s | of copy BW | GPU | commit | date |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/cuda/bench-*.json"))):
+        d = json.load(open(f))
+        for r in d["results"]:
+            rows.append(f"| {os.path.basename(d['model'])} | {r['weight_bytes'] / 2**30:.2f} GiB | {r['experts']} | "
+                        f"{r['pp_tps']:.1f} | {r['tg_tps']:.1f} | {r['tg_bytes_per_token'] / 1e9:.3f} GB | "
+                        f"{r['tg_gbps']:.0f} | {100 * r['tg_gbps'] / COPY_GBPS:.1f}% | {d['machine']['gpu'].split(' (')[0]} | "
+                        f"{d['commit']} | {d['date'][:10]} |")
+    return "\n".join(rows)
+
+
+TABLES = {"cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
 
 
 def render(path, check):

@@ -151,7 +151,13 @@ int cmd_bench(int argc, char **argv) {
             erc |= moet_session_eval(s, ids, 4, MOET_LOGITS_LAST, err, sizeof err);
             t0 = moet_time_s();
             for (long i = 0; i < tg && !erc; i++) erc |= moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
-            if (erc) { fprintf(stderr, "moet: error: %s\n", err); return 1; }
+            if (erc) {
+                fprintf(stderr, "moet: error: %s\n", err);
+                free(ids);
+                moet_session_free(s);
+                moet_model_free(m);
+                return 1;
+            }
             t1 = moet_time_s();
             ttg[r] = tg > 0 ? (double)tg / (t1 - t0) : 0;
             fprintf(stderr, "moet: bench threads %ld rep %ld/%ld: pp %.1f t/s, tg %.1f t/s\n", nt, r + 1, reps, tpp[r], ttg[r]);
@@ -182,8 +188,6 @@ int cmd_bench(int argc, char **argv) {
     if (json_path) {
         FILE *f = fopen(json_path, "w");
         if (!f) { fprintf(stderr, "moet: cannot write %s\n", json_path); return 1; }
-        moet_model_options mo = moet_model_default_options();
-        (void)mo;
         fprintf(f, "{\n  \"tool\": \"moet bench\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
                    "  \"machine\": {\"cpu\": \"%s\", \"cores\": %ld, \"os\": \"%s %s\", \"arch\": \"%s\", \"gpu\": \"%s\"},\n"
                    "  \"model\": \"%s\",\n  \"reps\": %ld,\n  \"peak_rss_bytes\": %llu,\n  \"results\": [%s\n  ]\n}\n",

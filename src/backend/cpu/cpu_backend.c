@@ -14,6 +14,7 @@
 #include "core/util.h"
 #include "quant/formats.h"
 #include "quant/matq.h"
+#include "quant/synth.h"
 #include "quant/types.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MOET_NO_CLONES)
@@ -179,14 +180,7 @@ static int cpu_graph_run(moet_backend *be, uint64_t key, void (*step)(void *ctx)
     return 0;
 }
 
-/* splitmix64: the synthetic weights' generator (the CUDA backend's fill uses the same function per element). */
-static inline uint64_t mix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
+/* Synthetic weights (quant/synth.h: the CUDA backend generates the same values). */
 static void cpu_fill_random(moet_backend *be, void *p, int32_t type, int64_t rows, int64_t cols, float scale,
                             uint64_t seed) {
     (void)be;
@@ -195,36 +189,21 @@ static void cpu_fill_random(moet_backend *be, void *p, int32_t type, int64_t row
     if (!tt || !rb) return;
     if (type == MOET_TYPE_F32 || type == MOET_TYPE_F16 || type == MOET_TYPE_BF16) {
         for (int64_t i = 0; i < rows * cols; i++) {
-            uint64_t z = mix64(seed ^ (uint64_t)i * 0x2545f4914f6cdd1dull);
-            /* sum of four uniforms: close enough to a normal for weights, cheap and identical on every backend */
-            double u = ((double)(z & 0xffff) + (double)((z >> 16) & 0xffff) + (double)((z >> 32) & 0xffff) +
-                        (double)(z >> 48)) / 65536.0 - 2.0;
-            float v = (float)(u * 1.7320508075688772) * scale;
+            float v = moet_synth_float(seed, (uint64_t)i, scale);
             if (type == MOET_TYPE_F32) ((float *)p)[i] = v;
             else if (type == MOET_TYPE_F16) ((uint16_t *)p)[i] = moet_f32_to_f16(v);
             else ((uint16_t *)p)[i] = moet_f32_to_bf16(v);
         }
         return;
     }
-    /* block formats: random bytes, then the scale byte(s) set near `scale` so values stay finite and sized */
     uint8_t *b = p;
     size_t total = rb * (size_t)rows;
     for (size_t i = 0; i < total; i += 8) {
-        uint64_t z = mix64(seed ^ (uint64_t)(i / 8) * 0x2545f4914f6cdd1dull);
+        uint64_t z = moet_synth_word(seed, i / 8);
         for (size_t j = 0; j < 8 && i + j < total; j++) b[i + j] = (uint8_t)(z >> (8 * j));
     }
-    size_t nb = total / (size_t)tt->type_size;
-    for (size_t k = 0; k < nb; k++) {
-        uint8_t *blk = b + k * (size_t)tt->type_size;
-        switch (type) {
-        case MOET_TYPE_W2: case MOET_TYPE_INT2: case MOET_TYPE_SYM2: blk[0] = (uint8_t)(224 + (blk[0] & 31)); break;
-        case MOET_TYPE_ASYM2: blk[0] = (uint8_t)(224 + (blk[0] & 31)); blk[1] = (uint8_t)(blk[1] & 0xbf); break;
-        case MOET_TYPE_NVFP4: blk[0] = (uint8_t)(0x30 + (blk[0] & 15)); break;
-        case MOET_TYPE_MXFP4: blk[0] = (uint8_t)(118 + (blk[0] & 3)); break;
-        case MOET_TYPE_Q8_0: { uint16_t d = moet_f32_to_f16(scale / 64.0f); memcpy(blk, &d, 2); break; }
-        default: break;
-        }
-    }
+    const uint16_t q8d = moet_f32_to_f16(scale / 64.0f);
+    for (size_t k = 0; k < total / (size_t)tt->type_size; k++) moet_synth_fix_block(type, b + k * (size_t)tt->type_size, q8d);
 }
 
 static void cpu_kv_store(moet_backend *be, float *cache, const float *src, const int32_t *pos, int64_t n_tok,

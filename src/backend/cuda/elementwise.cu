@@ -5,6 +5,7 @@
  */
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_int.h"
+#include "quant/synth.h"
 
 __global__ void k_add(float *y, const float *x, const float *bias, int64_t n, int64_t dim) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * dim; i += (int64_t)gridDim.x * blockDim.x)
@@ -110,16 +111,9 @@ extern "C" void cu_swiglu(cu_backend *c, float *g, const float *u, int64_t n) {
     CU_LAUNCHED(c, "k_swiglu");
 }
 
-/* ---- synthetic weights: the CPU backend's cpu_fill_random, element for element ------------------------------- */
+/* ---- synthetic weights: quant/synth.h, the same generator as the CPU backend's ------------------------------ */
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) { /* core/util.c moet_f32_to_bf16 */
     uint32_t u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
@@ -127,37 +121,23 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float f) {
 
 __global__ void k_fill_float(void *p, int32_t type, int64_t n, float scale, uint64_t seed) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        uint64_t z = mix64(seed ^ (uint64_t)i * 0x2545f4914f6cdd1dull);
-        double u = ((double)(z & 0xffff) + (double)((z >> 16) & 0xffff) + (double)((z >> 32) & 0xffff) +
-                    (double)(z >> 48)) / 65536.0 - 2.0;
-        float v = (float)(u * 1.7320508075688772) * scale;
+        float v = moet_synth_float(seed, (uint64_t)i, scale);
         if (type == MOET_TYPE_F32) ((float *)p)[i] = v;
         else if (type == MOET_TYPE_F16) ((uint16_t *)p)[i] = __half_as_ushort(__float2half_rn(v));
         else ((uint16_t *)p)[i] = f32_to_bf16(v);
     }
 }
 
-
-__global__ void k_fill_blocks(uint8_t *b, size_t total, int32_t type, int32_t type_size, uint16_t q8d, uint64_t seed) {
-    /* one thread per 8 bytes of random data, then per block the scale fix-up of cpu_fill_random */
+__global__ void k_fill_bytes(uint8_t *b, size_t total, uint64_t seed) {
     for (size_t w = (size_t)blockIdx.x * blockDim.x + threadIdx.x; w < (total + 7) / 8; w += (size_t)gridDim.x * blockDim.x) {
-        uint64_t z = mix64(seed ^ (uint64_t)w * 0x2545f4914f6cdd1dull);
+        uint64_t z = moet_synth_word(seed, w);
         for (size_t j = 0; j < 8 && w * 8 + j < total; j++) b[w * 8 + j] = (uint8_t)(z >> (8 * j));
     }
 }
 
 __global__ void k_fix_blocks(uint8_t *b, size_t nb, int32_t type, int32_t type_size, uint16_t q8d) {
-    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < nb; k += (size_t)gridDim.x * blockDim.x) {
-        uint8_t *blk = b + k * (size_t)type_size;
-        switch (type) {
-        case MOET_TYPE_W2: case MOET_TYPE_INT2: case MOET_TYPE_SYM2: blk[0] = (uint8_t)(224 + (blk[0] & 31)); break;
-        case MOET_TYPE_ASYM2: blk[0] = (uint8_t)(224 + (blk[0] & 31)); blk[1] = (uint8_t)(blk[1] & 0xbf); break;
-        case MOET_TYPE_NVFP4: blk[0] = (uint8_t)(0x30 + (blk[0] & 15)); break;
-        case MOET_TYPE_MXFP4: blk[0] = (uint8_t)(118 + (blk[0] & 3)); break;
-        case MOET_TYPE_Q8_0: blk[0] = (uint8_t)(q8d & 0xff); blk[1] = (uint8_t)(q8d >> 8); break;
-        default: break;
-        }
-    }
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < nb; k += (size_t)gridDim.x * blockDim.x)
+        moet_synth_fix_block(type, b + k * (size_t)type_size, q8d);
 }
 
 extern "C" void cu_fill_random(moet_backend *be, void *p, int32_t type, int64_t rows, int64_t cols, float scale,
@@ -174,9 +154,8 @@ extern "C" void cu_fill_random(moet_backend *be, void *p, int32_t type, int64_t 
     }
     size_t total = rb * (size_t)rows;
     uint16_t q8d = __half_as_ushort(__float2half_rn(scale / 64.0f));
-    k_fill_blocks<<<grid_for((int64_t)((total + 7) / 8), 256), 256, 0, c->stream>>>((uint8_t *)p, total, type,
-                                                                                     tt->type_size, q8d, seed);
-    CU_LAUNCHED(c, "k_fill_blocks");
+    k_fill_bytes<<<grid_for((int64_t)((total + 7) / 8), 256), 256, 0, c->stream>>>((uint8_t *)p, total, seed);
+    if (CU_LAUNCHED(c, "k_fill_bytes")) return;
     k_fix_blocks<<<grid_for((int64_t)(total / tt->type_size), 256), 256, 0, c->stream>>>(
         (uint8_t *)p, total / (size_t)tt->type_size, type, tt->type_size, q8d);
     CU_LAUNCHED(c, "k_fix_blocks");

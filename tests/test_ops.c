@@ -174,6 +174,39 @@ int main(int argc, char **argv) {
         report("get_rows", "f32", nmse(gh, gr, (size_t)(4 * C)), 0);
         drop(idd); drop(gd); free(gh); free(gr);
     }
+    /* mul_mat at a shape the fast paths split unevenly: 300 rows (not a multiple of a CTA's), 352 columns (11 blocks,
+     * 44 16-byte chunks: lanes idle in the last round), 9 tokens (two chunks of the batched kernel) */
+    {
+        const int64_t R2 = 300, C2 = 352, N2 = 9;
+        float *W2 = malloc(sizeof(float) * R2 * C2), *dq2 = malloc(sizeof(float) * R2 * C2),
+              *x2 = malloc(sizeof(float) * N2 * C2), *y2 = malloc(sizeof(float) * N2 * R2);
+        double *ref2 = malloc(sizeof(double) * N2 * R2);
+        for (int64_t i = 0; i < R2 * C2; i++) W2[i] = gauss() * 0.05f;
+        for (int64_t i = 0; i < N2 * C2; i++) x2[i] = gauss();
+        const int qf2[] = {MOET_QF_BF16, MOET_QF_W2};
+        for (size_t k = 0; k < 2; k++) {
+            moet_weight w;
+            void *blk = make_weight(qf2[k], W2, R2, C2, &w, dq2);
+            for (int64_t t = 0; t < N2; t++)
+                for (int64_t r = 0; r < R2; r++) {
+                    double sum = 0;
+                    for (int64_t c = 0; c < C2; c++) sum += (double)dq2[r * C2 + c] * x2[t * C2 + c];
+                    ref2[t * R2 + r] = sum;
+                }
+            for (int64_t nn = 1; nn <= N2; nn += N2 - 1) {
+                float *xd = dev(x2, sizeof(float) * nn * C2), *yd = dev_poisoned((size_t)(nn * R2));
+                op->mul_mat(be, &w, xd, nn, yd);
+                pull(y2, yd, (size_t)(nn * R2));
+                char v[40];
+                snprintf(v, sizeof v, "%s 300x352 n=%lld", moet_qformat_name((moet_qformat)qf2[k]), (long long)nn);
+                report("mul_mat", v, nmse(y2, ref2, (size_t)(nn * R2)), w.rotated ? 1e-11 : 1e-12);
+                drop(xd); drop(yd);
+            }
+            op->forget(be, blk);
+            free(blk);
+        }
+        free(W2); free(dq2); free(x2); free(y2); free(ref2);
+    }
     /* add: residual and bias forms */
     {
         const int64_t M = 5, D = 96;
@@ -292,8 +325,9 @@ int main(int argc, char **argv) {
         free(q); free(kc); free(vc); free(o); free(rr);
     }
     /* moe: route (softmax, top-k, renormalise) + SwiGLU experts + weighted combine, on W2 experts */
-    {
-        const int E = 8, K = 3, H = 64, F = 32, T = 5;
+    static const int moe_shapes[2][2] = {{64, 32}, {160, 96}}; /* (hidden, ffn): the second 5 and 3 blocks a row */
+    for (int ms = 0; ms < 2; ms++) {
+        const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = 5;
         float *xr = malloc(sizeof(float) * T * H), *rw = malloc(sizeof(float) * E * H), *o = malloc(sizeof(float) * T * H);
         float *dq[3][8];
         void *blks[3][8];
@@ -332,7 +366,7 @@ int main(int argc, char **argv) {
             }
             for (int j = 0; j < K; j++) {
                 int e = ids[j];
-                double g[32];
+                double g[96];
                 for (int f = 0; f < F; f++) {
                     double a = 0, u = 0;
                     for (int i = 0; i < H; i++) { a += (double)dq[0][e][f * H + i] * xr[t * H + i]; u += (double)dq[1][e][f * H + i] * xr[t * H + i]; }
@@ -354,7 +388,9 @@ int main(int argc, char **argv) {
                             .scratch = scr};
         op->moe(be, &ma);
         pull(o, od, (size_t)(T * H));
-        report("moe", "w2 top-3/8", nmse(o, rr, (size_t)(T * H)), 1e-10);
+        char mv[48];
+        snprintf(mv, sizeof mv, "w2 top-3/8 %dx%d", H, F);
+        report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
         /* one token at a time: the decode path */
         for (int t = 0; t < T; t++) {
             moet_moe_args m1 = ma;
@@ -364,7 +400,8 @@ int main(int argc, char **argv) {
             op->moe(be, &m1);
         }
         pull(o, od, (size_t)(T * H));
-        report("moe", "w2 decode n=1", nmse(o, rr, (size_t)(T * H)), 1e-10);
+        snprintf(mv, sizeof mv, "w2 decode n=1 %dx%d", H, F);
+        report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
         drop(xd); drop(od); drop(twd); drop(tidd);
         op->release(be, scr);
         op->forget(be, gw);

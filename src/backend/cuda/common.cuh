@@ -48,7 +48,7 @@ __device__ __forceinline__ float cu_q2_scale(float base, uint32_t sc) {
     return base * exp2f(((float)sc - 255.0f) / 16.0f);
 }
 
-__device__ __forceinline__ int cu_is_q2(int32_t type) {
+__host__ __device__ __forceinline__ int cu_is_q2(int32_t type) {
     return type == MOET_TYPE_W2 || type == MOET_TYPE_INT2 || type == MOET_TYPE_SYM2;
 }
 
@@ -140,6 +140,35 @@ __device__ __forceinline__ float cu_q2_dot(const uint8_t *b, const float lv[4], 
     return (acc0 + acc1) * cu_q2_scale(base, sc);
 }
 
+/* The same block fetched as three aligned 32-bit words: the block at byte offset `off` of a matrix whose base is
+ * 4-byte aligned lies within words off/4 .. off/4 + 2 (9 bytes from a 0..3 offset end by byte 12). Three loads in
+ * place of nine byte loads, and consecutive lanes on consecutive blocks read one contiguous span (coalesced). The
+ * last word may reach up to 3 bytes past a matrix whose size is not a multiple of 4: inside the allocation's
+ * granularity (cudaMalloc rounds to 256 bytes), never read into another allocation. */
+__device__ __forceinline__ void cu_q2_fetch(const uint8_t *base, uint64_t off, uint32_t w[3]) {
+    const uint32_t *p = (const uint32_t *)(base + (off & ~(uint64_t)3));
+    w[0] = __ldg(p);
+    w[1] = __ldg(p + 1);
+    w[2] = __ldg(p + 2);
+}
+
+__device__ __forceinline__ float cu_q2_dot_words(const uint32_t w[3], uint64_t off, const float lv[4], float base,
+                                                 const float *xs) {
+    const uint32_t s8 = (uint32_t)(off & 3) * 8;
+    const uint32_t sc = (w[0] >> s8) & 0xffu;
+    const uint32_t q0 = __funnelshift_rc(w[0], w[1], s8 + 8), q1 = __funnelshift_rc(w[1], w[2], s8 + 8);
+    float acc0 = 0.f, acc1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        uint32_t c0 = (q0 >> (2 * j)) & 3, c1 = (q1 >> (2 * j)) & 3;
+        float l0 = (c0 & 2) ? ((c0 & 1) ? lv[3] : lv[2]) : ((c0 & 1) ? lv[1] : lv[0]);
+        float l1 = (c1 & 2) ? ((c1 & 1) ? lv[3] : lv[2]) : ((c1 & 1) ? lv[1] : lv[0]);
+        acc0 = fmaf(l0, xs[j], acc0);
+        acc1 = fmaf(l1, xs[16 + j], acc1);
+    }
+    return (acc0 + acc1) * cu_q2_scale(base, sc);
+}
+
 __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -192,5 +221,53 @@ __device__ __forceinline__ void cu_rotate_smem(float *xs, int nv, int stride, in
     for (int v = 0; v < nv; v++)
         for (int j = tid; j < n; j += nt) xs[v * stride + CU_PAD(j)] *= sc;
 }
+
+/* Chunk c (b elements, b = cu_hadamard_block(n)) of a row x of n elements -> padded shared memory xs, rotated (x R,
+ * the same butterflies in the same order as cu_rotate_smem, so bit-identical to it) when `rotated`. Warp-local: R is
+ * block-diagonal with blocks of b <= 256 (a power of two >= 32 for any row a multiple of 32 wide), so one warp owns a
+ * whole chunk, a lane holds m = b/32 consecutive elements in registers: the butterflies of span < m in registers, the
+ * rest through shuffles. No __syncthreads between stages; a lane's loads are issued before any math. The caller
+ * hands chunks to warps and synchronises before reading xs. */
+__device__ __forceinline__ void cu_load_rot_chunk(float *xs, const float *__restrict__ x, int n, int rotated,
+                                                  uint64_t seed, int c) {
+    const int lane = threadIdx.x & 31;
+    const int b = cu_hadamard_block(n), m = b >> 5;
+    const int base = c * b + lane * m;
+    float v[8];
+    if (m == 8 && !((uintptr_t)(x + base) & 15)) {
+        const float4 a = __ldg((const float4 *)(x + base)), d = __ldg((const float4 *)(x + base) + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = d.x; v[5] = d.y; v[6] = d.z; v[7] = d.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = i < m ? __ldg(x + base + i) : 0.f;
+    }
+    if (rotated) {
+        const float sc = (float)(1.0 / sqrt((double)b));
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (i < m) v[i] *= cu_rot_sign(seed, base + i);
+#pragma unroll
+        for (int h = 1; h < 8; h *= 2)
+            if (h < m) {
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if (i < m && !(i & h)) { const float a = v[i], d = v[i + h]; v[i] = a + d; v[i + h] = a - d; }
+            }
+        for (int h = m; h < b; h *= 2) {
+            const int lm = h / m, up = lane & lm;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (i < m) { const float o = __shfl_xor_sync(0xffffffffu, v[i], lm); v[i] = up ? o - v[i] : v[i] + o; }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] *= sc;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < m) xs[CU_PAD(base + i)] = v[i];
+}
+
+/* the number of chunks cu_load_rot_chunk splits a row of n into */
+__device__ __forceinline__ int cu_rot_chunks(int n) { return n / cu_hadamard_block(n); }
 
 #endif

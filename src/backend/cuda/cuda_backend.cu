@@ -117,7 +117,7 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
     cu_mat *host = (cu_mat *)calloc((size_t)E * 3, sizeof(cu_mat));
     if (!host) { cu_fail(c, cudaErrorMemoryAllocation, "expert table", __FILE__, __LINE__); return NULL; }
     const int32_t type = a->gate[0].type;
-    int32_t down_uniform = 1, gu_uniform = 1;
+    int32_t down_uniform = 1, gu_uniform = 1, aligned4 = 1;
     for (int32_t e = 0; e < E; e++) {
         if (a->gate[e].rotated != a->up[e].rotated || (a->gate[e].rotated && a->gate[e].rot_seed != a->up[e].rot_seed)) {
             free(host);
@@ -135,11 +135,12 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
             }
             const uint8_t *d = cu_weight_mat(c, ws[k]);
             if (!d) { free(host); return NULL; }
+            if (((uintptr_t)d & 3) || (ws[k]->row_bytes & 3)) aligned4 = 0;
             host[e * 3 + k] = (cu_mat){d, ws[k]->qscale, ws[k]->qbeta, ws[k]->rot_seed, ws[k]->rotated};
         }
     }
     cu_expert_table t = {a->gate, E, NULL, type, down_uniform, gu_uniform, a->gate[0].rotated, a->down[0].rotated,
-                         a->gate[0].rot_seed, a->down[0].rot_seed};
+                         a->gate[0].rot_seed, a->down[0].rot_seed, aligned4};
     if (CU_CHECK(c, cudaMalloc(&t.table, (size_t)E * 3 * sizeof(cu_mat))) ||
         CU_CHECK(c, cudaMemcpyAsync(t.table, host, (size_t)E * 3 * sizeof(cu_mat), cudaMemcpyHostToDevice, c->stream)) ||
         CU_CHECK(c, cudaStreamSynchronize(c->stream))) {
@@ -154,7 +155,17 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
 /* Removing from open addressing: clear the slot, then re-insert the rest of its cluster. */
 static void cu_forget(moet_backend *be, const void *host) {
     cu_backend *c = cu_of(be);
-    if (!c->cap_mirrors || !host) return;
+    if (!host) return;
+    /* an expert table is keyed on its layer's weight array (not a mirror): drop it first, so a new layer array at the
+     * same address builds its own table instead of reading the old one's device pointers */
+    for (size_t i = 0; i < c->n_etabs; i++)
+        if (c->etabs[i].gate == host) {
+            CU_CHECK(c, cudaStreamSynchronize(c->stream));
+            CU_CHECK(c, cudaFree(c->etabs[i].table));
+            c->etabs[i] = c->etabs[--c->n_etabs];
+            break;
+        }
+    if (!c->cap_mirrors) return;
     size_t mask = c->cap_mirrors - 1, h = ptr_hash(host) & mask;
     while (c->mirrors[h].host && c->mirrors[h].host != host) h = (h + 1) & mask;
     if (!c->mirrors[h].host) return;
@@ -169,9 +180,6 @@ static void cu_forget(moet_backend *be, const void *host) {
         while (c->mirrors[j].host) j = (j + 1) & mask;
         c->mirrors[j] = m;
     }
-    /* expert tables point into mirrors: drop any that used this weight's layer array */
-    for (size_t i = 0; i < c->n_etabs; i++)
-        if (c->etabs[i].gate == host) { cudaFree(c->etabs[i].table); c->etabs[i] = c->etabs[--c->n_etabs]; break; }
 }
 
 /* ---- memory -------------------------------------------------------------------------------------------------- */

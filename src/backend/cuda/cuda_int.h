@@ -38,6 +38,7 @@ typedef struct {
     int32_t gu_uniform;    /* likewise for gate/up: x is rotated once per token, not once per expert */
     int32_t gu_rotated, down_rotated;
     uint32_t gu_seed, down_seed;
+    int32_t aligned4;      /* every matrix and row starts 4-byte aligned: the 2-bit kernels fetch blocks as words */
 } cu_expert_table;
 
 typedef struct {

@@ -5,6 +5,10 @@
  * (one quantization block), weights decoded in registers, activations from shared memory in the padded layout
  * (common.cuh), so W is read once per chunk of up to 8 tokens and x never conflicts in shared memory. Rotated W2
  * matrices (stored as W·R) multiply x·R, rotated in shared memory by the CTA before use.
+ * BF16/F16 matrices that are not rotated (attention, lm_head, routers: most of a decode step's bytes) take
+ * k_mul_mat16 instead: a warp per row reading 16-byte chunks, consecutive lanes on consecutive chunks, so each load
+ * instruction of a warp covers 512 contiguous bytes and MV16_UNROLL of them are in flight before the math; x sits
+ * unpadded in shared memory and is read as float4 (a lane's 8 elements are contiguous).
  * Bytes per call: rows × row_bytes (+ n × cols × 4 of x); FLOPs: 2 × n × rows × cols.
  */
 #include "backend/cuda/common.cuh"
@@ -67,6 +71,75 @@ k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t col
     }
 }
 
+/* 16-bit weights (BF16 / F16: attention, lm_head, router, dense MLPs: most of a decode step's bytes). A warp per
+ * row; lane l reads 16-byte chunks l, l + 32, ... of the row, so each warp-wide load is one contiguous 512-byte span,
+ * four chunks in flight per lane before any math; x in shared memory unpadded (two float4 reads per chunk). */
+#define MV16_UNROLL 4
+
+template <int F16>
+__device__ __forceinline__ void mv16_unpack(uint4 q, float v[8]) {
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (F16) {
+            v[2 * k] = cu_f16((uint16_t)(w[k] & 0xffff));
+            v[2 * k + 1] = cu_f16((uint16_t)(w[k] >> 16));
+        } else {
+            v[2 * k] = __uint_as_float(w[k] << 16);
+            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+    }
+}
+
+template <int F16>
+__global__ void __launch_bounds__(MM_WARPS * 32)
+k_mul_mat16(const uint8_t *__restrict__ w, int64_t rows, int64_t cols, size_t row_bytes,
+            const float *__restrict__ x, int64_t n, int ch, float *__restrict__ y) {
+    extern __shared__ float xs[];
+    const int64_t t0 = (int64_t)blockIdx.y * ch;
+    const int nt = (int)(n - t0 < ch ? n - t0 : ch);
+    const float4 *x4 = (const float4 *)(x + t0 * cols);
+    float4 *xs4 = (float4 *)xs;
+    for (int64_t j = threadIdx.x; j < nt * cols / 4; j += blockDim.x) xs4[j] = x4[j];
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + warp;
+    if (r >= rows) return;
+    const uint4 *row = (const uint4 *)(w + r * row_bytes);
+    const int64_t U = cols / 8;
+    float acc[MM_MAX_TOK];
+#pragma unroll
+    for (int t = 0; t < MM_MAX_TOK; t++) acc[t] = 0.f;
+    for (int64_t u0 = lane; u0 < U; u0 += 32 * MV16_UNROLL) {
+        uint4 q[MV16_UNROLL];
+#pragma unroll
+        for (int i = 0; i < MV16_UNROLL; i++)
+            if (u0 + 32 * i < U) q[i] = __ldg(row + u0 + 32 * i);
+#pragma unroll
+        for (int i = 0; i < MV16_UNROLL; i++) {
+            const int64_t u = u0 + 32 * i;
+            if (u >= U) break;
+            float v[8];
+            mv16_unpack<F16>(q[i], v);
+#pragma unroll
+            for (int t = 0; t < MM_MAX_TOK; t++) {
+                if (t >= nt) break;
+                const float4 a = xs4[(t * cols + 8 * u) / 4], b = xs4[(t * cols + 8 * u) / 4 + 1];
+                float s = acc[t];
+                s = fmaf(v[0], a.x, s); s = fmaf(v[1], a.y, s); s = fmaf(v[2], a.z, s); s = fmaf(v[3], a.w, s);
+                s = fmaf(v[4], b.x, s); s = fmaf(v[5], b.y, s); s = fmaf(v[6], b.z, s); s = fmaf(v[7], b.w, s);
+                acc[t] = s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MM_MAX_TOK; t++) {
+        if (t >= nt) break;
+        const float s = cu_warp_sum(acc[t]);
+        if (lane == 0) y[(t0 + t) * rows + r] = s;
+    }
+}
+
 static int g_mm_attr_set = -1;
 
 extern "C" void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
@@ -79,8 +152,28 @@ extern "C" void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *
     const uint8_t *d = cu_weight_mat(c, w);
     if (!d) return;
     if (g_mm_attr_set != c->device) {
-        if (CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX))) return;
+        if (CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat16<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat16<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)))
+            return;
         g_mm_attr_set = c->device;
+    }
+    const int w16 = (w->type == MOET_TYPE_BF16 || w->type == MOET_TYPE_F16) && !w->rotated &&
+                    !((uintptr_t)d & 15) && !(w->row_bytes & 15) && !((uintptr_t)x & 15);
+    if (w16) {
+        int ch = (int)(MM_SMEM_MAX / ((size_t)w->cols * sizeof(float)));
+        if (ch > MM_MAX_TOK) ch = MM_MAX_TOK;
+        if (ch >= 1) {
+            if (ch > n) ch = (int)n;
+            dim3 grid((unsigned)((w->rows + MM_WARPS - 1) / MM_WARPS), (unsigned)((n + ch - 1) / ch));
+            const size_t sm = (size_t)ch * w->cols * sizeof(float);
+            if (w->type == MOET_TYPE_BF16)
+                k_mul_mat16<0><<<grid, MM_WARPS * 32, sm, c->stream>>>(d, w->rows, w->cols, w->row_bytes, x, n, ch, y);
+            else
+                k_mul_mat16<1><<<grid, MM_WARPS * 32, sm, c->stream>>>(d, w->rows, w->cols, w->row_bytes, x, n, ch, y);
+            CU_LAUNCHED(c, "k_mul_mat16");
+            return;
+        }
     }
     const size_t row_f = (size_t)CU_PAD(w->cols);
     int ch = (int)(MM_SMEM_MAX / (row_f * sizeof(float)));

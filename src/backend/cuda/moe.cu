@@ -1,14 +1,18 @@
 /*
  * moe.cu — the routed MoE block on the device, from the router to the weighted combine, and the dense SwiGLU MLP.
  *
- * Three kernels, no host round trip (the host never sees which experts a token chose):
- *   route    one CTA per token: router logits, softmax, top-k (ties to the lower id, as the CPU), renormalised
- *            weights -> topk_ids / topk_w in device memory;
- *   gate_up  one CTA per (32-row tile of the expert FFN, token slot): the slot's expert from topk_ids, x rotated once
- *            in shared memory when the experts are stored rotated, silu(gate·x) * (up·x) -> act[slot];
- *   down     one CTA per (16-row tile of hidden, token): the token's k act vectors (rotated), each expert's down rows,
- *            summed in slot order with the router weights -> y. A fixed order, no atomics: the result is the same
- *            on every run, graph or eager.
+ * Three launches, no host round trip (the host never sees which experts a token chose):
+ *   router   mul_mat of the router (spread over the whole GPU) -> logits [T][E];
+ *   gate_up  one CTA per (32-row tile of the expert FFN, token slot): warp 0 routes the token again from its logits
+ *            (softmax, top-k with ties to the lower id as on the CPU, renormalised weights; tile 0 of slot 0 stores
+ *            them for down) while the other warps load x and rotate it (x R, warp-local Hadamard blocks) into shared
+ *            memory; then each warp takes 4 gate and 4 up rows, a lane one 9-byte block of each (fetched as 3 aligned
+ *            words, all 8 in flight before any math), silu(gate.x) * (up.x) -> act[slot];
+ *   down     one CTA per (8-row tile of hidden, token): the k activation vectors loaded and rotated chunk by chunk,
+ *            then a warp's lanes walk the flat (slot, block) list of its row so all lanes work for any FFN width,
+ *            router weight x partial dot summed per lane, then a warp sum.
+ * Routing is recomputed per CTA rather than launched apart: a launch in a graph costs more (~2-3 us on the H200)
+ * than reading E logits from L2. A fixed order, no atomics: the result is the same on every run, graph or eager.
  * Bytes per token (decode): k × 3 × ffn × hidden × bpw/8 of experts + the router; FLOPs: 2 × k × 3 × ffn × hidden.
  * The weights are decoded in registers from their stored blocks (the 2-bit family's 9-byte blocks read as they lie
  * in the pack), so an expert's bytes go from HBM to the FMA units once.
@@ -20,166 +24,226 @@
 
 #define MOE_THREADS 256
 #define MOE_WARPS (MOE_THREADS / 32)
-#define GU_RPW 4                       /* gate/up rows per warp */
-#define GU_ROWS (MOE_WARPS * GU_RPW)
-#define DN_RPW 2                       /* down rows per warp */
+#define GU_FPW 4                       /* expert-FFN rows per warp in gate/up (x 2 matrices: 8 blocks in flight) */
+#define GU_ROWS (MOE_WARPS * GU_FPW)
+#define DN_RPW 1                       /* hidden rows per warp in down (more CTAs: 256 at hidden 2048) */
 #define DN_ROWS (MOE_WARPS * DN_RPW)
+#define DN_UNROLL 4                    /* (expert, block) items a lane loads before it computes */
 #define MOE_MAX_K 32
 #define MOE_MAX_E 1024
 #define MOE_SMEM_MAX (160 * 1024)
+#define Q2B ((uint64_t)sizeof(moet_block_q2))
 
-/* This lane's share of row · x (x padded in shared memory), over groups g = lane, lane + 32, ... */
-template <int Q2>
-__device__ __forceinline__ float lane_dot(int32_t type, const uint8_t *row, int64_t G, float qscale, float qbeta,
-                                          const float *xs, int lane) {
-    float acc = 0.f;
-    if (Q2) {
-        float lv[4];
-        cu_q2_levels(type, qbeta, lv);
-        for (int64_t g = lane; g < G; g += 32) acc += cu_q2_dot(row + g * 9, lv, qscale, xs + 33 * g);
-    } else {
-        for (int64_t g = lane; g < G; g += 32) {
-            float v[32];
-            cu_decode32(type, row, g, qscale, qbeta, v);
-            const float *xg = xs + 33 * g;
-            float a = 0.f;
+/* Generic types (not the 2-bit family, or a matrix not 4-byte aligned): one block decoded and dotted. */
+__device__ __forceinline__ float block_dot(int32_t type, const uint8_t *row, int64_t g, float qscale, float qbeta,
+                                           const float *xg) {
+    float v[32];
+    cu_decode32(type, row, g, qscale, qbeta, v);
+    float a = 0.f;
 #pragma unroll
-            for (int j = 0; j < 32; j++) a = fmaf(v[j], xg[j], a);
-            acc += a;
-        }
-    }
-    return acc;
+    for (int j = 0; j < 32; j++) a = fmaf(v[j], xg[j], a);
+    return a;
 }
 
-/* ---- route: softmax + top-k over router logits (the logits come from mul_mat, spread over the whole GPU) ---- */
-
-__global__ void __launch_bounds__(MOE_THREADS)
-k_moe_topk(const float *__restrict__ logits, int32_t E, int32_t K, int32_t norm_topk, int32_t *__restrict__ topk_ids,
-           float *__restrict__ topk_w) {
-    __shared__ float p[MOE_MAX_E];
-    __shared__ float red[MOE_WARPS];
-    __shared__ float sel_w[MOE_MAX_K];
-    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+/* ---- route: softmax + top-k of one token's router logits, by one warp --------------------------------------
+ * The logits come from mul_mat (spread over the whole GPU). Every gate/up CTA of a token routes it again (128
+ * logits from L2 are cheaper than a launch): ties go to the lower id, as on the CPU; weights renormalised over the
+ * chosen k when norm_topk. p is shared scratch of E floats; ids/w receive K entries. */
+__device__ __forceinline__ void moe_route_warp(const float *__restrict__ lg, int32_t E, int32_t K, int32_t norm_topk,
+                                               float *p, int32_t *ids, float *w) {
+    const int lane = threadIdx.x & 31;
     float mx = -INFINITY;
-    for (int32_t e = threadIdx.x; e < E; e += blockDim.x) { p[e] = logits[(int64_t)t * E + e]; mx = fmaxf(mx, p[e]); }
+    for (int32_t e = lane; e < E; e += 32) { p[e] = lg[e]; mx = fmaxf(mx, p[e]); }
     mx = cu_warp_max(mx);
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = red[0];
-    for (int w = 1; w < MOE_WARPS; w++) mx = fmaxf(mx, red[w]);
-    __syncthreads();
     float sum = 0.f;
-    for (int32_t e = threadIdx.x; e < E; e += blockDim.x) { float v = expf(p[e] - mx); p[e] = v; sum += v; }
-    sum = cu_warp_sum(sum);
-    if (lane == 0) red[warp] = sum;
-    __syncthreads();
-    if (warp == 0) {
-        float tot = 0.f;
-        for (int w = 0; w < MOE_WARPS; w++) tot += red[w];
-        float wsum = 0.f;
-        for (int32_t j = 0; j < K; j++) {
-            float best = -1.f;
-            int32_t bi = 0x7fffffff;
-            for (int32_t e = lane; e < E; e += 32) {
-                float v = p[e];
-                if (v > best) { best = v; bi = e; } /* e ascends: the first maximum in this lane's share */
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, best, o);
-                int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-            }
-            if (lane == 0) {
-                topk_ids[(int64_t)t * K + j] = bi;
-                sel_w[j] = best / tot;
-                p[bi] = -2.f; /* taken */
-            }
-            wsum += best / tot;
-            __syncwarp();
+    for (int32_t e = lane; e < E; e += 32) { const float v = expf(p[e] - mx); p[e] = v; sum += v; }
+    const float tot = cu_warp_sum(sum);
+    float wsum = 0.f, mine = 0.f;
+    for (int32_t j = 0; j < K; j++) {
+        float best = -1.f;
+        int32_t bi = 0x7fffffff;
+        for (int32_t e = lane; e < E; e += 32) {
+            const float v = p[e];
+            if (v > best) { best = v; bi = e; } /* e ascends: the first maximum in this lane's share */
         }
-        if (lane == 0)
-            for (int32_t j = 0; j < K; j++) topk_w[(int64_t)t * K + j] = norm_topk ? sel_w[j] / wsum : sel_w[j];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        if ((bi & 31) == lane) p[bi] = -2.f; /* taken: by the lane that owns it, so its next scan sees it */
+        if (lane == j) mine = best / tot;     /* K <= 32: lane j keeps pick j */
+        if (lane == 0) ids[j] = bi;
+        wsum += best / tot;
+        __syncwarp();
     }
-}
-
-/* rows of n floats -> rows · R (one CTA per row), for inputs every expert of a layer rotates alike */
-__global__ void k_rotate_rows(const float *__restrict__ x, float *__restrict__ y, int64_t n, uint32_t seed) {
-    extern __shared__ float xs[];
-    const float *xr = x + (int64_t)blockIdx.x * n;
-    for (int j = threadIdx.x; j < (int)n; j += blockDim.x) xs[CU_PAD(j)] = xr[j];
-    __syncthreads();
-    cu_rotate_smem(xs, 1, 0, n, seed);
-    __syncthreads();
-    float *yr = y + (int64_t)blockIdx.x * n;
-    for (int j = threadIdx.x; j < (int)n; j += blockDim.x) yr[j] = xs[CU_PAD(j)];
+    if (lane < K) w[lane] = norm_topk ? mine / wsum : mine;
+    __syncwarp();
 }
 
 /* ---- gate/up ------------------------------------------------------------------------------------------------- */
 
+/* pre: every expert of the layer rotates x alike (rotated/seed from the host): warps 1.. load x while warp 0 routes.
+ * Otherwise x is loaded after routing, with the chosen expert's rotation. */
 template <int Q2>
 __global__ void __launch_bounds__(MOE_THREADS)
-k_moe_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
-              int32_t type, size_t row_bytes, int32_t prerot, const int32_t *__restrict__ topk_ids,
-              float *__restrict__ act) {
+k_moe_gate_up(const float *__restrict__ x, const float *__restrict__ logits, int64_t H, int64_t F, int32_t E,
+              int32_t K, int32_t norm_topk, const cu_mat *__restrict__ table, int32_t type, size_t row_bytes,
+              int32_t pre, int32_t pre_rot, uint32_t pre_seed, int32_t *__restrict__ topk_ids,
+              float *__restrict__ topk_w, float *__restrict__ act) {
     extern __shared__ float xs[];
-    const int slot = blockIdx.y, t = slot / K, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int32_t e = topk_ids[slot];
-    const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
-    for (int i = threadIdx.x; i < (int)H; i += blockDim.x) xs[CU_PAD(i)] = x[(int64_t)t * H + i];
+    __shared__ float p[MOE_MAX_E];
+    __shared__ int32_t sid[MOE_MAX_K];
+    __shared__ float sw[MOE_MAX_K];
+    const int slot = blockIdx.y, t = slot / K, j = slot - t * K, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nch = cu_rot_chunks((int)H);
+    if (warp == 0) {
+        moe_route_warp(logits + (int64_t)t * E, E, K, norm_topk, p, sid, sw);
+        if (blockIdx.x == 0 && j == 0 && lane < K) {
+            topk_ids[(int64_t)t * K + lane] = sid[lane];
+            topk_w[(int64_t)t * K + lane] = sw[lane];
+        }
+    } else if (pre) {
+        for (int c = warp - 1; c < nch; c += MOE_WARPS - 1) cu_load_rot_chunk(xs, x + (int64_t)t * H, (int)H, pre_rot, pre_seed, c);
+    }
     __syncthreads();
-    if (gm.rotated && !prerot) {
-        cu_rotate_smem(xs, 1, 0, H, gm.rot_seed);
+    const int32_t e = sid[j];
+    const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
+    if (!pre) {
+        for (int c = warp; c < nch; c += MOE_WARPS) cu_load_rot_chunk(xs, x + (int64_t)t * H, (int)H, gm.rotated, gm.rot_seed, c);
         __syncthreads();
     }
-    const int64_t G = H / 32;
-    for (int rr = 0; rr < GU_RPW; rr++) {
-        const int64_t f = (int64_t)blockIdx.x * GU_ROWS + warp * GU_RPW + rr;
-        if (f >= F) break;
-        float g = lane_dot<Q2>(type, gm.w + f * row_bytes, G, gm.qscale, gm.qbeta, xs, lane);
-        float u = lane_dot<Q2>(type, um.w + f * row_bytes, G, um.qscale, um.qbeta, xs, lane);
-        g = cu_warp_sum(g);
-        u = cu_warp_sum(u);
-        if (lane == 0) act[(int64_t)slot * F + f] = g / (1.0f + expf(-g)) * u;
+    const int64_t G = H / 32, f0 = ((int64_t)blockIdx.x * MOE_WARPS + warp) * GU_FPW;
+    if (f0 >= F) return;
+    const int nf = F - f0 < GU_FPW ? (int)(F - f0) : GU_FPW;
+    float lg[4], lu[4];
+    cu_q2_levels(type, gm.qbeta, lg);
+    cu_q2_levels(type, um.qbeta, lu);
+    float acc[2 * GU_FPW];
+#pragma unroll
+    for (int r = 0; r < 2 * GU_FPW; r++) acc[r] = 0.f;
+    /* lane on block b of its warp's GU_FPW gate rows and GU_FPW up rows: every load issued before any math */
+    for (int64_t b = lane; b < G; b += 32) {
+        const float *xg = xs + 33 * b;
+        if (Q2) {
+            uint32_t wd[2 * GU_FPW][3];
+#pragma unroll
+            for (int r = 0; r < GU_FPW; r++)
+                if (r < nf) {
+                    const uint64_t off = (uint64_t)(f0 + r) * row_bytes + Q2B * (uint64_t)b;
+                    cu_q2_fetch(gm.w, off, wd[2 * r]);
+                    cu_q2_fetch(um.w, off, wd[2 * r + 1]);
+                }
+#pragma unroll
+            for (int r = 0; r < GU_FPW; r++)
+                if (r < nf) {
+                    const uint64_t off = (uint64_t)(f0 + r) * row_bytes + Q2B * (uint64_t)b;
+                    acc[2 * r] += cu_q2_dot_words(wd[2 * r], off, lg, gm.qscale, xg);
+                    acc[2 * r + 1] += cu_q2_dot_words(wd[2 * r + 1], off, lu, um.qscale, xg);
+                }
+        } else {
+#pragma unroll
+            for (int r = 0; r < GU_FPW; r++)
+                if (r < nf) {
+                    acc[2 * r] += block_dot(type, gm.w + (f0 + r) * row_bytes, b, gm.qscale, gm.qbeta, xg);
+                    acc[2 * r + 1] += block_dot(type, um.w + (f0 + r) * row_bytes, b, um.qscale, um.qbeta, xg);
+                }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GU_FPW; r++) {
+        if (r >= nf) break;
+        const float g = cu_warp_sum(acc[2 * r]), u = cu_warp_sum(acc[2 * r + 1]);
+        if (lane == 0) act[(int64_t)slot * F + f0 + r] = g / (1.0f + expf(-g)) * u;
     }
 }
 
 /* ---- down + combine ------------------------------------------------------------------------------------------ */
 
+/* A warp owns DN_RPW output rows; its lanes walk the flat list of (slot k, block b) items of those rows, so a small
+ * expert FFN (768 = 24 blocks) still keeps all 32 lanes busy, and each lane adds router weight x partial dot. The k
+ * activation vectors are loaded (and rotated, each with its expert's rotation) chunk by chunk over all warps. */
 template <int Q2>
 __global__ void __launch_bounds__(MOE_THREADS)
 k_moe_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
-           int32_t type, size_t row_bytes, int32_t prerot, const int32_t *__restrict__ topk_ids,
-           const float *__restrict__ topk_w, float *__restrict__ y) {
+           int32_t type, size_t row_bytes, const int32_t *__restrict__ topk_ids, const float *__restrict__ topk_w,
+           float *__restrict__ y) {
     extern __shared__ float as[];
+    __shared__ cu_mat dmk[MOE_MAX_K];
+    __shared__ float wk[MOE_MAX_K], lvk[MOE_MAX_K][4];
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int stride = (int)CU_PAD(F);
-    for (int k = 0; k < K; k++)
-        for (int j = threadIdx.x; j < (int)F; j += blockDim.x) as[k * stride + CU_PAD(j)] = act[((int64_t)t * K + k) * F + j];
+    if (threadIdx.x < K) {
+        const int k = threadIdx.x;
+        dmk[k] = table[topk_ids[(int64_t)t * K + k] * 3 + 2];
+        wk[k] = topk_w[(int64_t)t * K + k];
+        cu_q2_levels(type, dmk[k].qbeta, lvk[k]);
+    }
     __syncthreads();
-    if (!prerot) {
-        for (int k = 0; k < K; k++) {
-            const cu_mat dk = table[topk_ids[(int64_t)t * K + k] * 3 + 2];
-            if (dk.rotated) { cu_rotate_smem(as + k * stride, 1, 0, F, dk.rot_seed); __syncthreads(); }
+    const int nch = cu_rot_chunks((int)F);
+    for (int it = warp; it < K * nch; it += MOE_WARPS) {
+        const int k = it / nch;
+        cu_load_rot_chunk(as + k * stride, act + ((int64_t)t * K + k) * F, (int)F, dmk[k].rotated, dmk[k].rot_seed, it - k * nch);
+    }
+    __syncthreads();
+    const int G = (int)(F / 32), n_items = K * G;
+    const int64_t r0 = ((int64_t)blockIdx.x * MOE_WARPS + warp) * DN_RPW;
+    if (r0 >= H) return;
+    const int nr = H - r0 < DN_RPW ? (int)(H - r0) : DN_RPW;
+    float acc[DN_RPW];
+#pragma unroll
+    for (int r = 0; r < DN_RPW; r++) acc[r] = 0.f;
+    for (int i0 = lane; i0 < n_items; i0 += 32 * DN_UNROLL) {
+        if (Q2) {
+            uint32_t wd[DN_UNROLL][DN_RPW][3];
+#pragma unroll
+            for (int u = 0; u < DN_UNROLL; u++) {
+                const int i = i0 + 32 * u;
+                if (i >= n_items) break;
+                const int k = i / G, b = i - k * G;
+#pragma unroll
+                for (int r = 0; r < DN_RPW; r++)
+                    if (r < nr) cu_q2_fetch(dmk[k].w, (uint64_t)(r0 + r) * row_bytes + Q2B * (uint64_t)b, wd[u][r]);
+            }
+#pragma unroll
+            for (int u = 0; u < DN_UNROLL; u++) {
+                const int i = i0 + 32 * u;
+                if (i >= n_items) break;
+                const int k = i / G, b = i - k * G;
+                const float *xg = as + k * stride + 33 * b;
+#pragma unroll
+                for (int r = 0; r < DN_RPW; r++)
+                    if (r < nr)
+                        acc[r] = fmaf(wk[k], cu_q2_dot_words(wd[u][r], (uint64_t)(r0 + r) * row_bytes + Q2B * (uint64_t)b,
+                                                              lvk[k], dmk[k].qscale, xg), acc[r]);
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < DN_UNROLL; u++) {
+                const int i = i0 + 32 * u;
+                if (i >= n_items) break;
+                const int k = i / G, b = i - k * G;
+                const float *xg = as + k * stride + 33 * b;
+#pragma unroll
+                for (int r = 0; r < DN_RPW; r++)
+                    if (r < nr)
+                        acc[r] = fmaf(wk[k], block_dot(type, dmk[k].w + (r0 + r) * row_bytes, b, dmk[k].qscale,
+                                                       dmk[k].qbeta, xg), acc[r]);
+            }
         }
     }
-    const int64_t G = F / 32;
-    for (int rr = 0; rr < DN_RPW; rr++) {
-        const int64_t r = (int64_t)blockIdx.x * DN_ROWS + warp * DN_RPW + rr;
-        if (r >= H) break;
-        float acc = 0.f;
-        for (int k = 0; k < K; k++) {
-            const cu_mat dm = table[topk_ids[(int64_t)t * K + k] * 3 + 2];
-            float d = cu_warp_sum(lane_dot<Q2>(type, dm.w + r * row_bytes, G, dm.qscale, dm.qbeta, as + k * stride, lane));
-            acc = fmaf(topk_w[(int64_t)t * K + k], d, acc);
-        }
-        if (lane == 0) y[(int64_t)t * H + r] = acc;
+#pragma unroll
+    for (int r = 0; r < DN_RPW; r++) {
+        if (r >= nr) break;
+        const float s = cu_warp_sum(acc[r]);
+        if (lane == 0) y[(int64_t)t * H + r0 + r] = s;
     }
 }
 
 /* ---- host side ----------------------------------------------------------------------------------------------- */
 
-/* scratch: router logits [T][E] | x rotated [T][H] | act [T*K][F] */
+/* scratch: router logits [T][E] | (spare) [T][H] | act [T*K][F] */
 extern "C" size_t cu_moe_scratch_bytes(moet_backend *be, int64_t T, int64_t H, int64_t F, int32_t E, int32_t K) {
     return ((size_t)T * E + (size_t)T * H + (size_t)T * K * F) * sizeof(float) + 256;
 }
@@ -188,8 +252,7 @@ static int g_moe_attr_dev = -1;
 
 static int set_attrs(cu_backend *c) {
     if (g_moe_attr_dev == c->device) return 0;
-    if (CU_CHECK(c, cudaFuncSetAttribute(k_rotate_rows, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_moe_gate_up<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
+    if (CU_CHECK(c, cudaFuncSetAttribute(k_moe_gate_up<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
         CU_CHECK(c, cudaFuncSetAttribute(k_moe_gate_up<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
         CU_CHECK(c, cudaFuncSetAttribute(k_moe_down<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
         CU_CHECK(c, cudaFuncSetAttribute(k_moe_down<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)))
@@ -215,33 +278,25 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
     if (set_attrs(c)) return;
     const cu_expert_table *tab = cu_experts(c, a);
     if (!tab) return;
-    float *logits = (float *)a->scratch, *xr = logits + (size_t)T * E, *act = xr + (size_t)T * H;
-    const int q2 = tab->type == MOET_TYPE_W2 || tab->type == MOET_TYPE_INT2 || tab->type == MOET_TYPE_SYM2;
+    float *logits = (float *)a->scratch, *act = logits + (size_t)T * E + (size_t)T * H;
+    const int q2 = cu_is_q2(tab->type) && tab->aligned4;
     const size_t rb_gu = moet_type_row_bytes(tab->type, H), rb_dn = moet_type_row_bytes(tab->type, F);
 
     cu_mul_mat(be, a->router, a->x, T, logits);
-    k_moe_topk<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(logits, E, K, a->norm_topk, a->topk_ids, a->topk_w);
-    if (CU_LAUNCHED(c, "k_moe_topk")) return;
-    const float *xin = a->x;
-    const int gu_pre = tab->gu_uniform && tab->gu_rotated;
-    if (gu_pre) {
-        k_rotate_rows<<<(unsigned)T, MOE_THREADS, sm_gu, c->stream>>>(a->x, xr, H, tab->gu_seed);
-        if (CU_LAUNCHED(c, "k_rotate_rows")) return;
-        xin = xr;
-    }
+    const int pre = tab->gu_uniform;
     dim3 g1((unsigned)((F + GU_ROWS - 1) / GU_ROWS), (unsigned)(T * K));
-    if (q2) k_moe_gate_up<1><<<g1, MOE_THREADS, sm_gu, c->stream>>>(xin, H, F, K, tab->table, tab->type, rb_gu, gu_pre, a->topk_ids, act);
-    else k_moe_gate_up<0><<<g1, MOE_THREADS, sm_gu, c->stream>>>(xin, H, F, K, tab->table, tab->type, rb_gu, gu_pre, a->topk_ids, act);
+    if (q2)
+        k_moe_gate_up<1><<<g1, MOE_THREADS, sm_gu, c->stream>>>(a->x, logits, H, F, E, K, a->norm_topk, tab->table,
+                                                                tab->type, rb_gu, pre, tab->gu_rotated, tab->gu_seed,
+                                                                a->topk_ids, a->topk_w, act);
+    else
+        k_moe_gate_up<0><<<g1, MOE_THREADS, sm_gu, c->stream>>>(a->x, logits, H, F, E, K, a->norm_topk, tab->table,
+                                                                tab->type, rb_gu, pre, tab->gu_rotated, tab->gu_seed,
+                                                                a->topk_ids, a->topk_w, act);
     if (CU_LAUNCHED(c, "k_moe_gate_up")) return;
-    /* down inputs rotated once per slot when every expert rotates alike; otherwise per CTA (prerot = 0) */
-    const int dn_pre = tab->down_uniform;
-    if (tab->down_uniform && tab->down_rotated) {
-        k_rotate_rows<<<(unsigned)(T * K), MOE_THREADS, (size_t)CU_PAD(F) * sizeof(float), c->stream>>>(act, act, F, tab->down_seed);
-        if (CU_LAUNCHED(c, "k_rotate_rows")) return;
-    }
     dim3 g2((unsigned)((H + DN_ROWS - 1) / DN_ROWS), (unsigned)T);
-    if (q2) k_moe_down<1><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, dn_pre, a->topk_ids, a->topk_w, a->y);
-    else k_moe_down<0><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, dn_pre, a->topk_ids, a->topk_w, a->y);
+    if (q2) k_moe_down<1><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y);
+    else k_moe_down<0><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y);
     CU_LAUNCHED(c, "k_moe_down");
 }
 

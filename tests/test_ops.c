@@ -86,6 +86,16 @@ static void *make_weight(int qf, const float *W, int64_t rows, int64_t cols, moe
     return blk;
 }
 
+/* ref[t][r] = sum_c W[r][c] x[t][c] in double: the oracle of every mul_mat case */
+static void ref_mul_mat(const float *W, const float *x, int64_t R, int64_t C, int64_t N, double *ref) {
+    for (int64_t t = 0; t < N; t++)
+        for (int64_t r = 0; r < R; r++) {
+            double s = 0;
+            for (int64_t c = 0; c < C; c++) s += (double)W[r * C + c] * x[t * C + c];
+            ref[t * R + r] = s;
+        }
+}
+
 int perf_main(moet_backend *be);
 
 int main(int argc, char **argv) {
@@ -131,12 +141,7 @@ int main(int argc, char **argv) {
     for (size_t k = 0; k < sizeof qfs / sizeof qfs[0]; k++) {
         moet_weight w;
         void *blk = make_weight(qfs[k], W, R, C, &w, deq);
-        for (int64_t t = 0; t < N; t++)
-            for (int64_t r = 0; r < R; r++) {
-                double s = 0;
-                for (int64_t c = 0; c < C; c++) s += (double)deq[r * C + c] * x[t * C + c];
-                ref[t * R + r] = s;
-            }
+        ref_mul_mat(deq, x, R, C, N, ref);
         for (int64_t nn = 1; nn <= N; nn += N - 1) { /* one token (decode kernels) and N (batched) */
             float *xd = dev(x, sizeof(float) * nn * C), *yd = dev_poisoned((size_t)(nn * R));
             op->mul_mat(be, &w, xd, nn, yd);
@@ -151,12 +156,7 @@ int main(int argc, char **argv) {
     }
     { /* f32 and f16 weights directly */
         moet_weight w = {.data = W, .type = MOET_TYPE_F32, .rows = R, .cols = C, .row_bytes = C * 4, .qscale = 1};
-        for (int64_t t = 0; t < N; t++)
-            for (int64_t r = 0; r < R; r++) {
-                double s = 0;
-                for (int64_t c = 0; c < C; c++) s += (double)W[r * C + c] * x[t * C + c];
-                ref[t * R + r] = s;
-            }
+        ref_mul_mat(W, x, R, C, N, ref);
         float *xd = dev(x, sizeof(float) * N * C), *yd = dev_poisoned((size_t)(N * R));
         op->mul_mat(be, &w, xd, N, yd);
         pull(y, yd, (size_t)(N * R));
@@ -187,12 +187,7 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < 2; k++) {
             moet_weight w;
             void *blk = make_weight(qf2[k], W2, R2, C2, &w, dq2);
-            for (int64_t t = 0; t < N2; t++)
-                for (int64_t r = 0; r < R2; r++) {
-                    double sum = 0;
-                    for (int64_t c = 0; c < C2; c++) sum += (double)dq2[r * C2 + c] * x2[t * C2 + c];
-                    ref2[t * R2 + r] = sum;
-                }
+            ref_mul_mat(dq2, x2, R2, C2, N2, ref2);
             for (int64_t nn = 1; nn <= N2; nn += N2 - 1) {
                 float *xd = dev(x2, sizeof(float) * nn * C2), *yd = dev_poisoned((size_t)(nn * R2));
                 op->mul_mat(be, &w, xd, nn, yd);

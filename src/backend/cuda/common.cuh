@@ -122,12 +122,10 @@ __device__ __forceinline__ void cu_decode32(int32_t type, const uint8_t *row, in
     }
 }
 
-/* Dot of the 2-bit block at b (9 bytes, any alignment) with 32 activations xs[0..31] (padded layout: contiguous
- * within a group). The 4-level select is two predicated moves; the block scale multiplies once. */
-__device__ __forceinline__ float cu_q2_dot(const uint8_t *b, const float lv[4], float base, const float *xs) {
-    uint32_t sc = b[0];
-    uint32_t q0 = (uint32_t)b[1] | ((uint32_t)b[2] << 8) | ((uint32_t)b[3] << 16) | ((uint32_t)b[4] << 24);
-    uint32_t q1 = (uint32_t)b[5] | ((uint32_t)b[6] << 8) | ((uint32_t)b[7] << 16) | ((uint32_t)b[8] << 24);
+/* Dot of one 2-bit block (scale code sc, 32 codes in q0 | q1) with 32 activations xs[0..31] (padded layout:
+ * contiguous within a group). The 4-level select is two predicated moves; the block scale multiplies once. */
+__device__ __forceinline__ float cu_q2_dot_codes(uint32_t sc, uint32_t q0, uint32_t q1, const float lv[4], float base,
+                                                 const float *xs) {
     float acc0 = 0.f, acc1 = 0.f;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
@@ -155,18 +153,8 @@ __device__ __forceinline__ void cu_q2_fetch(const uint8_t *base, uint64_t off, u
 __device__ __forceinline__ float cu_q2_dot_words(const uint32_t w[3], uint64_t off, const float lv[4], float base,
                                                  const float *xs) {
     const uint32_t s8 = (uint32_t)(off & 3) * 8;
-    const uint32_t sc = (w[0] >> s8) & 0xffu;
-    const uint32_t q0 = __funnelshift_rc(w[0], w[1], s8 + 8), q1 = __funnelshift_rc(w[1], w[2], s8 + 8);
-    float acc0 = 0.f, acc1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        uint32_t c0 = (q0 >> (2 * j)) & 3, c1 = (q1 >> (2 * j)) & 3;
-        float l0 = (c0 & 2) ? ((c0 & 1) ? lv[3] : lv[2]) : ((c0 & 1) ? lv[1] : lv[0]);
-        float l1 = (c1 & 2) ? ((c1 & 1) ? lv[3] : lv[2]) : ((c1 & 1) ? lv[1] : lv[0]);
-        acc0 = fmaf(l0, xs[j], acc0);
-        acc1 = fmaf(l1, xs[16 + j], acc1);
-    }
-    return (acc0 + acc1) * cu_q2_scale(base, sc);
+    return cu_q2_dot_codes((w[0] >> s8) & 0xffu, __funnelshift_rc(w[0], w[1], s8 + 8), __funnelshift_rc(w[1], w[2], s8 + 8),
+                           lv, base, xs);
 }
 
 __device__ __forceinline__ float cu_warp_sum(float v) {

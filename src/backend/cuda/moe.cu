@@ -195,8 +195,8 @@ k_moe_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const
 #pragma unroll
     for (int r = 0; r < DN_RPW; r++) acc[r] = 0.f;
     for (int i0 = lane; i0 < n_items; i0 += 32 * DN_UNROLL) {
+        uint32_t wd[DN_UNROLL][DN_RPW][3]; /* Q2: every item's words fetched before any math */
         if (Q2) {
-            uint32_t wd[DN_UNROLL][DN_RPW][3];
 #pragma unroll
             for (int u = 0; u < DN_UNROLL; u++) {
                 const int i = i0 + 32 * u;
@@ -206,30 +206,20 @@ k_moe_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const
                 for (int r = 0; r < DN_RPW; r++)
                     if (r < nr) cu_q2_fetch(dmk[k].w, (uint64_t)(r0 + r) * row_bytes + Q2B * (uint64_t)b, wd[u][r]);
             }
+        }
 #pragma unroll
-            for (int u = 0; u < DN_UNROLL; u++) {
-                const int i = i0 + 32 * u;
-                if (i >= n_items) break;
-                const int k = i / G, b = i - k * G;
-                const float *xg = as + k * stride + 33 * b;
+        for (int u = 0; u < DN_UNROLL; u++) {
+            const int i = i0 + 32 * u;
+            if (i >= n_items) break;
+            const int k = i / G, b = i - k * G;
+            const float *xg = as + k * stride + 33 * b;
 #pragma unroll
-                for (int r = 0; r < DN_RPW; r++)
-                    if (r < nr)
-                        acc[r] = fmaf(wk[k], cu_q2_dot_words(wd[u][r], (uint64_t)(r0 + r) * row_bytes + Q2B * (uint64_t)b,
-                                                              lvk[k], dmk[k].qscale, xg), acc[r]);
-            }
-        } else {
-#pragma unroll
-            for (int u = 0; u < DN_UNROLL; u++) {
-                const int i = i0 + 32 * u;
-                if (i >= n_items) break;
-                const int k = i / G, b = i - k * G;
-                const float *xg = as + k * stride + 33 * b;
-#pragma unroll
-                for (int r = 0; r < DN_RPW; r++)
-                    if (r < nr)
-                        acc[r] = fmaf(wk[k], block_dot(type, dmk[k].w + (r0 + r) * row_bytes, b, dmk[k].qscale,
-                                                       dmk[k].qbeta, xg), acc[r]);
+            for (int r = 0; r < DN_RPW; r++) {
+                if (r >= nr) break;
+                const uint64_t off = (uint64_t)(r0 + r) * row_bytes + Q2B * (uint64_t)b;
+                const float d = Q2 ? cu_q2_dot_words(wd[u][r], off, lvk[k], dmk[k].qscale, xg)
+                                   : block_dot(type, dmk[k].w + (r0 + r) * row_bytes, b, dmk[k].qscale, dmk[k].qbeta, xg);
+                acc[r] = fmaf(wk[k], d, acc[r]);
             }
         }
     }

@@ -67,6 +67,9 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info);
 const moet_tokenizer *moet_model_tokenizer(const moet_model *m);
 /* End-of-sequence ids from config.json / generation_config.json; returns count written (<= cap). */
 int moet_model_eos_ids(const moet_model *m, int32_t *ids, int cap);
+/* The Jinja chat template shipped with the model (tokenizer_config.json "chat_template", or chat_template.jinja),
+ * or NULL. */
+const char *moet_model_chat_template(const moet_model *m);
 /* Supported architectures, comma separated (for error messages and --help). */
 const char *moet_model_supported_architectures(void);
 
@@ -81,6 +84,10 @@ void moet_tokenizer_free(moet_tokenizer *t);
  * applied). *ids is malloc'd; caller frees. */
 int moet_tokenizer_encode(const moet_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n_ids,
                           char *err, size_t errlen);
+/* The same with the post-processor's special tokens (BOS/EOS) added or not (add_special = 0: a rendered chat
+ * template already holds them, as transformers' apply_chat_template assumes). */
+int moet_tokenizer_encode_special(const moet_tokenizer *t, const char *text, size_t len, int add_special,
+                                  int32_t **ids, size_t *n_ids, char *err, size_t errlen);
 /* Decodes ids to UTF-8 (malloc'd, NUL-terminated, *len without the NUL). */
 int moet_tokenizer_decode(const moet_tokenizer *t, const int32_t *ids, size_t n, char **text, size_t *len,
                           char *err, size_t errlen);

@@ -22,7 +22,9 @@ void cli_usage(FILE *f) {
             "  bench       speed:           moet bench [-m DIR | --synthetic SHAPE] [-p 512] [-n 128] [-t 1,2]\n"
             "                               [--experts w2] [--json FILE]   (SHAPE: qwen3-30b-a3b, qwen3-235b-a22b)\n"
             "  inspect     model summary:   moet inspect [-m DIR]\n"
-            "  quantize    write a pack:    moet quantize -m HF_DIR -o OUT.gguf [--experts w2] [--calib TEXT]\n\n"
+            "  quantize    write a pack:    moet quantize -m HF_DIR -o OUT.gguf [--experts w2] [--calib TEXT]\n"
+            "  serve       OpenAI API:      moet serve [-m DIR] [--host 127.0.0.1] [--port 8000] [--api-key KEY]\n"
+            "                               [--max-seqs N] [--ctx N] [--queue N] [--timeout S]\n\n"
             "common options: -m DIR|PACK (Hugging Face checkpoint dir or moet pack; default: the embedded %s),\n"
             "                -t N (threads), --device cpu|cuda[:N] (default: cuda when a GPU is there), -v\n"
             "supported architectures: %s\n",
@@ -177,6 +179,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     fprintf(stderr, "moet: unknown command '%s'\n\n", cmd);
     cli_usage(stderr);
     return 2;

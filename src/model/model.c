@@ -311,10 +311,21 @@ int moet_model_load(const char *path, const moet_model_options *opt, moet_model 
     }
     if (moet_path_join(p, sizeof p, path, "tokenizer_config.json") && moet_file_exists(p)) {
         if ((rc = read_json(p, &cfg, err, errlen))) goto fail;
-        const char *tmpl = json_string_value(json_object_get(cfg, "chat_template"));
+        /* a string, or (older checkpoints) a list of {"name", "template"}: the one named "default" */
+        json_t *ct = json_object_get(cfg, "chat_template");
+        const char *tmpl = json_string_value(ct);
+        for (size_t k = 0; !tmpl && json_is_array(ct) && k < json_array_size(ct); k++) {
+            const char *nm = json_string_value(json_object_get(json_array_get(ct, k), "name"));
+            if (nm && !strcmp(nm, "default")) tmpl = json_string_value(json_object_get(json_array_get(ct, k), "template"));
+        }
         if (tmpl && !(m->chat_template = strdup(tmpl))) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto fail; }
         json_decref(cfg);
         cfg = NULL;
+    }
+    /* transformers >= 4.43 saves the template as its own file */
+    if (!m->chat_template && moet_path_join(p, sizeof p, path, "chat_template.jinja") && moet_file_exists(p)) {
+        size_t tl;
+        if ((rc = moet_file_read_all(p, 1u << 22, &m->chat_template, &tl, err, errlen))) goto fail;
     }
 backend:
     if ((rc = moet_backend_open(o.device, o.n_threads, &m->be, err, errlen))) goto fail;
@@ -351,6 +362,8 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
 }
 
 const moet_tokenizer *moet_model_tokenizer(const moet_model *m) { return m->tok; }
+
+const char *moet_model_chat_template(const moet_model *m) { return m->chat_template; }
 
 int moet_model_eos_ids(const moet_model *m, int32_t *ids, int cap) {
     int n = m->hp.n_eos < cap ? m->hp.n_eos : cap;

@@ -315,13 +315,18 @@ static int encode_segment(const moet_tokenizer *t, const char *s, size_t len, in
 
 int moet_tokenizer_encode(const moet_tokenizer *t, const char *text, size_t len, int32_t **ids_out, size_t *n_out,
                           char *err, size_t errlen) {
+    return moet_tokenizer_encode_special(t, text, len, 1, ids_out, n_out, err, errlen);
+}
+
+int moet_tokenizer_encode_special(const moet_tokenizer *t, const char *text, size_t len, int add_special,
+                                  int32_t **ids_out, size_t *n_out, char *err, size_t errlen) {
     *ids_out = NULL;
     *n_out = 0;
     if (!utf8_valid(text, len)) return moet_err(err, errlen, MOET_EINVAL, "input text is not valid UTF-8");
     int32_t *ids = NULL;
     size_t n = 0, cap = 0;
     int rc = 0;
-    for (int k = 0; k < t->n_post_pre && !rc; k++) rc = moet_tok_push_id(&ids, &n, &cap, t->post_pre[k]);
+    for (int k = 0; add_special && k < t->n_post_pre && !rc; k++) rc = moet_tok_push_id(&ids, &n, &cap, t->post_pre[k]);
     size_t seg = 0;
     for (size_t i = 0; i < len && !rc;) {
         int a = t->n_added ? match_added(t, text, len, i) : -1;
@@ -335,7 +340,7 @@ int moet_tokenizer_encode(const moet_tokenizer *t, const char *text, size_t len,
         seg = i = e;
     }
     if (!rc) rc = encode_segment(t, text + seg, len - seg, seg == 0, &ids, &n, &cap);
-    for (int k = 0; k < t->n_post_post && !rc; k++) rc = moet_tok_push_id(&ids, &n, &cap, t->post_post[k]);
+    for (int k = 0; add_special && k < t->n_post_post && !rc; k++) rc = moet_tok_push_id(&ids, &n, &cap, t->post_post[k]);
     if (rc) { free(ids); return moet_err(err, errlen, MOET_ENOMEM, "out of memory while tokenizing"); }
     if (!ids) ids = malloc(sizeof(int32_t)); /* a valid pointer even for zero tokens */
     if (!ids) return moet_err(err, errlen, MOET_ENOMEM, "out of memory while tokenizing");

@@ -1,0 +1,741 @@
+/*
+ * sched.c — the continuous-batching scheduler (see sched.h), and the OpenAI response shapes it writes:
+ * completions and chat completions, whole or as SSE chunks, with logprobs in the legacy shape
+ * ({tokens, token_logprobs, top_logprobs, text_offset}) or the chat shape ({content: [{token, logprob, bytes,
+ * top_logprobs}]}).
+ *
+ * Text is produced as bytes: each token's bytes are appended to the choice's text. A stream only sends text that
+ * is final: complete UTF-8 characters, and nothing that could still turn out to be the start of a stop string.
+ */
+#include "server/sched.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/util.h"
+
+enum { ST_WAIT, ST_PREFILL, ST_DECODE, ST_DONE };
+enum { FIN_NONE, FIN_STOP, FIN_LENGTH, FIN_CANCEL };
+
+struct srv_choice {
+    srv_req *q;
+    int index, prompt_i, state, finish, slot;
+    moet_sampler *smp;
+    int32_t *hist;           /* prompt + generated ids */
+    size_t n_prompt, n_hist, n_pre;
+    int32_t n_gen;
+    char *text;              /* echo text + generated text, bytes */
+    size_t tlen, tcap, sent, gen_start;
+    json_t *lp;              /* logprobs of the tokens not yet sent (stream) or all (whole response) */
+    size_t echo_off;         /* text offset of the next echoed prompt token */
+    double t_last;
+    int role_sent;
+};
+
+struct sched {
+    const moet_model *m;
+    const moet_tokenizer *tok;
+    sched_options o;
+    metrics *mx;
+    int32_t vocab, n_batch;
+    moet_session **slots;
+    srv_choice **slot_owner;
+    int32_t eos[16], eot[16];
+    int n_eos, n_eot;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, idle_cv;
+    srv_req *head, *tail;    /* waiting: submitted, not all choices placed */
+    int n_waiting;
+    srv_req **running;       /* requests with a placed choice */
+    int n_running, cap_running;
+    int stop, draining;
+    float *lsm;              /* [vocab] log-softmax scratch */
+    char err[256];
+};
+
+/* ---- requests -------------------------------------------------------------------------------------------- */
+
+srv_req *srv_req_new(oai_request *r) {
+    srv_req *q = calloc(1, sizeof *q);
+    if (!q) return NULL;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->refs = 1;
+    q->r = *r;
+    memset(r, 0, sizeof *r);
+    q->status = 200;
+    q->created = (long long)time(NULL);
+    q->t_arrive = moet_time_s();
+    static atomic_ullong counter;
+    unsigned long long k = atomic_fetch_add(&counter, 1) + 1;
+    snprintf(q->id, sizeof q->id, "%s-%llx%06llx", q->r.endpoint == OAI_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)q->created, k & 0xFFFFFF);
+    return q;
+}
+
+static void choice_free(srv_choice *c) {
+    moet_sampler_free(c->smp);
+    free(c->hist);
+    free(c->text);
+    json_decref(c->lp);
+    c->smp = NULL;
+    c->hist = NULL;
+    c->text = NULL;
+    c->lp = NULL;
+}
+
+void srv_req_release(srv_req *q) {
+    if (!q) return;
+    pthread_mutex_lock(&q->mu);
+    int left = --q->refs;
+    pthread_mutex_unlock(&q->mu);
+    if (left) return;
+    for (int i = 0; i < q->n_ch; i++) choice_free(&q->ch[i]);
+    free(q->ch);
+    oai_request_free(&q->r);
+    free(q->out);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q);
+}
+
+/* Appends bytes to q's output and wakes the HTTP side. Called with q->mu not held. */
+static void emit(srv_req *q, const char *p, size_t n) {
+    pthread_mutex_lock(&q->mu);
+    if (q->out_len + n + 1 > q->out_cap) {
+        size_t cap = q->out_cap ? q->out_cap : 1024;
+        while (cap < q->out_len + n + 1) cap *= 2;
+        char *np = realloc(q->out, cap);
+        if (!np) { pthread_mutex_unlock(&q->mu); return; }  /* the client loses this chunk; nothing crashes */
+        q->out = np;
+        q->out_cap = cap;
+    }
+    memcpy(q->out + q->out_len, p, n);
+    q->out_len += n;
+    q->out[q->out_len] = 0;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void emit_json(srv_req *q, json_t *j, int sse) {
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s) return;
+    if (sse) emit(q, "data: ", 6);
+    emit(q, s, strlen(s));
+    if (sse) emit(q, "\n\n", 2);
+    free(s);
+}
+
+static void finish_request(srv_req *q, int status) {
+    pthread_mutex_lock(&q->mu);
+    q->status = status;
+    q->done = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static void fail_request(srv_req *q, int status, const char *code, const char *msg) {
+    oai_error e;
+    oai_fail(&e, status, NULL, code, "%s", msg);
+    size_t n;
+    char *s = oai_error_json(&e, &n);
+    if (s) {
+        if (q->r.stream && q->started) {  /* headers are out: the error becomes an event */
+            emit(q, "data: ", 6);
+            emit(q, s, n);
+            emit(q, "\n\n", 2);
+        } else {
+            emit(q, s, n);
+        }
+    }
+    free(s);
+    finish_request(q, status);
+}
+
+/* ---- logprobs -------------------------------------------------------------------------------------------- */
+
+static void log_softmax(const float *l, int32_t V, float *out) {
+    float mx = l[0];
+    for (int32_t i = 1; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < V; i++) sum += exp((double)(l[i] - mx));
+    float lse = mx + (float)log(sum);
+    for (int32_t i = 0; i < V; i++) out[i] = l[i] - lse;
+}
+
+static int top_n(const float *lp, int32_t V, int n, int32_t *ids) {
+    int k = 0;
+    for (int32_t i = 0; i < V; i++) {
+        if (k < n || lp[i] > lp[ids[k - 1]]) {
+            int j = k < n ? k++ : k - 1;
+            while (j > 0 && lp[ids[j - 1]] < lp[i]) { ids[j] = ids[j - 1]; j--; }
+            ids[j] = i;
+        }
+    }
+    return k;
+}
+
+static json_t *token_text(const moet_tokenizer *tok, int32_t id, int at_start, char *buf, size_t cap, int *len) {
+    int b = moet_tokenizer_token_bytes(tok, id, at_start, buf, cap);
+    if (b < 0) b = 0;
+    *len = b;
+    return oai_json_text(buf, (size_t)b);
+}
+
+static json_t *bytes_array(const char *p, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer((unsigned char)p[i]));
+    return a;
+}
+
+/* Records token id (with logprob from lsm, NULL lsm: the first prompt token, no logprob) at text offset off. */
+static void lp_add(sched *s, srv_choice *c, int32_t id, const float *lsm, int at_start, size_t off) {
+    int chat = c->q->r.endpoint == OAI_CHAT;
+    int ntop = c->q->r.logprobs;
+    char buf[512];
+    int len;
+    json_t *t = token_text(s->tok, id, at_start, buf, sizeof buf, &len);
+    int32_t ids[OAI_MAX_TOP_LOGPROBS];
+    int k = lsm ? top_n(lsm, s->vocab, ntop, ids) : 0;
+    if (!c->lp) {
+        c->lp = chat ? json_pack("{s:[]}", "content")
+                     : json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+    }
+    if (chat) {
+        json_t *top = json_array();
+        for (int i = 0; i < k; i++) {
+            char b2[512];
+            int l2;
+            json_t *tt = token_text(s->tok, ids[i], 0, b2, sizeof b2, &l2);
+            json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", tt, "logprob", (double)lsm[ids[i]], "bytes",
+                                                 bytes_array(b2, l2)));
+        }
+        json_array_append_new(json_object_get(c->lp, "content"),
+                              json_pack("{s:o,s:f,s:o,s:o}", "token", t, "logprob", lsm ? (double)lsm[id] : 0.0, "bytes",
+                                        bytes_array(buf, len), "top_logprobs", top));
+        return;
+    }
+    json_array_append_new(json_object_get(c->lp, "tokens"), t);
+    json_array_append_new(json_object_get(c->lp, "token_logprobs"), lsm ? json_real(lsm[id]) : json_null());
+    json_t *top;
+    if (!lsm) {
+        top = json_null();
+    } else {
+        top = json_object();
+        for (int i = 0; i < k; i++) {
+            char b2[512];
+            int l2;
+            l2 = moet_tokenizer_token_bytes(s->tok, ids[i], 0, b2, sizeof b2);
+            json_t *key = oai_json_text(b2, l2 > 0 ? (size_t)l2 : 0);
+            json_object_set_new(top, json_string_value(key), json_real(lsm[ids[i]]));
+            json_decref(key);
+        }
+        /* the chosen token is always listed (the legacy API's rule), so top_logprobs >= token_logprob holds */
+        json_t *key = oai_json_text(buf, (size_t)len);
+        if (!json_object_get(top, json_string_value(key))) json_object_set_new(top, json_string_value(key), json_real(lsm[id]));
+        json_decref(key);
+    }
+    json_array_append_new(json_object_get(c->lp, "top_logprobs"), top);
+    json_array_append_new(json_object_get(c->lp, "text_offset"), json_integer((json_int_t)off));
+}
+
+/* ---- text and stops -------------------------------------------------------------------------------------- */
+
+static int text_put(srv_choice *c, const char *p, size_t n) {
+    if (c->tlen + n + 1 > c->tcap) {
+        size_t cap = c->tcap ? c->tcap : 256;
+        while (cap < c->tlen + n + 1) cap *= 2;
+        char *np = realloc(c->text, cap);
+        if (!np) return -1;
+        c->text = np;
+        c->tcap = cap;
+    }
+    memcpy(c->text + c->tlen, p, n);
+    c->tlen += n;
+    c->text[c->tlen] = 0;
+    return 0;
+}
+
+/* Bytes at the end of the text that may not be sent yet: an incomplete UTF-8 character, or a tail that is the
+ * start of a stop string. */
+static size_t holdback(const srv_choice *c) {
+    const oai_request *r = &c->q->r;
+    size_t hold = 0, gen = c->tlen - c->gen_start;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        for (size_t k = sl - 1; k > hold; k--)
+            if (k <= gen && !memcmp(c->text + c->tlen - k, r->stop[i], k)) { hold = k; break; }
+    }
+    /* incomplete trailing UTF-8 sequence */
+    size_t i = c->tlen, back = 0;
+    while (i > c->gen_start && back < 4 && ((unsigned char)c->text[i - 1] & 0xC0) == 0x80) { i--; back++; }
+    if (i > c->gen_start) {
+        unsigned char lead = (unsigned char)c->text[i - 1];
+        size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+        if (need > back + 1 && back + 1 > hold) hold = back + 1;
+    }
+    return hold;
+}
+
+/* Looks for a stop string in the text generated so far (from the bytes the last token could complete). */
+static int find_stop(srv_choice *c, size_t added) {
+    const oai_request *r = &c->q->r;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        size_t from = c->tlen - c->gen_start > added + sl ? c->tlen - added - sl + 1 : c->gen_start;
+        for (size_t p = from; p + sl <= c->tlen; p++)
+            if (!memcmp(c->text + p, r->stop[i], sl)) {
+                c->tlen = p;
+                c->text[p] = 0;
+                return 1;
+            }
+    }
+    return 0;
+}
+
+/* ---- responses ------------------------------------------------------------------------------------------- */
+
+static const char *finish_name(int f) { return f == FIN_STOP ? "stop" : f == FIN_LENGTH ? "length" : NULL; }
+
+static json_t *chunk_base(sched *s, srv_req *q) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:[]}", "id", q->id, "object",
+                     q->r.endpoint == OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                     (json_int_t)q->created, "model", s->o.model_name, "choices");
+}
+
+/* Streams what is final of choice c (all of it once c finished). */
+static void stream_choice(sched *s, srv_choice *c) {
+    srv_req *q = c->q;
+    size_t upto = c->finish ? c->tlen : c->tlen - holdback(c);
+    if (upto < c->sent) upto = c->sent;
+    int chat = q->r.endpoint == OAI_CHAT;
+    if (chat && !c->role_sent) {
+        json_t *j = chunk_base(s, q);
+        json_array_append_new(json_object_get(j, "choices"),
+                              json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", c->index, "delta", "role", "assistant",
+                                        "content", "", "logprobs", "finish_reason"));
+        if (q->r.include_usage) json_object_set_new(j, "usage", json_null());
+        emit_json(q, j, 1);
+        c->role_sent = 1;
+    }
+    if (upto == c->sent && !c->finish) return;
+    json_t *j = chunk_base(s, q);
+    json_t *text = oai_json_text(c->text + c->sent, upto - c->sent);
+    json_t *ch;
+    const char *fin = finish_name(c->finish);
+    json_t *lp = c->lp ? c->lp : json_null();
+    c->lp = NULL;
+    if (chat)
+        ch = json_pack("{s:i,s:o,s:o,s:o}", "index", c->index, "delta",
+                       upto > c->sent ? json_pack("{s:o}", "content", text) : (json_decref(text), json_object()),
+                       "logprobs", lp, "finish_reason", fin ? json_string(fin) : json_null());
+    else
+        ch = json_pack("{s:i,s:o,s:o,s:o}", "index", c->index, "text", text, "logprobs", lp, "finish_reason",
+                       fin ? json_string(fin) : json_null());
+    json_array_append_new(json_object_get(j, "choices"), ch);
+    if (q->r.include_usage) json_object_set_new(j, "usage", json_null());
+    emit_json(q, j, 1);
+    c->sent = upto;
+}
+
+static json_t *usage(srv_req *q) {
+    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)q->prompt_tokens, "completion_tokens",
+                     (json_int_t)q->completion_tokens, "total_tokens", (json_int_t)(q->prompt_tokens + q->completion_tokens));
+}
+
+static void respond_whole(sched *s, srv_req *q) {
+    int chat = q->r.endpoint == OAI_CHAT;
+    json_t *choices = json_array();
+    for (int i = 0; i < q->n_ch; i++) {
+        srv_choice *c = &q->ch[i];
+        json_t *text = oai_json_text(c->text ? c->text : "", c->tlen);
+        json_t *lp = c->lp ? c->lp : json_null();
+        c->lp = NULL;
+        const char *fin = finish_name(c->finish);
+        if (chat)
+            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o},s:o,s:s?}", "index", c->index, "message", "role",
+                                                     "assistant", "content", text, "logprobs", lp, "finish_reason", fin));
+        else
+            json_array_append_new(choices, json_pack("{s:i,s:o,s:o,s:s?}", "index", c->index, "text", text, "logprobs",
+                                                     lp, "finish_reason", fin));
+    }
+    json_t *j = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", q->id, "object", chat ? "chat.completion" : "text_completion",
+                          "created", (json_int_t)q->created, "model", s->o.model_name, "choices", choices, "usage", usage(q));
+    emit_json(q, j, 0);
+}
+
+static void request_finished(sched *s, srv_req *q) {
+    if (atomic_load(&q->cancelled)) {
+        finish_request(q, 499);
+        return;
+    }
+    if (q->r.stream) {
+        if (q->r.include_usage) {
+            json_t *j = chunk_base(s, q);
+            json_object_set_new(j, "usage", usage(q));
+            emit_json(q, j, 1);
+        }
+        emit(q, "data: [DONE]\n\n", 14);
+    } else {
+        respond_whole(s, q);
+    }
+    metrics_observe(s->mx, &s->mx->e2e, moet_time_s() - q->t_arrive);
+    finish_request(q, 200);
+}
+
+/* ---- stepping one sequence ------------------------------------------------------------------------------- */
+
+static void choice_done(sched *s, srv_choice *c, int fin) {
+    c->finish = fin;
+    c->state = ST_DONE;
+    if (c->slot >= 0) s->slot_owner[c->slot] = NULL;
+    c->slot = -1;
+    srv_req *q = c->q;
+    if (fin == FIN_CANCEL) metrics_add(s->mx, &s->mx->cancelled, 1);
+    else metrics_add(s->mx, fin == FIN_STOP ? &s->mx->finished_stop : &s->mx->finished_length, 1);
+    if (q->r.stream && fin != FIN_CANCEL) stream_choice(s, c);
+    moet_sampler_free(c->smp);
+    c->smp = NULL;
+    if (++q->n_done == q->n_ch) request_finished(s, q);
+}
+
+static int is_stop_id(sched *s, srv_choice *c, int32_t id) {
+    const oai_request *r = &c->q->r;
+    for (size_t i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] == id) return 1;
+    if (r->ignore_eos) return 0;
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos[i] == id) return 1;
+    if (r->endpoint == OAI_CHAT)
+        for (int i = 0; i < s->n_eot; i++)
+            if (s->eot[i] == id) return 1;
+    return 0;
+}
+
+/* Starts choice c on slot: sampler, history, echo text. Returns -1 on failure (out of memory). */
+static int choice_start(sched *s, srv_choice *c, int slot) {
+    srv_req *q = c->q;
+    const oai_request *r = &q->r;
+    c->slot = slot;
+    s->slot_owner[slot] = c;
+    c->n_prompt = r->prompt_len[c->prompt_i];
+    c->hist = malloc((c->n_prompt + (size_t)r->max_tokens + 1) * sizeof(int32_t));
+    moet_sampler_options so = r->so;
+    so.seed += (uint64_t)c->index;
+    char err[256];
+    if (!c->hist || moet_sampler_create(&so, s->vocab, &c->smp, err, sizeof err)) return -1;
+    memcpy(c->hist, r->prompt_ids[c->prompt_i], c->n_prompt * sizeof(int32_t));
+    c->n_hist = c->n_prompt;
+    c->n_pre = 0;
+    c->state = ST_PREFILL;
+    if (moet_session_truncate(s->slots[slot], 0, err, sizeof err)) return -1;
+    if (r->echo) {
+        char buf[512];
+        for (size_t i = 0; i < c->n_prompt; i++) {
+            int b = moet_tokenizer_token_bytes(s->tok, c->hist[i], i == 0, buf, sizeof buf);
+            if (b > 0 && text_put(c, buf, (size_t)b)) return -1;
+        }
+    }
+    c->gen_start = c->tlen;
+    if (!q->started) {
+        q->started = 1;
+        q->prompt_tokens = 0;
+    }
+    q->prompt_tokens += c->index % r->n == 0 ? c->n_prompt : 0;  /* each prompt counted once, as OpenAI does */
+    return 0;
+}
+
+/* One unit of work for c: a prefill chunk, or sample + emit + feed one token. */
+static void choice_step(sched *s, srv_choice *c) {
+    srv_req *q = c->q;
+    const oai_request *r = &q->r;
+    moet_session *ss = s->slots[c->slot];
+    char err[256];
+    if (c->state == ST_PREFILL) {
+        int want_lp = r->echo && r->logprobs >= 0;
+        size_t n = c->n_prompt - c->n_pre;
+        if (n > (size_t)s->n_batch) n = (size_t)s->n_batch;
+        if (moet_session_eval(ss, c->hist + c->n_pre, (int32_t)n, want_lp ? MOET_LOGITS_ALL : MOET_LOGITS_LAST, err,
+                              sizeof err)) {
+            MOET_LOGE("%s: prefill: %s", q->id, err);
+            choice_done(s, c, FIN_LENGTH);
+            return;
+        }
+        if (want_lp) {
+            /* row i of the chunk holds the distribution of prompt token n_pre + i + 1 */
+            const float *lg = moet_session_logits(ss, NULL);
+            char buf[512];
+            for (size_t i = 0; i < n; i++) {
+                size_t pos = c->n_pre + i;
+                if (pos == 0) {
+                    lp_add(s, c, c->hist[0], NULL, 1, 0);
+                    int b = moet_tokenizer_token_bytes(s->tok, c->hist[0], 1, buf, sizeof buf);
+                    c->echo_off = b > 0 ? (size_t)b : 0;
+                }
+                if (pos + 1 >= c->n_prompt) break;
+                log_softmax(lg + i * (size_t)s->vocab, s->vocab, s->lsm);
+                lp_add(s, c, c->hist[pos + 1], s->lsm, 0, c->echo_off);
+                int b = moet_tokenizer_token_bytes(s->tok, c->hist[pos + 1], 0, buf, sizeof buf);
+                c->echo_off += b > 0 ? (size_t)b : 0;
+            }
+        }
+        c->n_pre += n;
+        metrics_add(s->mx, &s->mx->prompt_tokens, n);
+        if (c->n_pre == c->n_prompt) {
+            c->state = ST_DECODE;
+            c->t_last = moet_time_s();
+            if (r->max_tokens == 0) choice_done(s, c, FIN_LENGTH);
+        }
+        return;
+    }
+    /* decode */
+    const float *logits = moet_session_logits(ss, NULL);
+    int full_hist = r->so.repetition_penalty != 1.0f;
+    int32_t id = full_hist ? moet_sampler_sample(c->smp, logits, c->hist, c->n_hist)
+                           : moet_sampler_sample(c->smp, logits, c->hist + c->n_prompt, c->n_hist - c->n_prompt);
+    double now = moet_time_s();
+    if (c->n_gen == 0) metrics_observe(s->mx, &s->mx->ttft, now - q->t_arrive);
+    else metrics_observe(s->mx, &s->mx->itl, now - c->t_last);
+    c->t_last = now;
+    if (is_stop_id(s, c, id)) {
+        choice_done(s, c, FIN_STOP);
+        return;
+    }
+    c->hist[c->n_hist++] = id;
+    c->n_gen++;
+    q->completion_tokens++;
+    metrics_add(s->mx, &s->mx->generation_tokens, 1);
+    char buf[512];
+    int b = moet_tokenizer_token_bytes(s->tok, id, 0, buf, sizeof buf);
+    size_t off = c->tlen;
+    if (b > 0) text_put(c, buf, (size_t)b);
+    if (r->logprobs >= 0) {
+        log_softmax(logits, s->vocab, s->lsm);
+        lp_add(s, c, id, s->lsm, 0, off);
+    }
+    if (r->n_stop && find_stop(c, b > 0 ? (size_t)b : 0)) {
+        choice_done(s, c, FIN_STOP);
+        return;
+    }
+    if (c->n_gen >= r->max_tokens || moet_session_pos(ss) >= s->o.n_ctx) {
+        choice_done(s, c, FIN_LENGTH);
+        return;
+    }
+    if (r->stream) stream_choice(s, c);
+    if (moet_session_eval(ss, &id, 1, MOET_LOGITS_LAST, err, sizeof err)) {
+        MOET_LOGE("%s: decode: %s", q->id, err);
+        choice_done(s, c, FIN_LENGTH);
+    }
+}
+
+/* ---- the loop -------------------------------------------------------------------------------------------- */
+
+static int free_slot(sched *s) {
+    for (int i = 0; i < s->o.max_seqs; i++)
+        if (!s->slot_owner[i]) return i;
+    return -1;
+}
+
+static void running_add(sched *s, srv_req *q) {
+    if (s->n_running == s->cap_running) {
+        int cap = s->cap_running ? 2 * s->cap_running : 16;
+        srv_req **nr = realloc(s->running, (size_t)cap * sizeof *nr);
+        if (!nr) return;  /* cannot happen before a slot-sized array is full; the request then waits */
+        s->running = nr;
+        s->cap_running = cap;
+    }
+    s->running[s->n_running++] = q;
+}
+
+/* Places waiting choices on free slots, in arrival order; drops timed-out and cancelled waiters. Called with
+ * s->mu held. */
+static void admit(sched *s) {
+    double now = moet_time_s();
+    srv_req **pp = &s->head;
+    while (*pp) {
+        srv_req *q = *pp;
+        if (!q->started && (atomic_load(&q->cancelled) ||
+                            (s->o.queue_timeout > 0 && now - q->t_arrive > s->o.queue_timeout))) {
+            *pp = q->next;
+            s->n_waiting--;
+            if (atomic_load(&q->cancelled)) finish_request(q, 499);
+            else fail_request(q, 503, "queue_timeout", "timed out waiting for a free sequence slot");
+            srv_req_release(q);
+            continue;
+        }
+        int placed_all = 1;
+        for (int i = 0; i < q->n_ch; i++) {
+            srv_choice *c = &q->ch[i];
+            if (c->state != ST_WAIT) continue;
+            int slot = free_slot(s);
+            if (slot < 0) { placed_all = 0; break; }
+            if (!q->started) running_add(s, q);  /* the queue's reference moves to the running set */
+            if (choice_start(s, c, slot)) {
+                MOET_LOGE("%s: cannot start a sequence (out of memory)", q->id);
+                q->started = 1;
+                choice_done(s, c, FIN_LENGTH);
+            }
+        }
+        if (!placed_all) break;  /* FIFO: the requests behind one that could not be placed keep waiting */
+        *pp = q->next;
+        s->n_waiting--;
+    }
+    s->tail = NULL;
+    for (srv_req *q = s->head; q; q = q->next) s->tail = q;
+}
+
+static void *sched_main(void *arg) {
+    sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        admit(s);
+        if (s->n_running == 0) {
+            metrics_gauges(s->mx, s->n_waiting, 0);
+            pthread_cond_broadcast(&s->idle_cv);
+            if (s->stop && !s->head) break;
+            if (s->head) {  /* waiting only on timeouts: poll */
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 50 * 1000 * 1000;
+                if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+                pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+            } else {
+                pthread_cond_wait(&s->cv, &s->mu);
+            }
+            continue;
+        }
+        int n_seq = 0;
+        for (int i = 0; i < s->o.max_seqs; i++) n_seq += s->slot_owner[i] != NULL;
+        metrics_gauges(s->mx, s->n_waiting, n_seq);
+        pthread_mutex_unlock(&s->mu);
+
+        /* one step: every running sequence advances by one unit */
+        for (int i = 0; i < s->o.max_seqs; i++) {
+            srv_choice *c = s->slot_owner[i];
+            if (!c) continue;
+            if (atomic_load(&c->q->cancelled)) choice_done(s, c, FIN_CANCEL);
+            else choice_step(s, c);
+        }
+
+        pthread_mutex_lock(&s->mu);
+        /* requests whose choices all finished leave the running set */
+        int k = 0;
+        for (int i = 0; i < s->n_running; i++) {
+            srv_req *q = s->running[i];
+            if (q->n_done == q->n_ch) srv_req_release(q);
+            else s->running[k++] = q;
+        }
+        s->n_running = k;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int sched_submit(sched *s, srv_req *q) {
+    pthread_mutex_lock(&s->mu);
+    if (s->draining || s->stop) { pthread_mutex_unlock(&s->mu); return 503; }
+    if (s->n_waiting >= s->o.queue_cap) { pthread_mutex_unlock(&s->mu); return 429; }
+    int n = (int)(q->r.n_prompts * (size_t)q->r.n);
+    q->ch = calloc((size_t)n, sizeof *q->ch);
+    if (!q->ch) { pthread_mutex_unlock(&s->mu); return 503; }
+    q->n_ch = n;
+    for (int i = 0; i < n; i++) {
+        q->ch[i].q = q;
+        q->ch[i].index = i;
+        q->ch[i].prompt_i = i / q->r.n;
+        q->ch[i].slot = -1;
+    }
+    pthread_mutex_lock(&q->mu);
+    q->refs++;
+    pthread_mutex_unlock(&q->mu);
+    q->next = NULL;
+    if (s->tail) s->tail->next = q;
+    else s->head = q;
+    s->tail = q;
+    s->n_waiting++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void sched_wait_idle(sched *s) {
+    pthread_mutex_lock(&s->mu);
+    s->draining = 1;
+    while (s->head || s->n_running) pthread_cond_wait(&s->idle_cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* End-of-turn tokens of the chat formats moet knows: a chat reply ends at its turn's end even where
+ * generation_config lists only the document end. */
+static const char *const eot_names[] = {"<|im_end|>", "<|eot_id|>", "<|end|>", "<|return|>", "<|call|>", "<|eom_id|>",
+                                        "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "<|user|>",
+                                        "<|observation|>", "</s>", "<|endoftext|>", NULL};
+
+int sched_create(const moet_model *m, const sched_options *o, metrics *mx, sched **out, char *err, size_t errlen) {
+    *out = NULL;
+    sched *s = calloc(1, sizeof *s);
+    if (!s) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    s->m = m;
+    s->o = *o;
+    s->mx = mx;
+    s->tok = moet_model_tokenizer(m);
+    moet_model_info info;
+    moet_model_info_get(m, &info);
+    s->vocab = info.vocab_size;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
+    s->n_eos = moet_model_eos_ids(m, s->eos, 16);
+    for (int i = 0; eot_names[i] && s->n_eot < 16; i++) {
+        int32_t id = moet_tokenizer_token_id(s->tok, eot_names[i]);
+        if (id >= 0) s->eot[s->n_eot++] = id;
+    }
+    s->slots = calloc((size_t)o->max_seqs, sizeof *s->slots);
+    s->slot_owner = calloc((size_t)o->max_seqs, sizeof *s->slot_owner);
+    s->lsm = malloc((size_t)s->vocab * sizeof(float));
+    if (!s->slots || !s->slot_owner || !s->lsm) {
+        sched_free(s);
+        return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    }
+    moet_session_options so = moet_session_default_options();
+    so.n_ctx = o->n_ctx;
+    s->n_batch = so.n_batch < o->n_ctx ? so.n_batch : o->n_ctx;
+    for (int i = 0; i < o->max_seqs; i++) {
+        int rc = moet_session_create(m, &so, &s->slots[i], err, errlen);
+        if (rc) {
+            sched_free(s);
+            return rc;
+        }
+    }
+    if (pthread_create(&s->thread, NULL, sched_main, s)) {
+        sched_free(s);
+        return moet_err(err, errlen, MOET_ENOMEM, "cannot start the scheduler thread");
+    }
+    *out = s;
+    return MOET_OK;
+}
+
+void sched_free(sched *s) {
+    if (!s) return;
+    if (s->thread) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = 1;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    for (int i = 0; s->slots && i < s->o.max_seqs; i++) moet_session_free(s->slots[i]);
+    free(s->slots);
+    free(s->slot_owner);
+    free(s->running);
+    free(s->lsm);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->idle_cv);
+    free(s);
+}

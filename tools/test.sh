@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
 j=$(nproc)
+# the server tests' client: the official openai npm package, pinned by tests/server/package-lock.json
+(cd tests/server && npm ci --no-audit --no-fund --loglevel=error)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMOET_WERROR=ON >/dev/null
 cmake --build build -j"$j"
 ctest --test-dir build --output-on-failure -j"$j"

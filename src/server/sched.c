@@ -494,7 +494,9 @@ static void choice_step(sched *s, srv_choice *c) {
         return;
     }
     /* decode */
-    const float *logits = moet_session_logits(ss, NULL);
+    int32_t rows = 1;
+    const float *logits = moet_session_logits(ss, &rows);
+    logits += (size_t)(rows > 0 ? rows - 1 : 0) * (size_t)s->vocab;  /* an echo prefill kept every row: the last */
     int full_hist = r->so.repetition_penalty != 1.0f;
     int32_t id = full_hist ? moet_sampler_sample(c->smp, logits, c->hist, c->n_hist)
                            : moet_sampler_sample(c->smp, logits, c->hist + c->n_prompt, c->n_hist - c->n_prompt);

@@ -123,7 +123,21 @@ def cuda_bench():
     return "\n".join(rows)
 
 
-TABLES = {"cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
+def serve_load():
+    rows = ["| model | device | clients | max seqs | max tokens | requests | failed | req/s | output tok/s | TTFT p50 / p99 ms | "
+            "ITL p50 / p99 ms | E2E p50 ms | RSS start → end MiB | machine | commit | date |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/serve/*.json"))):
+        d = json.load(open(f))
+        rows.append(f"| {os.path.basename(d['model'])} | {d['device']} | {d['clients']} | {d['max_seqs']} | {d['max_tokens']} | "
+                    f"{d['completed']} | {d['failed']} | {d['request_throughput']:.2f} | {d['output_token_throughput']:.1f} | "
+                    f"{d['ttft_ms']['p50']:.1f} / {d['ttft_ms']['p99']:.1f} | {d['itl_ms']['p50']:.2f} / {d['itl_ms']['p99']:.2f} | "
+                    f"{d['e2e_ms']['p50']:.0f} | {d['rss_mib_start']:.1f} → {d['rss_mib_end']:.1f} | {d['machine']} | "
+                    f"{d['commit']} | {d['date'][:10]} |")
+    return "\n".join(rows)
+
+
+TABLES = {"serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
 
 
 def render(path, check):

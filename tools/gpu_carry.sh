@@ -2,9 +2,12 @@
 # gpu_carry.sh — gathers what a device-machine run needs into .carry/ (git-ignored): the built binaries, the
 # shared libraries they link that the GPU image lacks, and the reference fixture from ../shared.
 set -eu
-build=${1:-build}
+build=${1:-build}  # e.g. build-sm90: -DMOET_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" (smaller upload)
 rm -rf .carry/bin .carry/lib && mkdir -p .carry/bin .carry/lib .carry/shared
 cp "$build/moet" "$build/tests/test_ops" "$build/tests/test_cuda" "$build/tests/test_logits" .carry/bin/
-for l in libjansson.so.4 libpcre2-8.so.0 libutf8proc.so.2; do cp -L "/lib/x86_64-linux-gnu/$l" .carry/lib/; done
+# the libraries the GPU image (Ubuntu 24.04) lacks; it has gnutls and the rest of libmicrohttpd's chain, no Node.js
+for l in libjansson.so.4 libpcre2-8.so.0 libutf8proc.so.2 libmicrohttpd.so.12; do cp -L "/lib/x86_64-linux-gnu/$l" .carry/lib/; done
 cp ../shared/models/moe-mini-a/reference_fp32.safetensors .carry/shared/
+strip --strip-unneeded .carry/bin/* .carry/lib/*  # host symbols only; the device code (.nv_fatbin) stays
+rm -rf .carry/node_modules
 du -sh .carry

@@ -13,6 +13,18 @@ TAIL=40 run ops_cuda $bin/test_ops cuda
 TAIL=12 run cuda_vs_cpu $bin/test_cuda models/moe-mini-a
 run logits_a_cuda $bin/test_logits models/moe-mini-a .carry/shared/reference_fp32.safetensors 16 1
 run logits_b_cuda $bin/test_logits tests/models/moe-mini-b tests/models/moe-mini-b/reference_fp32.safetensors 40 0
+# the server on the GPU: the real-client tests when the image has Node.js (carry tests/server/node_modules), else curl
+if command -v node >/dev/null 2>&1 && [ -d tests/server/node_modules ]; then
+  TAIL=60 run server_clients node tests/server/test_server.mjs $bin/moet models/moe-mini-a tests/fixtures/ppl_window.txt
+else
+  echo "== server: no Node.js on this machine: curl smoke test only"
+  ( $bin/moet serve --port 18123 > "$out/serve.log" 2>&1 & echo $! > "$out/serve.pid" )
+  for i in $(seq 50); do curl -sf localhost:18123/health >/dev/null 2>&1 && break; sleep 0.2; done
+  curl -s localhost:18123/v1/completions -d '{"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0}' > "$out/serve-completion.json"
+  curl -sN localhost:18123/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": true}' > "$out/serve-stream.txt"
+  kill -TERM "$(cat "$out/serve.pid")"; sleep 1
+  cat "$out/serve-completion.json"; echo; tail -c 300 "$out/serve-stream.txt"; tail -3 "$out/serve.log"
+fi
 [ "${PERF:-1}" = 1 ] && TAIL=12 run ops_perf $bin/test_ops cuda --perf
 if [ "${BENCH:-1}" = 1 ]; then
   for shape in qwen3-30b-a3b qwen3-235b-a22b; do

@@ -124,6 +124,23 @@ int32_t moet_session_pos(const moet_session *s);
 /* Forget KV entries from position pos on (pos <= current position). */
 int moet_session_truncate(moet_session *s, int32_t pos, char *err, size_t errlen);
 
+/* ---- batched decode ----------------------------------------------------------------------------------------- */
+
+/* One forward over the next token of each of up to max_seqs sessions of one model: the weights are read once for
+ * all of them, only attention runs per sequence (on each session's own KV cache). What continuous batching in a
+ * server needs. n_ctx: the largest context among the sessions it will run. */
+typedef struct moet_batch moet_batch;
+
+int moet_batch_create(const moet_model *m, int32_t max_seqs, int32_t n_ctx, moet_batch **out, char *err,
+                      size_t errlen);
+void moet_batch_free(moet_batch *b);
+/* Appends tokens[i] to sessions[i] (n distinct sessions of b's model, each with room for one more token) and runs
+ * the forward; then moet_batch_logits(b, i) holds sessions[i]'s next-token logits until the next call. The
+ * sessions' own logits (moet_session_logits) are left as they were. */
+int moet_batch_decode(moet_batch *b, moet_session *const *sessions, const int32_t *tokens, int32_t n, char *err,
+                      size_t errlen);
+const float *moet_batch_logits(const moet_batch *b, int32_t i);
+
 /* ---- sampler ---------------------------------------------------------------------------------------------- */
 
 typedef struct {

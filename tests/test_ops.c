@@ -320,9 +320,11 @@ int main(int argc, char **argv) {
         free(q); free(kc); free(vc); free(o); free(rr);
     }
     /* moe: route (softmax, top-k, renormalise) + SwiGLU experts + weighted combine, on W2 experts */
-    static const int moe_shapes[2][2] = {{64, 32}, {160, 96}}; /* (hidden, ffn): the second 5 and 3 blocks a row */
-    for (int ms = 0; ms < 2; ms++) {
-        const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = 5;
+    /* (hidden, ffn, tokens): 5 and 3 blocks a row in the second; 40 tokens put 15 on an expert on average, more
+     * than one chunk of the CUDA grouped path */
+    static const int moe_shapes[3][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}};
+    for (int ms = 0; ms < 3; ms++) {
+        const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = moe_shapes[ms][2];
         float *xr = malloc(sizeof(float) * T * H), *rw = malloc(sizeof(float) * E * H), *o = malloc(sizeof(float) * T * H);
         float *dq[3][8];
         void *blks[3][8];
@@ -376,15 +378,15 @@ int main(int argc, char **argv) {
         }
         moet_weight router = {.data = rw, .type = MOET_TYPE_F32, .rows = E, .cols = H, .row_bytes = H * 4, .qscale = 1};
         void *scr = op->alloc(be, op->moe_scratch_bytes(be, T, H, F, E, K));
-        float *xd = dev(xr, sizeof(float) * T * H), *od = dev_poisoned((size_t)(T * H)), *twd = dev_poisoned(15);
-        int32_t *tidd = dev(NULL, sizeof(int32_t) * 15);
+        float *xd = dev(xr, sizeof(float) * T * H), *od = dev_poisoned((size_t)(T * H)), *twd = dev_poisoned((size_t)(T * K));
+        int32_t *tidd = dev(NULL, sizeof(int32_t) * T * K);
         moet_moe_args ma = {.x = xd, .n_tok = T, .hidden = H, .ffn = F, .router = &router, .n_experts = E, .n_used = K,
                             .norm_topk = 1, .gate = gw, .up = uw, .down = dw, .topk_ids = tidd, .topk_w = twd, .y = od,
                             .scratch = scr};
         op->moe(be, &ma);
         pull(o, od, (size_t)(T * H));
         char mv[48];
-        snprintf(mv, sizeof mv, "w2 top-3/8 %dx%d", H, F);
+        snprintf(mv, sizeof mv, "w2 top-3/8 %dx%d T=%d", H, F, T);
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
         /* one token at a time: the decode path */
         for (int t = 0; t < T; t++) {

@@ -12,6 +12,7 @@ run() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1;
 TAIL=40 run ops_cuda $bin/test_ops cuda
 TAIL=12 run cuda_vs_cpu $bin/test_cuda models/moe-mini-a
 run logits_a_cuda $bin/test_logits models/moe-mini-a .carry/shared/reference_fp32.safetensors 16 1
+TAIL=3 run batch_cuda $bin/test_batch models/moe-mini-a
 run logits_b_cuda $bin/test_logits tests/models/moe-mini-b tests/models/moe-mini-b/reference_fp32.safetensors 40 0
 # the server on the GPU: the real-client tests when the image has Node.js (carry tests/server/node_modules), else curl
 if command -v node >/dev/null 2>&1 && [ -d tests/server/node_modules ]; then
@@ -24,6 +25,21 @@ else
   curl -sN localhost:18123/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": true}' > "$out/serve-stream.txt"
   kill -TERM "$(cat "$out/serve.pid")"; sleep 1
   cat "$out/serve-completion.json"; echo; tail -c 300 "$out/serve-stream.txt"; tail -3 "$out/serve.log"
+  # throughput of 16 concurrent 128-token requests: one running sequence at a time, then all 16 batched
+  for seqs in 1 16; do
+    ( $bin/moet serve --port 18124 --max-seqs $seqs --queue 64 > "$out/serve-$seqs.log" 2>&1 & echo $! > "$out/serve.pid" )
+    for i in $(seq 50); do curl -sf localhost:18124/health >/dev/null 2>&1 && break; sleep 0.2; done
+    curl -s localhost:18124/v1/completions -d '{"prompt": "warm", "max_tokens": 8}' > /dev/null
+    t0=$(date +%s.%N)
+    seq 16 | xargs -P 16 -I{} curl -s localhost:18124/v1/completions \
+      -d '{"prompt": "Chapter {}. The", "max_tokens": 128, "ignore_eos": true, "temperature": 0.8}' -o "$out/tp-{}.json"
+    t1=$(date +%s.%N)
+    cat "$out"/tp-*.json | grep -o '"completion_tokens":[0-9]*' | cut -d: -f2 |
+      awk -v s=$seqs -v a=$t0 -v b=$t1 '{n += $1} END {printf "serve throughput, --max-seqs %d: %d tokens in %.2f s = %.0f tok/s\n", s, n, b - a, n / (b - a)}' |
+      tee -a "$out/serve-throughput.txt"
+    rm -f "$out"/tp-*.json
+    kill -TERM "$(cat "$out/serve.pid")"; sleep 1
+  done
 fi
 [ "${PERF:-1}" = 1 ] && TAIL=12 run ops_perf $bin/test_ops cuda --perf
 if [ "${BENCH:-1}" = 1 ]; then

@@ -68,8 +68,17 @@ int moet_session_create(const moet_model *m, const moet_session_options *opt, mo
     return moet_session_create_on(m, NULL, opt, out, err, errlen);
 }
 
+static int session_create(const moet_model *m, moet_backend *be, const moet_session_options *opt, int with_kv,
+                          moet_session **out, char *err, size_t errlen);
+
 int moet_session_create_on(const moet_model *m, moet_backend *be, const moet_session_options *opt, moet_session **out,
                            char *err, size_t errlen) {
+    return session_create(m, be, opt, 1, out, err, errlen);
+}
+
+/* with_kv = 0: a batch's scratch session, whose rows use their own sessions' caches */
+static int session_create(const moet_model *m, moet_backend *be, const moet_session_options *opt, int with_kv,
+                          moet_session **out, char *err, size_t errlen) {
     *out = NULL;
     moet_session_options o = opt ? *opt : moet_session_default_options();
     const moet_hparams *hp = &m->hp;
@@ -101,7 +110,7 @@ int moet_session_create_on(const moet_model *m, moet_backend *be, const moet_ses
     s->pos_host = calloc(B, sizeof(int32_t));
     s->logits = calloc((size_t)o.n_logits * (size_t)hp->vocab, sizeof(float));
     if (!s->allocs || !s->k_cache || !s->v_cache || !s->pos_host || !s->logits) goto oom;
-    for (size_t l = 0; l < L; l++) {
+    for (size_t l = 0; with_kv && l < L; l++) {
         if (!(s->k_cache[l] = salloc(s, (size_t)o.n_ctx * Dkv * sizeof(float)))) goto oom;
         if (!(s->v_cache[l] = salloc(s, (size_t)o.n_ctx * Dkv * sizeof(float)))) goto oom;
     }
@@ -142,6 +151,7 @@ typedef struct {
     moet_session *s;
     int32_t n, first_logit;
     float *out;
+    moet_session *const *rows;  /* batched decode: row i is the next token of rows[i] (its KV cache); NULL: all s's */
 } chunk_args;
 
 static void forward_chunk(void *vctx) {
@@ -169,13 +179,18 @@ static void forward_chunk(void *vctx) {
         if (L->k_norm) op->rms_norm(be, s->k, L->k_norm, n * nkv, hd, hp->rms_eps, s->k);
         op->rope(be, s->q, n, (int32_t)nh, (int32_t)hd, hp->rope_dim, hp->rope_theta, s->pos_dev);
         op->rope(be, s->k, n, (int32_t)nkv, (int32_t)hd, hp->rope_dim, hp->rope_theta, s->pos_dev);
-        op->kv_store(be, s->k_cache[il], s->k, s->pos_dev, n, Dkv);
-        op->kv_store(be, s->v_cache[il], s->v, s->pos_dev, n, Dkv);
-        moet_attn_args aa = {.q = s->q, .k_cache = s->k_cache[il], .v_cache = s->v_cache[il], .pos = s->pos_dev,
-                             .n_tok = n, .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd,
-                             .n_ctx = s->n_ctx, .scale = (float)(1.0 / sqrt((double)hd)), .out = s->att,
-                             .scratch = s->att_scr};
-        op->attention(be, &aa);
+        /* the only per-sequence work: a row's keys and values go to its own cache, and it attends over that */
+        for (int32_t r = 0; r < (ca->rows ? n : 1); r++) {
+            const moet_session *o = ca->rows ? ca->rows[r] : s;
+            const int32_t nr = ca->rows ? 1 : n;
+            op->kv_store(be, o->k_cache[il], s->k + r * Dkv, s->pos_dev + r, nr, Dkv);
+            op->kv_store(be, o->v_cache[il], s->v + r * Dkv, s->pos_dev + r, nr, Dkv);
+            moet_attn_args aa = {.q = s->q + r * Dq, .k_cache = o->k_cache[il], .v_cache = o->v_cache[il],
+                                 .pos = s->pos_dev + r, .n_tok = nr, .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv,
+                                 .head_dim = (int32_t)hd, .n_ctx = o->n_ctx, .scale = (float)(1.0 / sqrt((double)hd)),
+                                 .out = s->att + r * Dq, .scratch = s->att_scr};
+            op->attention(be, &aa);
+        }
         op->mul_mat(be, &L->wo, s->att, n, s->tmp);
         if (L->bo) op->add(be, s->tmp, NULL, L->bo, n, H);
         op->add(be, s->x, s->tmp, NULL, n, H);
@@ -215,7 +230,7 @@ static int run_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t 
     for (int32_t t = 0; t < n; t++) s->pos_host[t] = s->pos + t;
     op->upload(s->be, s->tok_dev, tokens, (size_t)n * sizeof(int32_t));
     op->upload(s->be, s->pos_dev, s->pos_host, (size_t)n * sizeof(int32_t));
-    chunk_args ca = {s, n, first_logit, out};
+    chunk_args ca = {s, n, first_logit, out, NULL};
     if (s->graphs && !s->calib && n <= GRAPH_MAX_TOKENS && out == s->logits_dev) {
         /* a record bakes in this session's buffers and the chunk's shape: both are in the key */
         uint64_t key = (uint64_t)s->uid << 32 | (uint64_t)n << 16 | (uint64_t)first_logit << 4 | (uint64_t)(s->use_delta != 0);
@@ -266,4 +281,70 @@ int moet_session_truncate(moet_session *s, int32_t pos, char *err, size_t errlen
         return moet_err(err, errlen, MOET_EINVAL, "truncate to %d outside [0, %d]", pos, s->pos);
     s->pos = pos;
     return MOET_OK;
+}
+
+/* ---- batched decode -----------------------------------------------------------------------------------------
+ * A batch is a session without a KV cache of its own, sized for max_seqs rows: row i of a step is the next token of
+ * sessions[i], so the weights are read once for all of them (matmuls and the MoE take the rows together) and only
+ * the KV writes and attention run per row, on each session's cache. Steps launch directly: the set of sessions
+ * changes from step to step, so there is no fixed shape to record. */
+struct moet_batch {
+    moet_session *s;  /* scratch and logits for max_seqs rows, no KV cache */
+    int32_t max_seqs;
+};
+
+int moet_batch_create(const moet_model *m, int32_t max_seqs, int32_t n_ctx, moet_batch **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (max_seqs < 1) return moet_err(err, errlen, MOET_EINVAL, "a batch of %d sequences", max_seqs);
+    moet_batch *b = calloc(1, sizeof *b);
+    if (!b) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    /* n_ctx sizes the attention scratch (the longest member context); no KV cache of its own */
+    moet_session_options o = {.n_ctx = n_ctx > max_seqs ? n_ctx : max_seqs, .n_batch = max_seqs, .n_logits = max_seqs,
+                              .graphs = 0};
+    int rc = session_create(m, NULL, &o, 0, &b->s, err, errlen);
+    if (rc) { free(b); return rc; }
+    b->max_seqs = max_seqs;
+    *out = b;
+    return MOET_OK;
+}
+
+void moet_batch_free(moet_batch *b) {
+    if (!b) return;
+    moet_session_free(b->s);
+    free(b);
+}
+
+int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *tokens, int32_t n, char *err,
+                      size_t errlen) {
+    moet_session *s = b->s;
+    const int32_t V = s->m->hp.vocab;
+    if (n < 1 || n > b->max_seqs) return moet_err(err, errlen, MOET_EINVAL, "batch of %d rows (at most %d)", n, b->max_seqs);
+    for (int32_t i = 0; i < n; i++) {
+        const moet_session *q = seqs[i];
+        if (q->m != s->m || q->be != s->be)
+            return moet_err(err, errlen, MOET_EINVAL, "batch row %d: a session of another model or backend", i);
+        if (q->pos >= q->n_ctx) return moet_err(err, errlen, MOET_ERANGE, "batch row %d: context full (%d)", i, q->n_ctx);
+        if (q->n_ctx > s->n_ctx) return moet_err(err, errlen, MOET_ERANGE, "batch row %d: context %d exceeds the batch's %d", i, q->n_ctx, s->n_ctx);
+        if (q->use_delta != seqs[0]->use_delta) return moet_err(err, errlen, MOET_EINVAL, "batch rows mix delta modes");
+        if (tokens[i] < 0 || tokens[i] >= V) return moet_err(err, errlen, MOET_EINVAL, "batch row %d: token id %d outside [0, %d)", i, tokens[i], V);
+        for (int32_t j = 0; j < i; j++)
+            if (seqs[j] == q) return moet_err(err, errlen, MOET_EINVAL, "batch rows %d and %d are one session", j, i);
+        s->pos_host[i] = q->pos;
+    }
+    const moet_backend_ops *op = s->be->ops;
+    op->upload(s->be, s->tok_dev, tokens, (size_t)n * sizeof(int32_t));
+    op->upload(s->be, s->pos_dev, s->pos_host, (size_t)n * sizeof(int32_t));
+    s->use_delta = seqs[0]->use_delta;
+    chunk_args ca = {s, n, 0, s->logits_dev, seqs};
+    forward_chunk(&ca);
+    op->download(s->be, s->logits, s->logits_dev, (size_t)n * (size_t)V * sizeof(float));
+    int rc = op->status(s->be, err, errlen);
+    if (rc) return rc;
+    for (int32_t i = 0; i < n; i++) seqs[i]->pos++;
+    s->n_logit_rows = n;
+    return MOET_OK;
+}
+
+const float *moet_batch_logits(const moet_batch *b, int32_t i) {
+    return i >= 0 && i < b->s->n_logit_rows ? b->s->logits + (size_t)i * (size_t)b->s->m->hp.vocab : NULL;
 }

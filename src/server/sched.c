@@ -33,6 +33,7 @@ struct srv_choice {
     size_t echo_off;         /* text offset of the next echoed prompt token */
     double t_last;
     int role_sent;
+    const float *lg;         /* logits the next token is sampled from (a session's last row or a batch row) */
 };
 
 struct sched {
@@ -42,6 +43,7 @@ struct sched {
     metrics *mx;
     int32_t vocab, n_batch;
     moet_session **slots;
+    moet_batch *batch;       /* one forward for the decode tokens of all running sequences */
     srv_choice **slot_owner;
     int32_t eos[16], eot[16];
     int n_eos, n_eot;
@@ -450,8 +452,8 @@ static int choice_start(sched *s, srv_choice *c, int slot) {
     return 0;
 }
 
-/* One unit of work for c: a prefill chunk, or sample + emit + feed one token. */
-static void choice_step(sched *s, srv_choice *c) {
+/* One prefill chunk of c; after the last, c's next token can be sampled from its session's last logits row. */
+static void choice_prefill(sched *s, srv_choice *c) {
     srv_req *q = c->q;
     const oai_request *r = &q->r;
     moet_session *ss = s->slots[c->slot];
@@ -487,16 +489,22 @@ static void choice_step(sched *s, srv_choice *c) {
         c->n_pre += n;
         metrics_add(s->mx, &s->mx->prompt_tokens, n);
         if (c->n_pre == c->n_prompt) {
+            int32_t rows = 1;
+            const float *lg = moet_session_logits(ss, &rows);
+            c->lg = lg + (size_t)(rows > 0 ? rows - 1 : 0) * (size_t)s->vocab;  /* echo kept every row: the last */
             c->state = ST_DECODE;
             c->t_last = moet_time_s();
             if (r->max_tokens == 0) choice_done(s, c, FIN_LENGTH);
         }
-        return;
     }
-    /* decode */
-    int32_t rows = 1;
-    const float *logits = moet_session_logits(ss, &rows);
-    logits += (size_t)(rows > 0 ? rows - 1 : 0) * (size_t)s->vocab;  /* an echo prefill kept every row: the last */
+}
+
+/* Samples c's next token from c->lg, emits it, and returns it for the next forward, or -1 when c finished. */
+static int32_t choice_sample(sched *s, srv_choice *c) {
+    srv_req *q = c->q;
+    const oai_request *r = &q->r;
+    moet_session *ss = s->slots[c->slot];
+    const float *logits = c->lg;
     int full_hist = r->so.repetition_penalty != 1.0f;
     int32_t id = full_hist ? moet_sampler_sample(c->smp, logits, c->hist, c->n_hist)
                            : moet_sampler_sample(c->smp, logits, c->hist + c->n_prompt, c->n_hist - c->n_prompt);
@@ -506,7 +514,7 @@ static void choice_step(sched *s, srv_choice *c) {
     c->t_last = now;
     if (is_stop_id(s, c, id)) {
         choice_done(s, c, FIN_STOP);
-        return;
+        return -1;
     }
     c->hist[c->n_hist++] = id;
     c->n_gen++;
@@ -522,16 +530,35 @@ static void choice_step(sched *s, srv_choice *c) {
     }
     if (r->n_stop && find_stop(c, b > 0 ? (size_t)b : 0)) {
         choice_done(s, c, FIN_STOP);
-        return;
+        return -1;
     }
     if (c->n_gen >= r->max_tokens || moet_session_pos(ss) >= s->o.n_ctx) {
         choice_done(s, c, FIN_LENGTH);
-        return;
+        return -1;
     }
     if (r->stream) stream_choice(s, c);
-    if (moet_session_eval(ss, &id, 1, MOET_LOGITS_LAST, err, sizeof err)) {
-        MOET_LOGE("%s: decode: %s", q->id, err);
-        choice_done(s, c, FIN_LENGTH);
+    c->lg = NULL;
+    return id;
+}
+
+/* Feeds the sampled tokens of n sequences: one batched forward (one when n = 1), then each samples from its row. */
+static void feed(sched *s, srv_choice **cs, const int32_t *ids, int n) {
+    char err[256];
+    moet_session *ss[256];
+    for (int i = 0; i < n; i++) ss[i] = s->slots[cs[i]->slot];
+    int rc;
+    if (n == 1 || !s->batch) {
+        for (int i = 0; i < n; i++) {
+            rc = moet_session_eval(ss[i], &ids[i], 1, MOET_LOGITS_LAST, err, sizeof err);
+            if (rc) { MOET_LOGE("%s: decode: %s", cs[i]->q->id, err); choice_done(s, cs[i], FIN_LENGTH); continue; }
+            cs[i]->lg = moet_session_logits(ss[i], NULL);
+        }
+        return;
+    }
+    rc = moet_batch_decode(s->batch, ss, ids, n, err, sizeof err);
+    for (int i = 0; i < n; i++) {
+        if (rc) { MOET_LOGE("%s: batched decode: %s", cs[i]->q->id, err); choice_done(s, cs[i], FIN_LENGTH); continue; }
+        cs[i]->lg = moet_batch_logits(s->batch, i);
     }
 }
 
@@ -616,13 +643,23 @@ static void *sched_main(void *arg) {
         metrics_gauges(s->mx, s->n_waiting, n_seq);
         pthread_mutex_unlock(&s->mu);
 
-        /* one step: every running sequence advances by one unit */
+        /* one step: prefill chunks; then every decoding sequence samples, and the ones that go on are fed together */
+        srv_choice *fc[256];
+        int32_t fid[256];
+        int nf = 0;
         for (int i = 0; i < s->o.max_seqs; i++) {
             srv_choice *c = s->slot_owner[i];
             if (!c) continue;
             if (atomic_load(&c->q->cancelled)) choice_done(s, c, FIN_CANCEL);
-            else choice_step(s, c);
+            else if (c->state == ST_PREFILL) choice_prefill(s, c);
         }
+        for (int i = 0; i < s->o.max_seqs; i++) {
+            srv_choice *c = s->slot_owner[i];
+            if (!c || c->state != ST_DECODE || !c->lg) continue;
+            const int32_t id = choice_sample(s, c);
+            if (id >= 0) { fc[nf] = c; fid[nf++] = id; }
+        }
+        if (nf) feed(s, fc, fid, nf);
 
         pthread_mutex_lock(&s->mu);
         /* requests whose choices all finished leave the running set */
@@ -714,6 +751,10 @@ int sched_create(const moet_model *m, const sched_options *o, metrics *mx, sched
             return rc;
         }
     }
+    if (o->max_seqs > 1 && moet_batch_create(m, o->max_seqs, o->n_ctx, &s->batch, err, errlen)) {
+        sched_free(s);
+        return MOET_ENOMEM;
+    }
     if (pthread_create(&s->thread, NULL, sched_main, s)) {
         sched_free(s);
         return moet_err(err, errlen, MOET_ENOMEM, "cannot start the scheduler thread");
@@ -731,6 +772,7 @@ void sched_free(sched *s) {
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->thread, NULL);
     }
+    moet_batch_free(s->batch);
     for (int i = 0; s->slots && i < s->o.max_seqs; i++) moet_session_free(s->slots[i]);
     free(s->slots);
     free(s->slot_owner);

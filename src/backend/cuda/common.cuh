@@ -157,6 +157,20 @@ __device__ __forceinline__ float cu_q2_dot_words(const uint32_t w[3], uint64_t o
                            lv, base, xs);
 }
 
+/* The block of cu_q2_dot_words decoded to 32 weights (level x block scale) for reuse across several tokens. */
+__device__ __forceinline__ void cu_q2_decode_words(const uint32_t w[3], uint64_t off, const float lv[4], float base,
+                                                   float v[32]) {
+    const uint32_t s8 = (uint32_t)(off & 3) * 8;
+    const uint32_t q0 = __funnelshift_rc(w[0], w[1], s8 + 8), q1 = __funnelshift_rc(w[1], w[2], s8 + 8);
+    const float sc = cu_q2_scale(base, (w[0] >> s8) & 0xffu);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const uint32_t c0 = (q0 >> (2 * j)) & 3, c1 = (q1 >> (2 * j)) & 3;
+        v[j] = ((c0 & 2) ? ((c0 & 1) ? lv[3] : lv[2]) : ((c0 & 1) ? lv[1] : lv[0])) * sc;
+        v[16 + j] = ((c1 & 2) ? ((c1 & 1) ? lv[3] : lv[2]) : ((c1 & 1) ? lv[1] : lv[0])) * sc;
+    }
+}
+
 __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

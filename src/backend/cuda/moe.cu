@@ -231,11 +231,247 @@ k_moe_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const
     }
 }
 
+/* ---- grouped path (several tokens: prefill) ------------------------------------------------------------------
+ * Per slot, the fused kernels above read a chosen expert's rows once for every token that chose it, and every CTA
+ * routes and rotates its token again: fine for one token, ruinous for hundreds (at 512 tokens the weights crossed
+ * the memory system 4096 times a layer). Here the work is grouped by expert:
+ *   prep     one CTA per token: routes it (topk_ids/w), appends its slots to their experts' lists (atomics: the
+ *            order inside a list only decides which column a slot takes, never how its sums are formed), and writes
+ *            x rotated once (padded rows) for gate/up;
+ *   items    the chunks of GR_TB slots of every active expert, as a work list;
+ *   gate_up  one CTA per (tile of FFN rows, chunk): each weight block decoded once and used for every token of the
+ *            chunk (the expert's rows are read once per chunk instead of once per slot);
+ *   down     one CTA per (tile of hidden rows, chunk): the same over the slots' activations, each slot's down
+ *            product written alone;
+ *   combine  one CTA per token: y = sum over its k picks, in pick order, of weight x down product.
+ * No float atomics anywhere, so the result is the same on every run (graph or eager). */
+#define GR_TB 8                 /* tokens per chunk */
+#define GR_FPW 2                /* gate/up: FFN rows per warp (x 2 matrices x GR_TB tokens accumulators) */
+#define GR_GU_ROWS (MOE_WARPS * GR_FPW)
+#define GR_RPW 4                /* down: hidden rows per warp */
+#define GR_DN_ROWS (MOE_WARPS * GR_RPW)
+#define MOE_GROUP_MIN 4         /* tokens from which the grouped path runs */
+
+__global__ void __launch_bounds__(MOE_THREADS)
+k_moe_prep(const float *__restrict__ x, const float *__restrict__ logits, int64_t T, int64_t H, int32_t E, int32_t K,
+           int32_t norm_topk, int32_t rotated, uint32_t seed, int32_t *__restrict__ topk_ids,
+           float *__restrict__ topk_w, int32_t *__restrict__ count, int32_t *__restrict__ n_active,
+           int32_t *__restrict__ active, int32_t *__restrict__ list, float *__restrict__ xr) {
+    extern __shared__ float xs[];
+    __shared__ float p[MOE_MAX_E];
+    __shared__ int32_t sid[MOE_MAX_K];
+    __shared__ float sw[MOE_MAX_K];
+    const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nch = cu_rot_chunks((int)H);
+    if (warp == 0) {
+        moe_route_warp(logits + (int64_t)t * E, E, K, norm_topk, p, sid, sw);
+        if (lane < K) {
+            const int32_t e = sid[lane];
+            topk_ids[(int64_t)t * K + lane] = e;
+            topk_w[(int64_t)t * K + lane] = sw[lane];
+            const int32_t pos = atomicAdd(&count[e], 1);
+            if (pos == 0) active[atomicAdd(n_active, 1)] = e;
+            list[(int64_t)e * T + pos] = t * K + lane;
+        }
+    } else {
+        for (int c = warp - 1; c < nch; c += MOE_WARPS - 1) cu_load_rot_chunk(xs, x + (int64_t)t * H, (int)H, rotated, seed, c);
+    }
+    __syncthreads();
+    const int64_t pad = CU_PAD(H);
+    for (int64_t i = threadIdx.x; i < pad; i += MOE_THREADS) xr[t * pad + i] = xs[i];
+}
+
+/* The work list of the grouped kernels: one (expert, first list entry) item per chunk of GR_TB slots of an active
+ * expert, so a CTA takes one chunk and small experts' chunks run side by side with big ones'. One CTA, a scan over
+ * the active experts (at most MOE_MAX_E). */
+__global__ void __launch_bounds__(1024)
+k_moe_items(const int32_t *__restrict__ count, const int32_t *__restrict__ n_active, const int32_t *__restrict__ active,
+            int32_t *__restrict__ n_items, int32_t *__restrict__ items) {
+    __shared__ int32_t sc[1024];
+    const int i = threadIdx.x, na = *n_active;
+    const int32_t e = i < na ? active[i] : 0, nc = i < na ? (count[e] + GR_TB - 1) / GR_TB : 0;
+    sc[i] = nc;
+    __syncthreads();
+    for (int o = 1; o < 1024; o *= 2) {  /* inclusive scan */
+        const int32_t v = i >= o ? sc[i - o] : 0;
+        __syncthreads();
+        sc[i] += v;
+        __syncthreads();
+    }
+    const int32_t start = sc[i] - nc;
+    for (int32_t c = 0; c < nc; c++) {
+        items[2 * (start + c)] = e;
+        items[2 * (start + c) + 1] = c * GR_TB;
+    }
+    if (i == 1023) *n_items = sc[1023];
+}
+
+/* 32 weights of block b of a row: decoded once, used for every token of a chunk. */
+template <int Q2>
+__device__ __forceinline__ void grp_block(int32_t type, const cu_mat &m, const uint32_t wd[3], int64_t row,
+                                          size_t row_bytes, int64_t b, const float lv[4], float v[32]) {
+    if (Q2) cu_q2_decode_words(wd, (uint64_t)row * row_bytes + Q2B * (uint64_t)b, lv, m.qscale, v);
+    else cu_decode32(type, m.w + row * row_bytes, b, m.qscale, m.qbeta, v);
+}
+
+/* acc[k] += v . x_k over the nt tokens of a chunk (x_k: token k's padded row in shared memory, at this block). */
+__device__ __forceinline__ void grp_fma(const float v[32], const float *xg0, int64_t pad, int nt, float acc[GR_TB]) {
+#pragma unroll
+    for (int k = 0; k < GR_TB; k++) {
+        if (k >= nt) break;
+        const float *xg = xg0 + k * pad;
+        float a = acc[k];
+#pragma unroll
+        for (int j = 0; j < 32; j++) a = fmaf(v[j], xg[j], a);
+        acc[k] = a;
+    }
+}
+
+template <int Q2>
+__global__ void __launch_bounds__(MOE_THREADS)
+k_moe_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, int32_t K,
+                  const cu_mat *__restrict__ table, int32_t type, size_t row_bytes, const int32_t *__restrict__ count,
+                  const int32_t *__restrict__ n_items, const int32_t *__restrict__ items,
+                  const int32_t *__restrict__ list, float *__restrict__ act) {
+    extern __shared__ float xs[];
+    if ((int)blockIdx.y >= *n_items) return;
+    const int32_t e = items[2 * blockIdx.y], c0 = items[2 * blockIdx.y + 1], n = count[e];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
+    const int64_t G = H / 32, pad = CU_PAD(H), f0 = ((int64_t)blockIdx.x * MOE_WARPS + warp) * GR_FPW;
+    const int nf = f0 >= F ? 0 : F - f0 < GR_FPW ? (int)(F - f0) : GR_FPW;
+    float lg[4], lu[4];
+    cu_q2_levels(type, gm.qbeta, lg);
+    cu_q2_levels(type, um.qbeta, lu);
+    {
+        const int nt = n - c0 < GR_TB ? n - c0 : GR_TB;
+        for (int i = 0; i < nt; i++) {
+            const int t = list[(int64_t)e * T + c0 + i] / K;
+            for (int64_t q = threadIdx.x; q < pad; q += MOE_THREADS) xs[i * pad + q] = xr[t * pad + q];
+        }
+        __syncthreads();
+        if (nf == 0) return;
+        float acc[2 * GR_FPW][GR_TB];
+#pragma unroll
+        for (int r = 0; r < 2 * GR_FPW; r++)
+#pragma unroll
+            for (int k = 0; k < GR_TB; k++) acc[r][k] = 0.f;
+        for (int64_t b = lane; b < G; b += 32) {
+            uint32_t wd[2 * GR_FPW][3];
+            if (Q2) {
+#pragma unroll
+                for (int r = 0; r < GR_FPW; r++)
+                    if (r < nf) {
+                        const uint64_t off = (uint64_t)(f0 + r) * row_bytes + Q2B * (uint64_t)b;
+                        cu_q2_fetch(gm.w, off, wd[2 * r]);
+                        cu_q2_fetch(um.w, off, wd[2 * r + 1]);
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < 2 * GR_FPW; r++) {
+                if ((r >> 1) >= nf) break;
+                float v[32];
+                grp_block<Q2>(type, (r & 1) ? um : gm, wd[r], f0 + (r >> 1), row_bytes, b, (r & 1) ? lu : lg, v);
+                grp_fma(v, xs + 33 * b, pad, nt, acc[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < GR_FPW; r++) {
+            if (r >= nf) break;
+#pragma unroll
+            for (int k = 0; k < GR_TB; k++) {
+                if (k >= nt) break;
+                const float g = cu_warp_sum(acc[2 * r][k]), u = cu_warp_sum(acc[2 * r + 1][k]);
+                if (lane == 0) act[(int64_t)list[(int64_t)e * T + c0 + k] * F + f0 + r] = g / (1.0f + expf(-g)) * u;
+            }
+        }
+    }
+}
+
+template <int Q2>
+__global__ void __launch_bounds__(MOE_THREADS)
+k_moe_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, const cu_mat *__restrict__ table,
+               int32_t type, size_t row_bytes, const int32_t *__restrict__ count, const int32_t *__restrict__ n_items,
+               const int32_t *__restrict__ items, const int32_t *__restrict__ list, float *__restrict__ ydn) {
+    extern __shared__ float as[];
+    if ((int)blockIdx.y >= *n_items) return;
+    const int32_t e = items[2 * blockIdx.y], c0 = items[2 * blockIdx.y + 1], n = count[e];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const cu_mat dm = table[e * 3 + 2];
+    const int64_t G = F / 32, pad = CU_PAD(F), r0 = ((int64_t)blockIdx.x * MOE_WARPS + warp) * GR_RPW;
+    const int nr = r0 >= H ? 0 : H - r0 < GR_RPW ? (int)(H - r0) : GR_RPW;
+    const int nch = cu_rot_chunks((int)F);
+    float lv[4];
+    cu_q2_levels(type, dm.qbeta, lv);
+    {
+        const int nt = n - c0 < GR_TB ? n - c0 : GR_TB;
+        for (int it = warp; it < nt * nch; it += MOE_WARPS) {
+            const int k = it / nch;
+            const int32_t slot = list[(int64_t)e * T + c0 + k];
+            cu_load_rot_chunk(as + k * pad, act + (int64_t)slot * F, (int)F, dm.rotated, dm.rot_seed, it - k * nch);
+        }
+        __syncthreads();
+        if (nr == 0) return;
+        float acc[GR_RPW][GR_TB];
+#pragma unroll
+        for (int r = 0; r < GR_RPW; r++)
+#pragma unroll
+            for (int k = 0; k < GR_TB; k++) acc[r][k] = 0.f;
+        for (int64_t b = lane; b < G; b += 32) {
+            uint32_t wd[GR_RPW][3];
+            if (Q2) {
+#pragma unroll
+                for (int r = 0; r < GR_RPW; r++)
+                    if (r < nr) cu_q2_fetch(dm.w, (uint64_t)(r0 + r) * row_bytes + Q2B * (uint64_t)b, wd[r]);
+            }
+#pragma unroll
+            for (int r = 0; r < GR_RPW; r++) {
+                if (r >= nr) break;
+                float v[32];
+                grp_block<Q2>(type, dm, wd[r], r0 + r, row_bytes, b, lv, v);
+                grp_fma(v, as + 33 * b, pad, nt, acc[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < GR_RPW; r++) {
+            if (r >= nr) break;
+#pragma unroll
+            for (int k = 0; k < GR_TB; k++) {
+                if (k >= nt) break;
+                const float d = cu_warp_sum(acc[r][k]);
+                if (lane == 0) ydn[(int64_t)list[(int64_t)e * T + c0 + k] * H + r0 + r] = d;
+            }
+        }
+    }
+}
+
+__global__ void __launch_bounds__(MOE_THREADS)
+k_moe_combine(const float *__restrict__ ydn, const float *__restrict__ topk_w, int64_t H, int32_t K, float *__restrict__ y) {
+    const int64_t t = blockIdx.x;
+    for (int64_t i = threadIdx.x; i < H; i += MOE_THREADS) {
+        float s = 0.f;
+        for (int32_t j = 0; j < K; j++) s = fmaf(topk_w[t * K + j], ydn[(t * K + j) * H + i], s);
+        y[t * H + i] = s;
+    }
+}
+
 /* ---- host side ----------------------------------------------------------------------------------------------- */
 
-/* scratch: router logits [T][E] | (spare) [T][H] | act [T*K][F] */
+/* scratch: router logits [T][E] | act [T*K][F] | grouped path: rotated x [T][pad H] | down products [T*K][H] |
+ * int32: count [E] | n_active [1] | n_items [1] | active [E] | lists [E][T] | items [chunks][2] */
+static size_t grp_floats(int64_t T, int64_t H, int32_t K) {
+    return T < MOE_GROUP_MIN ? 0 : (size_t)T * CU_PAD(H) + (size_t)T * K * H;
+}
+static size_t grp_items_cap(int64_t T, int32_t E, int32_t K) {  /* chunks: at most T*K/GR_TB + one partial per expert */
+    const int64_t s = T * K, a = s < E ? s : E;
+    return (size_t)((s + GR_TB - 1) / GR_TB + a);
+}
+static size_t grp_ints(int64_t T, int32_t E, int32_t K) {
+    return T < MOE_GROUP_MIN ? 0 : (size_t)E * 2 + 2 + (size_t)E * T + 2 * grp_items_cap(T, E, K);
+}
+
 extern "C" size_t cu_moe_scratch_bytes(moet_backend *be, int64_t T, int64_t H, int64_t F, int32_t E, int32_t K) {
-    return ((size_t)T * E + (size_t)T * H + (size_t)T * K * F) * sizeof(float) + 256;
+    return ((size_t)T * E + (size_t)T * K * F + grp_floats(T, H, K)) * sizeof(float) + grp_ints(T, E, K) * sizeof(int32_t) + 256;
 }
 
 static int g_moe_attr_dev = -1;
@@ -245,7 +481,12 @@ static int set_attrs(cu_backend *c) {
     if (CU_CHECK(c, cudaFuncSetAttribute(k_moe_gate_up<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
         CU_CHECK(c, cudaFuncSetAttribute(k_moe_gate_up<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
         CU_CHECK(c, cudaFuncSetAttribute(k_moe_down<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_moe_down<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)))
+        CU_CHECK(c, cudaFuncSetAttribute(k_moe_down<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_moe_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_moe_gate_up_grp<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_moe_gate_up_grp<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_moe_down_grp<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_moe_down_grp<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MOE_SMEM_MAX)))
         return -1;
     g_moe_attr_dev = c->device;
     return 0;
@@ -268,12 +509,44 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
     if (set_attrs(c)) return;
     const cu_expert_table *tab = cu_experts(c, a);
     if (!tab) return;
-    float *logits = (float *)a->scratch, *act = logits + (size_t)T * E + (size_t)T * H;
+    float *logits = (float *)a->scratch, *act = logits + (size_t)T * E;
     const int q2 = cu_is_q2(tab->type) && tab->aligned4;
     const size_t rb_gu = moet_type_row_bytes(tab->type, H), rb_dn = moet_type_row_bytes(tab->type, F);
 
     cu_mul_mat(be, a->router, a->x, T, logits);
     const int pre = tab->gu_uniform;
+    const size_t sm_gr = (size_t)GR_TB * CU_PAD(H) * sizeof(float), sm_gd = (size_t)GR_TB * CU_PAD(F) * sizeof(float);
+    if (T >= MOE_GROUP_MIN && pre && sm_gr <= MOE_SMEM_MAX && sm_gd <= MOE_SMEM_MAX) {
+        float *xr = act + (size_t)T * K * F, *ydn = xr + (size_t)T * CU_PAD(H);
+        int32_t *count = (int32_t *)(ydn + (size_t)T * K * H), *n_active = count + E, *n_items = n_active + 1,
+                *active = n_items + 1, *list = active + E, *items = list + (size_t)E * T;
+        if (CU_CHECK(c, cudaMemsetAsync(count, 0, ((size_t)E + 2) * sizeof(int32_t), c->stream))) return;
+        k_moe_prep<<<(unsigned)T, MOE_THREADS, sm_gu, c->stream>>>(a->x, logits, T, H, E, K, a->norm_topk, tab->gu_rotated,
+                                                                  tab->gu_seed, a->topk_ids, a->topk_w, count, n_active,
+                                                                  active, list, xr);
+        if (CU_LAUNCHED(c, "k_moe_prep")) return;
+        k_moe_items<<<1, 1024, 0, c->stream>>>(count, n_active, active, n_items, items);
+        if (CU_LAUNCHED(c, "k_moe_items")) return;
+        const unsigned ny = (unsigned)grp_items_cap(T, E, K);
+        dim3 gg((unsigned)((F + GR_GU_ROWS - 1) / GR_GU_ROWS), ny), gd((unsigned)((H + GR_DN_ROWS - 1) / GR_DN_ROWS), ny);
+        if (q2)
+            k_moe_gate_up_grp<1><<<gg, MOE_THREADS, sm_gr, c->stream>>>(xr, T, H, F, K, tab->table, tab->type, rb_gu, count,
+                                                                        n_items, items, list, act);
+        else
+            k_moe_gate_up_grp<0><<<gg, MOE_THREADS, sm_gr, c->stream>>>(xr, T, H, F, K, tab->table, tab->type, rb_gu, count,
+                                                                        n_items, items, list, act);
+        if (CU_LAUNCHED(c, "k_moe_gate_up_grp")) return;
+        if (q2)
+            k_moe_down_grp<1><<<gd, MOE_THREADS, sm_gd, c->stream>>>(act, T, H, F, tab->table, tab->type, rb_dn, count,
+                                                                     n_items, items, list, ydn);
+        else
+            k_moe_down_grp<0><<<gd, MOE_THREADS, sm_gd, c->stream>>>(act, T, H, F, tab->table, tab->type, rb_dn, count,
+                                                                     n_items, items, list, ydn);
+        if (CU_LAUNCHED(c, "k_moe_down_grp")) return;
+        k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y);
+        CU_LAUNCHED(c, "k_moe_combine");
+        return;
+    }
     dim3 g1((unsigned)((F + GU_ROWS - 1) / GU_ROWS), (unsigned)(T * K));
     if (q2)
         k_moe_gate_up<1><<<g1, MOE_THREADS, sm_gu, c->stream>>>(a->x, logits, H, F, E, K, a->norm_topk, tab->table,

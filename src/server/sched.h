@@ -7,9 +7,9 @@
  * short one. Everything a client sees (SSE chunks, the final JSON, error bodies) is formatted by the scheduler into
  * the request's output buffer; the HTTP side only moves those bytes, and tells the scheduler when the client left.
  *
- * The step is written against one sequence at a time (moet_session_eval per sequence). When the engine gains a
- * batched multi-sequence eval (one forward over the decode tokens of all running sequences: the GPU's win), it
- * replaces the inner loop of sched_step; nothing outside this file changes.
+ * A step: prefill chunks one sequence at a time, then every decoding sequence samples its next token, and the
+ * tokens of all that go on are fed through one batched forward (moet_batch_decode): the weights are read once per
+ * step for the whole running batch, attention runs per sequence on its own KV cache.
  */
 #ifndef MOET_SERVER_SCHED_H
 #define MOET_SERVER_SCHED_H

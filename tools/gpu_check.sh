@@ -6,6 +6,7 @@ set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 bin=.carry/bin
 export LD_LIBRARY_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+[ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1
 fail=0
 run() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1; local rc=$?; tail -n "${TAIL:-6}" "$out/$name.log"; echo "   rc=$rc"; [ $rc -eq 0 ] || fail=1; }

@@ -156,6 +156,12 @@ int cli_read_text(const char *path, char **text, size_t *len, char *err, size_t 
 const char *cli_git_commit(void) {
     static char buf[64];
     if (buf[0]) return buf;
+    /* a build run from a copy of the tree (the device machine) is told its commit: its own git metadata may be stale */
+    const char *env = getenv("MOET_COMMIT");
+    if (env && *env) {
+        snprintf(buf, sizeof buf, "%s", env);
+        return buf;
+    }
     FILE *f = popen("git describe --always --dirty --abbrev=12 2>/dev/null", "r");
     if (f) {
         if (!fgets(buf, sizeof buf, f)) buf[0] = 0;

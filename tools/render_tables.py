@@ -15,6 +15,8 @@ def cpu_bench():
     for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/cpu-*.json"))):
         d = json.load(open(f))
         for r in d["results"]:
+            if "batch" in r:
+                continue  # batched decode rows: the cuda-batched table
             rows.append(f"| {os.path.basename(d['model'])} | {r['threads']} | {r['pp_tps']:.1f} | {r['tg_tps']:.1f} | "
                         f"{d['peak_rss_bytes'] / 2**20:.0f} MiB | {d['machine']['cpu']}, {d['machine']['cores']} cores | "
                         f"{d['commit']} | {d['date'][:10]} |")
@@ -116,6 +118,8 @@ def cuda_bench():
     for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/cuda/bench-*.json"))):
         d = json.load(open(f))
         for r in d["results"]:
+            if "batch" in r:
+                continue  # batched decode rows: the cuda-batched table
             rows.append(f"| {os.path.basename(d['model'])} | {r['weight_bytes'] / 2**30:.2f} GiB | {r['experts']} | "
                         f"{r['pp_tps']:.1f} | {r['tg_tps']:.1f} | {r['tg_bytes_per_token'] / 1e9:.3f} GB | "
                         f"{r['tg_gbps']:.0f} | {100 * r['tg_gbps'] / COPY_GBPS:.1f}% | {d['machine']['gpu'].split(' (')[0]} | "
@@ -137,7 +141,23 @@ def serve_load():
     return "\n".join(rows)
 
 
-TABLES = {"serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
+def cuda_batched():
+    rows = ["| model | experts | sequences | aggregate decode t/s | per sequence t/s | vs one sequence | GPU | commit | date |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/cuda/bench-*.json"))):
+        d = json.load(open(f))
+        single = next((r["tg_tps"] for r in d["results"] if "batch" not in r and r.get("tg_tps")), None)
+        for r in d["results"]:
+            if "batch" not in r:
+                continue
+            ratio = f"{r['batched_tps'] / single:.2f}×" if single else ""
+            rows.append(f"| {os.path.basename(d['model'])} | {r['experts']} | {r['batch']} | {r['batched_tps']:.1f} | "
+                        f"{r['batched_tps'] / r['batch']:.1f} | {ratio} | {d['machine']['gpu'].split(' (')[0]} | "
+                        f"{d['commit']} | {d['date'][:10]} |")
+    return "\n".join(rows)
+
+
+TABLES = {"cuda-batched": cuda_batched, "serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
 
 
 def render(path, check):

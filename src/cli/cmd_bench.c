@@ -9,6 +9,8 @@
  * --experts picks its expert format. For decode the JSON also carries the bytes one token reads (every dense weight,
  * k experts per layer, the router, lm_head, the KV cache) and that over the time per token (effective GB/s), which
  * docs/performance.md sets against the GPU's measured copy bandwidth.
+ * -b 4,16: batched decode as a server runs it: B sessions after a short prompt each, tg steps of one forward over
+ * the next token of all B (moet_batch_decode); reported as aggregate tokens/s ("tg128 b16").
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +52,7 @@ static void cpu_name(char *buf, size_t cap) {
 int cmd_bench(int argc, char **argv) {
     cli_common c = {0};
     long pp = 512, tg = 128, reps = 3;
-    const char *threads = "1,2", *json_path = NULL, *synthetic = NULL, *experts = "w2";
+    const char *threads = "1,2", *json_path = NULL, *synthetic = NULL, *experts = "w2", *batches = NULL;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);
         if (r < 0) return 2;
@@ -64,6 +66,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--json")) { VAL(); json_path = v; }
         else if (!strcmp(a, "--synthetic")) { VAL(); synthetic = v; }
         else if (!strcmp(a, "--experts")) { VAL(); experts = v; }
+        else if (!strcmp(a, "-b")) { VAL(); batches = v; }
         else { fprintf(stderr, "moet bench: unknown option '%s'\n", a); return 2; }
 #undef VAL
     }
@@ -180,6 +183,51 @@ int cmd_bench(int argc, char **argv) {
                                first ? "" : ",", info.backend, info.device, ex, nt, pp, mpp, tg, mtg, tok_bytes,
                                tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params);
         first = 0;
+        for (const char *bp = batches; bp && *bp && tg > 0;) {  /* batched decode */
+            long B;
+            char bb[16];
+            size_t bl = strcspn(bp, ",");
+            snprintf(bb, sizeof bb, "%.*s", (int)(bl < 15 ? bl : 15), bp);
+            bp += bl + (bp[bl] == ',');
+            if (cli_parse_int(bb, 1, 256, &B)) { fprintf(stderr, "moet bench: bad -b entry '%s'\n", bb); break; }
+            moet_session **ss = calloc((size_t)B, sizeof *ss);
+            int32_t *tok = malloc((size_t)B * sizeof(int32_t));
+            moet_batch *bt = NULL;
+            moet_session_options bo = moet_session_default_options();
+            bo.n_ctx = (int32_t)(tg + 16);
+            int erc = !ss || !tok || moet_batch_create(m, (int32_t)B, bo.n_ctx, &bt, err, sizeof err);
+            for (long i = 0; i < B && !erc; i++)
+                erc = moet_session_create(m, &bo, &ss[i], err, sizeof err) ||
+                      moet_session_eval(ss[i], ids + i % 8, 4, MOET_LOGITS_LAST, err, sizeof err);
+            double tb[100];
+            for (long r = 0; r < reps && !erc; r++) {
+                for (long i = 0; i < B; i++) moet_session_truncate(ss[i], 4, NULL, 0);
+                double t0 = moet_time_s();
+                for (long st = 0; st < tg && !erc; st++) {
+                    for (long i = 0; i < B; i++) tok[i] = ids[(4 + st + 3 * i) % (pp + tg + 8)];
+                    erc = moet_batch_decode(bt, ss, tok, (int32_t)B, err, sizeof err);
+                }
+                tb[r] = (double)B * (double)tg / (moet_time_s() - t0);
+                fprintf(stderr, "moet: bench batched b=%ld rep %ld/%ld: %.1f t/s\n", B, r + 1, reps, tb[r]);
+            }
+            if (erc) {
+                fprintf(stderr, "moet: batched decode b=%ld: %s\n", B, err);
+            } else {
+                qsort(tb, (size_t)reps, sizeof(double), cmp_d);
+                printf("| %s | %s | %.2fB | %s | %s | %ld | tg%ld b%ld | %.1f | |\n", name, size, (double)info.n_params / 1e9,
+                       ex, info.backend, nt, tg, B, tb[reps / 2]);
+                fflush(stdout);
+                ro += (size_t)snprintf(results + ro, sizeof results - ro,
+                                       ",\n    {\"backend\": \"%s\", \"device\": \"%s\", \"experts\": \"%s\", \"threads\": %ld, "
+                                       "\"tg\": %ld, \"batch\": %ld, \"batched_tps\": %.2f, \"weight_bytes\": %lld, \"n_params\": %lld}",
+                                       info.backend, info.device, ex, nt, tg, B, tb[reps / 2], (long long)info.weight_bytes,
+                                       (long long)info.n_params);
+            }
+            for (long i = 0; ss && i < B; i++) moet_session_free(ss[i]);
+            moet_batch_free(bt);
+            free(ss);
+            free(tok);
+        }
         free(ids);
         moet_session_free(s);
         moet_model_free(m);

@@ -14,7 +14,7 @@
 
 static void usage(void) {
     fprintf(stderr, "usage: moet quantize -m HF_DIR -o OUT.gguf [--experts w2|int2|asym2|sym2|nvfp4|mxfp4|q8_0|bf16]\n"
-                    "                     [--dense bf16] [--calib TEXT_FILE[.xz] | --no-calib] [--calib-tokens N]\n"
+                    "                     [--dense bf16|q8_0] [--calib TEXT_FILE[.xz] | --no-calib] [--calib-tokens N]\n"
                     "                     [--group 32] [--no-rotate] [--no-gptq] [--no-search] [-t THREADS]\n");
 }
 
@@ -47,7 +47,10 @@ int cmd_quantize(int argc, char **argv) {
     if (!out || !c.model) { usage(); return 2; }
     int qf = moet_qformat_parse(fmt);
     if (qf < 0 || moet_qformat_has_delta(qf)) { fprintf(stderr, "moet quantize: unknown expert format '%s'\n", fmt); return 2; }
-    if (strcmp(dense, "bf16")) { fprintf(stderr, "moet quantize: --dense %s is not supported yet (bf16: dense tensors as stored)\n", dense); return 2; }
+    if (strcmp(dense, "bf16") && strcmp(dense, "q8_0")) {
+        fprintf(stderr, "moet quantize: --dense bf16 (dense tensors as stored) or q8_0 (projections and lm_head as Q8_0)\n");
+        return 2;
+    }
     if (group != 32) { fprintf(stderr, "moet quantize: --group %ld: the formats use groups of 32 (NVFP4: 16)\n", group); return 2; }
     if (!calib && !no_calib && qf == MOET_QF_W2) {
         fprintf(stderr, "moet quantize: W2 needs calibration text (--calib FILE) or an explicit --no-calib\n");
@@ -68,7 +71,8 @@ int cmd_quantize(int argc, char **argv) {
         free(txt);
         if (crc) { fprintf(stderr, "moet: error: calibration: %s\n", cal ? err : "out of memory"); goto done; }
     }
-    moet_pack_options po = {.q = moet_matq_default_options((moet_qformat)qf), .calib = cal, .n_threads = c.threads};
+    moet_pack_options po = {.q = moet_matq_default_options((moet_qformat)qf), .calib = cal, .n_threads = c.threads,
+                            .dense_q8 = !strcmp(dense, "q8_0")};
     po.q.rotate = !no_rotate;
     po.q.gptq = !no_gptq;
     po.q.search = !no_search;

@@ -12,6 +12,7 @@
 #include "core/pool.h"
 #include "core/progress.h"
 #include "core/util.h"
+#include "quant/formats.h"
 #include "quant/requant.h"
 #include "quant/types.h"
 
@@ -41,7 +42,39 @@ typedef struct {
     float *qparams;      /* [task*3+k][4] */
     int failed;
     moet_progress prog;
+    uint8_t **dense_bufs;  /* Q8_0 copies of dense projections (--dense q8_0), alive until the file is written */
+    size_t n_dense;
 } pw_ctx;
+
+/* --dense q8_0 converts the linear projections: attention, dense MLP, lm_head. Embeddings stay as stored (a row
+ * gather), and so do the router (its logits pick the experts) and every vector. */
+static int is_dense_projection(const moet_st_tensor *t) {
+    size_t n = strlen(t->name);
+    int proj = n > 12 && !strcmp(t->name + n - 12, "_proj.weight");
+    return t->ndim == 2 && t->shape[1] % 32 == 0 && (proj || !strcmp(t->name, "lm_head.weight"));
+}
+
+static uint8_t *dense_to_q8_0(const moet_st_tensor *t) {
+    const int64_t rows = t->shape[0], cols = t->shape[1];
+    const size_t rb = moet_type_row_bytes(MOET_TYPE_Q8_0, cols);
+    uint8_t *out = malloc(rb * (size_t)rows + 1);
+    float *row = malloc((size_t)cols * sizeof(float));
+    if (!out || !row) { free(out); free(row); return NULL; }
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *src = t->data + (size_t)r * (size_t)cols * moet_st_dtype_size(t->dtype);
+        for (int64_t c = 0; c < cols; c++) {
+            uint16_t h;
+            switch (t->dtype) {
+            case MOET_ST_F32: memcpy(&row[c], src + 4 * c, 4); break;
+            case MOET_ST_F16: memcpy(&h, src + 2 * c, 2); row[c] = moet_f16_to_f32(h); break;
+            default: memcpy(&h, src + 2 * c, 2); row[c] = moet_bf16_to_f32(h); break;
+            }
+        }
+        moet_q8_0_quantize_row(row, (moet_block_q8_0 *)(out + (size_t)r * rb), cols);
+    }
+    free(row);
+    return out;
+}
 
 static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
     (void)tid;
@@ -95,10 +128,11 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     x.task_layer = calloc((size_t)x.n_tasks + 1, sizeof(int64_t));
     x.blocks = calloc((size_t)x.n_tasks * 3 + 1, sizeof(uint8_t *));
     x.qparams = calloc((size_t)x.n_tasks * 12 + 1, sizeof(float));
+    x.dense_bufs = calloc(m->st.n_tensors + 1, sizeof(uint8_t *));
     char *tok_json = NULL, *tmpl = NULL;
     int rc = MOET_OK;
     moet_gguf_writer *w = NULL;
-    if (!x.task_layer || !x.blocks || !x.qparams) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    if (!x.task_layer || !x.blocks || !x.qparams || !x.dense_bufs) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
     for (int l = 0, t = 0; l < hp->n_layers; l++)
         if (hp->layer_moe[l])
             for (int64_t e = 0; e < E; e++) x.task_layer[t++] = l;
@@ -120,6 +154,7 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     const char *fname = moet_qformat_name(o->q.format);
     moet_gguf_writer_kv_str(w, "moet.expert_format", fname, strlen(fname));
     moet_gguf_writer_kv_f32(w, "moet.expert_bpw", (float)moet_qformat_bpw(o->q.format));
+    moet_gguf_writer_kv_str(w, "moet.dense_format", o->dense_q8 ? "q8_0" : "as stored", o->dense_q8 ? 4 : 9);
     for (size_t i = 0; i < sizeof k_hp_i32 / sizeof k_hp_i32[0]; i++)
         moet_gguf_writer_kv_i32(w, k_hp_i32[i].key, *(const int32_t *)((const char *)hp + k_hp_i32[i].off));
     moet_gguf_writer_kv_f32(w, "moet.hp.rms_eps", hp->rms_eps);
@@ -145,6 +180,14 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
         }
         int64_t ne[4];
         for (int d = 0; d < t->ndim; d++) ne[d] = t->shape[t->ndim - 1 - d];
+        if (o->dense_q8 && is_dense_projection(t)) {
+            uint8_t *q8 = dense_to_q8_0(t);
+            if (!q8) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+            x.dense_bufs[x.n_dense++] = q8;  /* the writer reads the data when it finishes */
+            moet_gguf_writer_tensor(w, t->name, MOET_TYPE_Q8_0, 2, ne, q8,
+                                    moet_type_row_bytes(MOET_TYPE_Q8_0, t->shape[1]) * (uint64_t)t->shape[0], 32);
+            continue;
+        }
         moet_gguf_writer_tensor(w, t->name, ty, t->ndim, ne, t->data, t->nbytes, 32);
     }
     /* Experts: one 4 KiB-aligned record each (gate, up, down back to back), then the layer's qparams. */
@@ -177,6 +220,8 @@ out:
     free(x.blocks);
     free(x.qparams);
     free(x.task_layer);
+    for (size_t i = 0; i < x.n_dense; i++) free(x.dense_bufs[i]);
+    free(x.dense_bufs);
     free(tok_json);
     free(tmpl);
     return rc;

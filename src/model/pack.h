@@ -21,6 +21,7 @@ typedef struct {
     moet_matq_options q;     /* expert format and its options */
     const moet_calib *calib; /* may be NULL */
     int n_threads;
+    int dense_q8;            /* 1: the dense projections (attention, dense MLP, lm_head) as Q8_0; 0: as stored */
 } moet_pack_options;
 
 /* m: a model loaded from a Hugging Face directory (source dir for the tokenizer files). */

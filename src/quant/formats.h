@@ -47,6 +47,13 @@ uint8_t moet_q2_scale_code(const moet_q2_params *p, float s); /* nearest code, c
 double moet_q2_quantize_group(const moet_q2_params *p, const float *x, const float *imp, int search,
                               moet_block_q2 *b);
 void moet_q2_dequantize_row(const moet_q2_params *p, const moet_block_q2 *b, float *y, int64_t n);
+/* out[r] = row r . x for nr rows of n weights (n a multiple of 32) read straight from their 2-bit blocks (q2dot.c):
+ * the AVX2+FMA version where the CPU has it, else the scalar reference; _ref is always the scalar one. */
+void moet_q2_dot_rows(const moet_q2_params *p, const moet_block_q2 *const *rows, int nr, const float *x, int64_t n,
+                      float *out);
+void moet_q2_dot_rows_ref(const moet_q2_params *p, const moet_block_q2 *const *rows, int nr, const float *x,
+                          int64_t n, float *out);
+int moet_q2_dot_simd_available(void);
 /* Nearest level code of v for scale s. */
 uint8_t moet_q2_nearest(const float lv[4], float s, float v);
 

@@ -116,6 +116,22 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
     const moet_weight *w = m->w;
     const int64_t K = w->cols, R = w->rows;
     float *buf = m->c->rowbuf[tid];
+    /* 2-bit rows at decode sizes: dotted straight from their blocks (q2dot.c, AVX2 where there is), no widening;
+     * from 3 tokens on, widening once and reusing the floats for every token is cheaper. */
+    const int q2 = w->type == MOET_TYPE_W2 || w->type == MOET_TYPE_INT2 || w->type == MOET_TYPE_SYM2;
+    if (q2 && m->n <= 2 && K % 32 == 0) {
+        const moet_q2_params qp = {.kind = w->type == MOET_TYPE_W2 ? MOET_Q2_W2 : w->type == MOET_TYPE_INT2 ? MOET_Q2_INT2
+                                                                                                         : MOET_Q2_SYM2,
+                                   .base = w->qscale, .beta = w->qbeta};
+        for (int64_t blk = rb; blk < re; blk++) {
+            const int64_t r0 = blk * ROW_BLOCK;
+            const int nr = (int)(R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK);
+            const moet_block_q2 *rows[ROW_BLOCK];
+            for (int j = 0; j < nr; j++) rows[j] = (const moet_block_q2 *)((const uint8_t *)w->data + (size_t)(r0 + j) * w->row_bytes);
+            for (int64_t t = 0; t < m->n; t++) moet_q2_dot_rows(&qp, rows, nr, m->x + (size_t)t * K, K, m->y + (size_t)t * R + r0);
+        }
+        return;
+    }
     /* Tasks are in units of ROW_BLOCK rows. */
     for (int64_t blk = rb; blk < re; blk++) {
         int64_t r0 = blk * ROW_BLOCK;

@@ -96,6 +96,27 @@ static void ref_mul_mat(const float *W, const float *x, int64_t R, int64_t C, in
         }
 }
 
+/* mul_mat of W quantized to qf (deq: its dequantized copy, written here) at one token (the decode kernels) and at
+ * n (batched), against the float64 reference; y and ref are scratch of n * rows. */
+static void check_mul_mat(int qf, const char *label, const float *W, float *deq, const float *x, int64_t rows,
+                          int64_t cols, int64_t n, float *y, double *ref) {
+    const moet_backend_ops *op = g_be->ops;
+    moet_weight w;
+    void *blk = make_weight(qf, W, rows, cols, &w, deq);
+    ref_mul_mat(deq, x, rows, cols, n, ref);
+    for (int64_t nn = 1; nn <= n; nn += n - 1) {
+        float *xd = dev(x, sizeof(float) * nn * cols), *yd = dev_poisoned((size_t)(nn * rows));
+        op->mul_mat(g_be, &w, xd, nn, yd);
+        pull(y, yd, (size_t)(nn * rows));
+        char v[48];
+        snprintf(v, sizeof v, "%s %sn=%lld", moet_qformat_name((moet_qformat)qf), label, (long long)nn);
+        report("mul_mat", v, nmse(y, ref, (size_t)(nn * rows)), w.rotated ? 1e-11 : 1e-12);
+        drop(xd); drop(yd);
+    }
+    op->forget(g_be, blk);
+    free(blk);
+}
+
 int perf_main(moet_backend *be);
 
 int main(int argc, char **argv) {
@@ -138,22 +159,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < N * C; i++) x[i] = gauss();
     const int qfs[] = {MOET_QF_BF16, MOET_QF_Q8_0, MOET_QF_MXFP4, MOET_QF_NVFP4, MOET_QF_INT2, MOET_QF_ASYM2,
                        MOET_QF_SYM2, MOET_QF_W2};
-    for (size_t k = 0; k < sizeof qfs / sizeof qfs[0]; k++) {
-        moet_weight w;
-        void *blk = make_weight(qfs[k], W, R, C, &w, deq);
-        ref_mul_mat(deq, x, R, C, N, ref);
-        for (int64_t nn = 1; nn <= N; nn += N - 1) { /* one token (decode kernels) and N (batched) */
-            float *xd = dev(x, sizeof(float) * nn * C), *yd = dev_poisoned((size_t)(nn * R));
-            op->mul_mat(be, &w, xd, nn, yd);
-            pull(y, yd, (size_t)(nn * R));
-            char v[32];
-            snprintf(v, sizeof v, "%s n=%lld", moet_qformat_name((moet_qformat)qfs[k]), (long long)nn);
-            report("mul_mat", v, nmse(y, ref, (size_t)(nn * R)), w.rotated ? 1e-11 : 1e-12);
-            drop(xd); drop(yd);
-        }
-        op->forget(be, blk);
-        free(blk);
-    }
+    for (size_t k = 0; k < sizeof qfs / sizeof qfs[0]; k++) check_mul_mat(qfs[k], "", W, deq, x, R, C, N, y, ref);
     { /* f32 and f16 weights directly */
         moet_weight w = {.data = W, .type = MOET_TYPE_F32, .rows = R, .cols = C, .row_bytes = C * 4, .qscale = 1};
         ref_mul_mat(W, x, R, C, N, ref);
@@ -184,22 +190,7 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < R2 * C2; i++) W2[i] = gauss() * 0.05f;
         for (int64_t i = 0; i < N2 * C2; i++) x2[i] = gauss();
         const int qf2[] = {MOET_QF_BF16, MOET_QF_W2};
-        for (size_t k = 0; k < 2; k++) {
-            moet_weight w;
-            void *blk = make_weight(qf2[k], W2, R2, C2, &w, dq2);
-            ref_mul_mat(dq2, x2, R2, C2, N2, ref2);
-            for (int64_t nn = 1; nn <= N2; nn += N2 - 1) {
-                float *xd = dev(x2, sizeof(float) * nn * C2), *yd = dev_poisoned((size_t)(nn * R2));
-                op->mul_mat(be, &w, xd, nn, yd);
-                pull(y2, yd, (size_t)(nn * R2));
-                char v[40];
-                snprintf(v, sizeof v, "%s 300x352 n=%lld", moet_qformat_name((moet_qformat)qf2[k]), (long long)nn);
-                report("mul_mat", v, nmse(y2, ref2, (size_t)(nn * R2)), w.rotated ? 1e-11 : 1e-12);
-                drop(xd); drop(yd);
-            }
-            op->forget(be, blk);
-            free(blk);
-        }
+        for (size_t k = 0; k < 2; k++) check_mul_mat(qf2[k], "300x352 ", W2, dq2, x2, R2, C2, N2, y2, ref2);
         free(W2); free(dq2); free(x2); free(y2); free(ref2);
     }
     /* add: residual and bias forms */

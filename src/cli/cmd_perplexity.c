@@ -212,12 +212,17 @@ int cmd_perplexity(int argc, char **argv) {
             /* The confidence gate, step by step as decode runs it: each step on the base experts; a step whose top-1
              * probability is below tau is recomputed with base + delta, replacing its KV entries. */
             for (long j = 0; j + 1 < ctx; j++) {
+                if (!study) {
+                    int corr;
+                    if (moet_session_eval_gated(s, wt[j], (float)tau, &corr, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
+                    corrected += corr;
+                    memcpy(gate_buf + (size_t)j * V, moet_session_logits(s, NULL), (size_t)V * sizeof(float));
+                    continue;
+                }
                 if (moet_session_eval(s, wt + j, 1, MOET_LOGITS_LAST, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
                 const float *l1 = moet_session_logits(s, NULL);
                 moet_log_softmax(l1, V, logp);
-                float mx = logp[0];
-                for (int32_t k = 1; k < V; k++) mx = logp[k] > mx ? logp[k] : mx;
-                if (study) {
+                {
                     double p1 = 0, p2 = 0, ent = 0;
                     for (int32_t k = 0; k < V; k++) {
                         double pk = exp((double)logp[k]);
@@ -233,18 +238,7 @@ int cmd_perplexity(int argc, char **argv) {
                     if (!erc) memcpy(study_on + (size_t)j * V, moet_session_logits(s, NULL), (size_t)V * sizeof(float));
                     moet_session_truncate(s, moet_session_pos(s) - 1, NULL, 0); /* back to the base entry */
                     if (erc || moet_session_eval(s, wt + j, 1, MOET_LOGITS_LAST, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
-                    continue;
                 }
-                if (expf(mx) < (float)tau) {
-                    moet_session_truncate(s, moet_session_pos(s) - 1, NULL, 0);
-                    moet_session_use_delta(s, 1);
-                    int erc = moet_session_eval(s, wt + j, 1, MOET_LOGITS_LAST, err, sizeof err);
-                    moet_session_use_delta(s, 0);
-                    if (erc) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
-                    l1 = moet_session_logits(s, NULL);
-                    corrected++;
-                }
-                memcpy(gate_buf + (size_t)j * V, l1, (size_t)V * sizeof(float));
             }
             lg = gate_buf;
         }

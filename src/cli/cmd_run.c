@@ -7,12 +7,20 @@
 
 #include "cli/cli.h"
 #include "core/util.h"
+#include "quant/calib.h"
+#include "quant/matq.h"
+#include "quant/requant.h"
+#include "runtime/session_int.h"
 
 static void usage(void) {
     fprintf(stderr,
             "usage: moet run [-m DIR] (-p TEXT | --prompt-ids \"1 2 3\") [-n N] [--temp T] [--seed S]\n"
             "                [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N]\n"
-            "                [--print-ids] [--ignore-eos] [-t THREADS]\n");
+            "                [--print-ids] [--ignore-eos] [-t THREADS]\n"
+            "                [--experts FORMAT [--calib TEXT]] [--delta off|on|gate] [--tau T]\n"
+            "  --experts   quantize the routed experts in memory first (e.g. w2, w2+nvfp4: W2 with an NVFP4 delta)\n"
+            "  --delta     with a delta: off (base only), on (base + delta), gate (default: each step on the base,\n"
+            "              recomputed with the delta when its top-1 probability is below --tau, default 0.6)\n");
 }
 
 int cmd_run(int argc, char **argv) {
@@ -20,6 +28,8 @@ int cmd_run(int argc, char **argv) {
     const char *prompt = NULL, *prompt_ids = NULL;
     long n_gen = 64, ctx = 0;
     int print_ids = 0, ignore_eos = 0;
+    const char *experts = NULL, *calib_file = NULL, *delta_mode = NULL;
+    double tau = 0.6;
     moet_sampler_options so = moet_sampler_default_options();
     so.temperature = 0.8f;
     for (int i = 1; i < argc; i++) {
@@ -41,6 +51,10 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(a, "--top-p")) { VAL(); if (cli_parse_float(v, &d)) BAD(); so.top_p = (float)d; }
         else if (!strcmp(a, "--min-p")) { VAL(); if (cli_parse_float(v, &d)) BAD(); so.min_p = (float)d; }
         else if (!strcmp(a, "--repeat-penalty")) { VAL(); if (cli_parse_float(v, &d)) BAD(); so.repetition_penalty = (float)d; }
+        else if (!strcmp(a, "--experts")) { VAL(); experts = v; }
+        else if (!strcmp(a, "--calib")) { VAL(); calib_file = v; }
+        else if (!strcmp(a, "--delta")) { VAL(); delta_mode = v; }
+        else if (!strcmp(a, "--tau")) { VAL(); if (cli_parse_float(v, &d) || d < 0 || d > 1) BAD(); tau = d; }
         else if (!strcmp(a, "--print-ids")) print_ids = 1;
         else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
@@ -55,6 +69,39 @@ int cmd_run(int argc, char **argv) {
     }
     moet_model *m = cli_load_model(&c);
     if (!m) return 1;
+    int dmode = 0;  /* 0 off, 1 on, 2 gate */
+    long corrected = 0, steps = 0;
+    if (experts) {
+        int qf = moet_qformat_parse(experts);
+        char qerr[512];
+        if (qf < 0) { fprintf(stderr, "moet run: unknown --experts format '%s'\n", experts); moet_model_free(m); return 2; }
+        moet_calib *cal = NULL;
+        if (calib_file) {
+            char *ct;
+            size_t cl;
+            if (cli_read_text(calib_file, &ct, &cl, qerr, sizeof qerr)) { fprintf(stderr, "moet: error: %s\n", qerr); moet_model_free(m); return 1; }
+            cal = moet_calib_create(m);
+            int crc = !cal || moet_calib_run(m, cal, ct, cl, 512, 16384, qerr, sizeof qerr);
+            free(ct);
+            if (crc) { fprintf(stderr, "moet: error: calibration: %s\n", cal ? qerr : "out of memory"); moet_calib_free(cal); moet_model_free(m); return 1; }
+        }
+        moet_matq_options qo = moet_matq_default_options((moet_qformat)qf);
+        moet_requant_stats rqs = {0};
+        int qrc = moet_model_requant_experts(m, &qo, cal, c.threads, &rqs, qerr, sizeof qerr);
+        moet_calib_free(cal);
+        if (qrc) { fprintf(stderr, "moet: error: %s\n", qerr); moet_model_free(m); return 1; }
+        if (!delta_mode) delta_mode = moet_qformat_has_delta(qf) ? "gate" : "off";
+        dmode = !strcmp(delta_mode, "off") ? 0 : !strcmp(delta_mode, "on") ? 1 : !strcmp(delta_mode, "gate") ? 2 : -1;
+        if (dmode < 0 || (dmode > 0 && !moet_qformat_has_delta(qf))) {
+            fprintf(stderr, "moet run: --delta %s needs --experts with a delta (w2+nvfp4, w2+w2); modes: off, on, gate\n", delta_mode);
+            moet_model_free(m);
+            return 2;
+        }
+    } else if (delta_mode && strcmp(delta_mode, "off")) {
+        fprintf(stderr, "moet run: --delta %s needs --experts with a delta (w2+nvfp4, w2+w2)\n", delta_mode);
+        moet_model_free(m);
+        return 2;
+    }
     const moet_tokenizer *tok = moet_model_tokenizer(m);
     char err[512];
     int32_t *ids = NULL;
@@ -86,7 +133,15 @@ int cmd_run(int argc, char **argv) {
     int32_t eos[8];
     int n_eos = ignore_eos ? 0 : moet_model_eos_ids(m, eos, 8);
     double t0 = moet_time_s();
-    if (moet_session_eval(s, ids, (int32_t)n_prompt, MOET_LOGITS_LAST, err, sizeof err)) {
+    moet_session_use_delta(s, dmode == 1);
+    if (dmode == 2) {  /* the gate runs step by step, prompt tokens included (tau 0 = off, tau 1 = on, exactly) */
+        for (size_t i = 0; i < n_prompt; i++) {
+            int corr;
+            if (moet_session_eval_gated(s, ids[i], (float)tau, &corr, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
+            corrected += corr;
+            steps++;
+        }
+    } else if (moet_session_eval(s, ids, (int32_t)n_prompt, MOET_LOGITS_LAST, err, sizeof err)) {
         fprintf(stderr, "moet: error: %s\n", err);
         goto out;
     }
@@ -109,15 +164,21 @@ int cmd_run(int argc, char **argv) {
         fflush(stdout);
         if (++generated == n_gen) break;
         if (moet_session_pos(s) >= sopt.n_ctx) { MOET_LOGW("context full after %ld tokens", generated); break; }
-        if (moet_session_eval(s, &next, 1, MOET_LOGITS_LAST, err, sizeof err)) {
+        int corr = 0;
+        if (dmode == 2 ? moet_session_eval_gated(s, next, (float)tau, &corr, err, sizeof err)
+                       : moet_session_eval(s, &next, 1, MOET_LOGITS_LAST, err, sizeof err)) {
             fprintf(stderr, "moet: error: %s\n", err);
             goto out;
         }
+        corrected += corr;
+        steps += dmode == 2;
     }
     printf("\n");
     double t2 = moet_time_s();
     MOET_LOGI("prompt %zu tokens in %.3f s (%.1f t/s); generated %ld tokens in %.3f s (%.1f t/s)", n_prompt, t1 - t0,
               (double)n_prompt / (t1 - t0), generated, t2 - t1, generated > 0 ? (double)generated / (t2 - t1) : 0.0);
+    if (dmode == 2) MOET_LOGI("delta gate (tau %.2f): %ld of %ld steps corrected (%.1f%%)", tau, corrected, steps,
+                              steps ? 100.0 * (double)corrected / (double)steps : 0.0);
     rc = 0;
 out:
     moet_sampler_free(smp);

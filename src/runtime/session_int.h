@@ -17,4 +17,10 @@ void moet_session_set_calib(moet_session *s, moet_calib *c);
 /* 0: base experts; 1: base + delta ("on"); the model must have delta weights for 1. */
 void moet_session_use_delta(moet_session *s, int on);
 
+/* The confidence gate for one step: token runs on the base experts; if the top-1 probability of the resulting
+ * distribution is below tau, the step is recomputed with base + delta, its KV entries replaced, and the corrected
+ * logits are the session's. *corrected (may be NULL) is set to 1 when it was. tau = 0 never corrects (= off),
+ * tau = 1 always does (= on, bit for bit: the corrected step is an ordinary delta step on the same cache). */
+int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corrected, char *err, size_t errlen);
+
 #endif

@@ -9,6 +9,8 @@
 #include <stdio.h>
 
 #include "moet.h"
+#include "quant/matq.h"
+#include "quant/requant.h"
 
 #ifndef MOET_DEFAULT_MODEL_DIR
 #define MOET_DEFAULT_MODEL_DIR "models/moe-mini-a"
@@ -36,6 +38,10 @@ void cli_usage(FILE *f);
 /* Reads a text file; a name ending in .xz is decompressed through xz(1). */
 int cli_read_text(const char *path, char **text, size_t *len, char *err, size_t errlen);
 const char *cli_git_commit(void);
+/* --experts for run/perplexity: calibrate on calib_file (NULL: none, calib_tokens of it) and requantize m's routed
+ * experts in memory with qo. Prints the error and returns nonzero on failure. */
+int cli_requant_experts(moet_model *m, const moet_matq_options *qo, const char *calib_file, long calib_tokens,
+                        int n_threads, moet_requant_stats *rqs);
 
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

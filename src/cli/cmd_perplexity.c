@@ -89,26 +89,12 @@ int cmd_perplexity(int argc, char **argv) {
     if (experts) {
         qf = moet_qformat_parse(experts);
         if (qf < 0) { fprintf(stderr, "moet perplexity: unknown --experts format '%s'\n", experts); moet_model_free(m); free(text); return 2; }
-        moet_calib *cal = NULL;
-        if (calib_file) {
-            char *ct;
-            size_t cl;
-            if (cli_read_text(calib_file, &ct, &cl, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); free(text); return 1; }
-            cal = moet_calib_create(m);
-            if (!cal || moet_calib_run(m, cal, ct, cl, 512, calib_tokens, err, sizeof err)) {
-                fprintf(stderr, "moet: error: calibration: %s\n", cal ? err : "out of memory");
-                free(ct); moet_calib_free(cal); moet_model_free(m); free(text); return 1;
-            }
-            free(ct);
-        }
         moet_matq_options qo = moet_matq_default_options((moet_qformat)qf);
         qo.rotate = !no_rotate;
         qo.gptq = !no_gptq;
         qo.search = !no_search;
         qo.beta = (float)beta;
-        int qrc = moet_model_requant_experts(m, &qo, cal, c.threads, &rqs, err, sizeof err);
-        moet_calib_free(cal);
-        if (qrc) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); free(text); return 1; }
+        if (cli_requant_experts(m, &qo, calib_file, calib_tokens, c.threads, &rqs)) { moet_model_free(m); free(text); return 1; }
         if (!delta_mode) delta_mode = moet_qformat_has_delta(qf) ? "gate" : "off";
         MOET_LOGI("experts as %s (%.2f bpw): weight relative error %.4g, mean beta %.3f, %lld matrices in %.1f s",
                   experts, moet_qformat_bpw((moet_qformat)qf), rqs.rel_err, rqs.mean_beta, (long long)rqs.n_matrices,

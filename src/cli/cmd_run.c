@@ -7,9 +7,6 @@
 
 #include "cli/cli.h"
 #include "core/util.h"
-#include "quant/calib.h"
-#include "quant/matq.h"
-#include "quant/requant.h"
 #include "runtime/session_int.h"
 
 static void usage(void) {
@@ -73,23 +70,10 @@ int cmd_run(int argc, char **argv) {
     long corrected = 0, steps = 0;
     if (experts) {
         int qf = moet_qformat_parse(experts);
-        char qerr[512];
         if (qf < 0) { fprintf(stderr, "moet run: unknown --experts format '%s'\n", experts); moet_model_free(m); return 2; }
-        moet_calib *cal = NULL;
-        if (calib_file) {
-            char *ct;
-            size_t cl;
-            if (cli_read_text(calib_file, &ct, &cl, qerr, sizeof qerr)) { fprintf(stderr, "moet: error: %s\n", qerr); moet_model_free(m); return 1; }
-            cal = moet_calib_create(m);
-            int crc = !cal || moet_calib_run(m, cal, ct, cl, 512, 16384, qerr, sizeof qerr);
-            free(ct);
-            if (crc) { fprintf(stderr, "moet: error: calibration: %s\n", cal ? qerr : "out of memory"); moet_calib_free(cal); moet_model_free(m); return 1; }
-        }
         moet_matq_options qo = moet_matq_default_options((moet_qformat)qf);
         moet_requant_stats rqs = {0};
-        int qrc = moet_model_requant_experts(m, &qo, cal, c.threads, &rqs, qerr, sizeof qerr);
-        moet_calib_free(cal);
-        if (qrc) { fprintf(stderr, "moet: error: %s\n", qerr); moet_model_free(m); return 1; }
+        if (cli_requant_experts(m, &qo, calib_file, 16384, c.threads, &rqs)) { moet_model_free(m); return 1; }
         if (!delta_mode) delta_mode = moet_qformat_has_delta(qf) ? "gate" : "off";
         dmode = !strcmp(delta_mode, "off") ? 0 : !strcmp(delta_mode, "on") ? 1 : !strcmp(delta_mode, "gate") ? 2 : -1;
         if (dmode < 0 || (dmode > 0 && !moet_qformat_has_delta(qf))) {

@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "core/util.h"
+#include "quant/calib.h"
 
 void cli_usage(FILE *f) {
     fprintf(f,
@@ -151,6 +152,29 @@ int cli_read_text(const char *path, char **text, size_t *len, char *err, size_t 
     *text = buf;
     *len = n;
     return MOET_OK;
+}
+
+int cli_requant_experts(moet_model *m, const moet_matq_options *qo, const char *calib_file, long calib_tokens,
+                        int n_threads, moet_requant_stats *rqs) {
+    char err[512];
+    moet_calib *cal = NULL;
+    if (calib_file) {
+        char *ct;
+        size_t cl;
+        if (cli_read_text(calib_file, &ct, &cl, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); return 1; }
+        cal = moet_calib_create(m);
+        int crc = !cal || moet_calib_run(m, cal, ct, cl, 512, calib_tokens, err, sizeof err);
+        free(ct);
+        if (crc) {
+            fprintf(stderr, "moet: error: calibration: %s\n", cal ? err : "out of memory");
+            moet_calib_free(cal);
+            return 1;
+        }
+    }
+    int rc = moet_model_requant_experts(m, qo, cal, n_threads, rqs, err, sizeof err);
+    moet_calib_free(cal);
+    if (rc) fprintf(stderr, "moet: error: %s\n", err);
+    return rc;
 }
 
 const char *cli_git_commit(void) {

@@ -240,10 +240,14 @@ static enum MHD_Result tokenize(moet_server *srv, struct MHD_Connection *conn, c
     int32_t *ids = NULL;
     size_t n = 0;
     char msg[256];
-    int rc = text ? moet_tokenizer_encode_special(srv->oc.tok, text, strlen(text), add_special, &ids, &n, msg, sizeof msg) : -1;
+    if (!text) {
+        json_decref(root);
+        return fail(srv, conn, -1, 503, NULL, "out of memory");
+    }
+    int rc = moet_tokenizer_encode_special(srv->oc.tok, text, strlen(text), add_special, &ids, &n, msg, sizeof msg);
     free(text);
     json_decref(root);
-    if (rc) return fail(srv, conn, -1, 400, "invalid_value", rc == -1 && !text ? "out of memory" : msg);
+    if (rc) return fail(srv, conn, -1, 400, "invalid_value", msg);
     metrics_request(&srv->mx, -1, 200);
     enum MHD_Result ok = send_json(conn, 200, json_pack("{s:o,s:I,s:i}", "tokens", ids_json(ids, n), "count", (json_int_t)n,
                                                         "max_model_len", srv->oc.n_ctx));

@@ -1500,14 +1500,13 @@ typedef struct {
     jval kw[16];
 } jargs;
 
-static void eval_args(rstate *r, const node *n, frame *f, jargs *a, int skip) {
+static void eval_args(rstate *r, const node *n, frame *f, jargs *a) {
     a->npos = n->npos;
     a->nkw = n->nkids - n->npos;
     if (a->npos > 16 || a->nkw > 16) jfail(r->c, "line %d: too many arguments", n->line);
     for (int i = 0; i < a->npos; i++) a->pos[i] = eval(r, n->kids[i], f);
     a->kwn = n->names;
     for (int i = 0; i < a->nkw; i++) a->kw[i] = eval(r, n->kids[n->npos + i], f);
-    (void)skip;
 }
 
 /* Argument i by position or by keyword name, else UNDEF. */
@@ -2301,7 +2300,7 @@ static jval eval(rstate *r, const node *n, frame *f) {
     case N_CALL: {
         jval fv = eval(r, n->a, f);
         jargs a;
-        eval_args(r, n, f, &a, 0);
+        eval_args(r, n, f, &a);
         if (fv.t == V_UNDEF && n->a->kind == N_NAME)
             jfail(c, "line %d: '%.*s' is undefined", n->line, (int)n->a->name->n, n->a->name->p);
         v = call_value(r, fv, &a, n->line);
@@ -2310,14 +2309,14 @@ static jval eval(rstate *r, const node *n, frame *f) {
     case N_FILTER: {
         jval x = eval(r, n->a, f);
         jargs a;
-        eval_args(r, n, f, &a, 0);
+        eval_args(r, n, f, &a);
         v = apply_filter(r, n->name, x, &a, n->line);
         break;
     }
     case N_TEST: {
         jval x = eval(r, n->a, f);
         jargs a;
-        eval_args(r, n, f, &a, 0);
+        eval_args(r, n, f, &a);
         v = mk_bool(run_test(r, n->name, x, &a, n->line) != n->op);
         break;
     }

@@ -312,9 +312,10 @@ int main(int argc, char **argv) {
     }
     /* moe: route (softmax, top-k, renormalise) + SwiGLU experts + weighted combine, on W2 experts */
     /* (hidden, ffn, tokens): 5 and 3 blocks a row in the second; 40 tokens put 15 on an expert on average, more
-     * than one chunk of the CUDA grouped path */
-    static const int moe_shapes[3][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}};
-    for (int ms = 0; ms < 3; ms++) {
+     * than one chunk of the CUDA grouped path; the last two: rotation chunks of 256 / 128 / 64 (the CUDA
+     * tensor-core path's 8-, 4- and 2-block chunks), 3 tokens through the decode kernels at once */
+    static const int moe_shapes[5][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12}};
+    for (int ms = 0; ms < 5; ms++) {
         const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = moe_shapes[ms][2];
         float *xr = malloc(sizeof(float) * T * H), *rw = malloc(sizeof(float) * E * H), *o = malloc(sizeof(float) * T * H);
         float *dq[3][8];
@@ -354,7 +355,7 @@ int main(int argc, char **argv) {
             }
             for (int j = 0; j < K; j++) {
                 int e = ids[j];
-                double g[96];
+                double g[128];
                 for (int f = 0; f < F; f++) {
                     double a = 0, u = 0;
                     for (int i = 0; i < H; i++) { a += (double)dq[0][e][f * H + i] * xr[t * H + i]; u += (double)dq[1][e][f * H + i] * xr[t * H + i]; }

@@ -54,6 +54,20 @@ typedef struct {
     uint8_t qs[MOET_QK / 4];
 } moet_block_asym2;
 
+/* The 2-bit family's device layout ("tiled"; CUDA only, never in a file). The CUDA backend rewrites a W2 or sym2
+ * expert matrix of R rows (R % 16 == 0) and C columns (C % 32 == 0) in place when it uploads it, into the order the
+ * tensor-core kernels (backend/cuda/moe_tc.cu) consume, in the same R * C / 32 * 9 bytes:
+ *   codes   uint32 words [R/16][C/32][32 lanes]: tile ti (rows 16ti ..), block b (columns 32b ..), lane l = 4g + t;
+ *   scales  bytes after the codes, [R/16][C/32][16]: the block scale code sc of row 16ti + r, block b.
+ * The levels split into two signs: level(code) = A u' + B v' with u' = +-1 from bit 1 of the code, v' = +-1 from
+ * bit 0 (W2: A = (1 + beta) / 2, B = (1 - beta) / 2; sym2: A = 1, B = 1/2). Bit (h ? 31 - x : 15 - x) of lane l's
+ * word, x = 4m + r, is set when the sign is negative, for: plane p = m >> 1 (0: u', 1: v'), half-block s = m & 1,
+ * fragment register r, half h, i.e. row 16ti + g + 8 (r & 1), column 32b + 16s + 2t + 8 (r >> 1) + h: exactly the
+ * A operand of mma.m16n8k16 (rows g / g + 8, columns 2t + h / 2t + 8 + h), so ((word << x) & 0x80008000) |
+ * 0x3C003C00 is the f16x2 register r of mma m, +-1.0 each. The int2 baseline (not sign-symmetric: a constant term)
+ * keeps the stored layout. */
+#define MOET_TILE_ROWS 16
+
 #ifdef __cplusplus /* the CUDA files (nvcc compiles them as C++) */
 #define MOET_STATIC_ASSERT static_assert
 #else

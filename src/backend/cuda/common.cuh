@@ -171,6 +171,28 @@ __device__ __forceinline__ void cu_q2_decode_words(const uint32_t w[3], uint64_t
     }
 }
 
+/* dst[0..n) = src[0..n) by all threads of the block, float4 when both are 16-byte aligned and n % 4 == 0, four
+ * loads in flight per thread (a plain strided loop waits out one load latency per iteration). No synchronisation. */
+__device__ __forceinline__ void cu_stage_f32(float *dst, const float *__restrict__ src, int64_t n) {
+    const int64_t tid = threadIdx.x, nt = blockDim.x;
+    if (!(n & 3) && !((uintptr_t)dst & 15) && !((uintptr_t)src & 15)) {
+        const float4 *s4 = (const float4 *)src;
+        float4 *d4 = (float4 *)dst;
+        const int64_t n4 = n >> 2;
+        for (int64_t j = tid; j < n4; j += 4 * nt) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (j + u * nt < n4) v[u] = __ldg(s4 + j + u * nt);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (j + u * nt < n4) d4[j + u * nt] = v[u];
+        }
+    } else {
+        for (int64_t j = tid; j < n; j += nt) dst[j] = __ldg(src + j);
+    }
+}
+
 __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -184,7 +206,7 @@ __device__ __forceinline__ float cu_warp_max(float v) {
 }
 
 /* quant/matq.c sign_of: the rotation's random sign of column i. */
-__device__ __forceinline__ float cu_rot_sign(uint64_t seed, int64_t i) {
+__host__ __device__ __forceinline__ float cu_rot_sign(uint64_t seed, int64_t i) {
     uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;
     z ^= z >> 31;
     z *= 0xd6e8feb86659fd93ull;
@@ -224,18 +246,18 @@ __device__ __forceinline__ void cu_rotate_smem(float *xs, int nv, int stride, in
         for (int j = tid; j < n; j += nt) xs[v * stride + CU_PAD(j)] *= sc;
 }
 
-/* Chunk c (b elements, b = cu_hadamard_block(n)) of a row x of n elements -> padded shared memory xs, rotated (x R,
+/* Chunk c (b elements, b = cu_hadamard_block(n)) of a row x of n elements into registers (lane l: elements l*m ..
+ * l*m + m - 1 of the chunk in v[0 .. m-1]; cu_load_rot_chunk stores them to padded shared memory xs), rotated (x R,
  * the same butterflies in the same order as cu_rotate_smem, so bit-identical to it) when `rotated`. Warp-local: R is
  * block-diagonal with blocks of b <= 256 (a power of two >= 32 for any row a multiple of 32 wide), so one warp owns a
  * whole chunk, a lane holds m = b/32 consecutive elements in registers: the butterflies of span < m in registers, the
  * rest through shuffles. No __syncthreads between stages; a lane's loads are issued before any math. The caller
  * hands chunks to warps and synchronises before reading xs. */
-__device__ __forceinline__ void cu_load_rot_chunk(float *xs, const float *__restrict__ x, int n, int rotated,
-                                                  uint64_t seed, int c) {
+__device__ __forceinline__ void cu_rot_chunk_regs(float v[8], const float *__restrict__ x, int n, int rotated,
+                                                  uint64_t seed, int c, const uint32_t *__restrict__ signs = NULL) {
     const int lane = threadIdx.x & 31;
     const int b = cu_hadamard_block(n), m = b >> 5;
     const int base = c * b + lane * m;
-    float v[8];
     if (m == 8 && !((uintptr_t)(x + base) & 15)) {
         const float4 a = __ldg((const float4 *)(x + base)), d = __ldg((const float4 *)(x + base) + 1);
         v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = d.x; v[5] = d.y; v[6] = d.z; v[7] = d.w;
@@ -245,9 +267,16 @@ __device__ __forceinline__ void cu_load_rot_chunk(float *xs, const float *__rest
     }
     if (rotated) {
         const float sc = (float)(1.0 / sqrt((double)b));
+        if (signs) { /* the same signs, precomputed (bit set: -1); a lane's m <= 8 bits lie in one word */
+            const uint32_t sw = __ldg(signs + (base >> 5)) >> (base & 31);
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (i < m) v[i] *= cu_rot_sign(seed, base + i);
+            for (int i = 0; i < 8; i++)
+                if (i < m && ((sw >> i) & 1u)) v[i] = -v[i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (i < m) v[i] *= cu_rot_sign(seed, base + i);
+        }
 #pragma unroll
         for (int h = 1; h < 8; h *= 2)
             if (h < m) {
@@ -264,6 +293,14 @@ __device__ __forceinline__ void cu_load_rot_chunk(float *xs, const float *__rest
 #pragma unroll
         for (int i = 0; i < 8; i++) v[i] *= sc;
     }
+}
+
+/* cu_rot_chunk_regs, stored to padded shared memory. */
+__device__ __forceinline__ void cu_load_rot_chunk(float *xs, const float *__restrict__ x, int n, int rotated,
+                                                  uint64_t seed, int c) {
+    const int lane = threadIdx.x & 31, m = cu_hadamard_block(n) >> 5, base = c * (m << 5) + lane * m;
+    float v[8];
+    cu_rot_chunk_regs(v, x, n, rotated, seed, c);
 #pragma unroll
     for (int i = 0; i < 8; i++)
         if (i < m) xs[CU_PAD(base + i)] = v[i];

@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_int.h"
+#include "quant/blocks.h"
 #include "quant/types.h"
 
 extern "C" int cu_fail(cu_backend *c, cudaError_t e, const char *what, const char *file, int line) {
@@ -72,7 +74,7 @@ extern "C" const void *cu_weight(cu_backend *c, const void *host, size_t bytes) 
         cu_fail(c, cudaErrorMemoryAllocation, "mirror table", __FILE__, __LINE__);
         return NULL;
     }
-    cu_mirror m = {host, NULL, bytes, 1};
+    cu_mirror m = {host, NULL, bytes, 1, 0};
     cudaPointerAttributes at;
     if (cudaPointerGetAttributes(&at, host) == cudaSuccess && at.type == cudaMemoryTypeDevice) {
         m.dev = (void *)host;
@@ -97,6 +99,30 @@ extern "C" const void *cu_weight(cu_backend *c, const void *host, size_t bytes) 
 
 extern "C" const uint8_t *cu_weight_mat(cu_backend *c, const moet_weight *w) {
     return (const uint8_t *)cu_weight(c, w->data, (size_t)w->rows * w->row_bytes);
+}
+
+extern "C" cu_mirror *cu_mirror_of(cu_backend *c, const void *host) {
+    if (!c->cap_mirrors || !host) return NULL;
+    size_t h = ptr_hash(host) & (c->cap_mirrors - 1);
+    while (c->mirrors[h].host) {
+        if (c->mirrors[h].host == host) return &c->mirrors[h];
+        h = (h + 1) & (c->cap_mirrors - 1);
+    }
+    return NULL;
+}
+
+/* The tensor-core MoE (moe_tc.cu) takes a layer when its experts are W2 or sym2, 4-byte aligned, gate/up rotated
+ * alike for every expert, every matrix 16-row tiles of whole blocks, and rows exactly C/32 blocks. */
+static int tiled_ok(const moet_moe_args *a, int32_t type, int gu_uniform, int aligned4) {
+    if ((type != MOET_TYPE_W2 && type != MOET_TYPE_SYM2) || !gu_uniform || !aligned4) return 0;
+    const int64_t H = a->hidden, F = a->ffn;
+    if (H % 32 || F % 32 || H % 16 || F % 16) return 0;
+    for (int32_t e = 0; e < a->n_experts; e++) {
+        const moet_weight *ws[3] = {&a->gate[e], &a->up[e], &a->down[e]};
+        for (int k = 0; k < 3; k++)
+            if (ws[k]->row_bytes != (size_t)(ws[k]->cols / 32) * sizeof(moet_block_q2) || ws[k]->rows % 16) return 0;
+    }
+    return 1;
 }
 
 extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args *a) {
@@ -136,11 +162,63 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
             const uint8_t *d = cu_weight_mat(c, ws[k]);
             if (!d) { free(host); return NULL; }
             if (((uintptr_t)d & 3) || (ws[k]->row_bytes & 3)) aligned4 = 0;
-            host[e * 3 + k] = (cu_mat){d, ws[k]->qscale, ws[k]->qbeta, ws[k]->rot_seed, ws[k]->rotated};
+            host[e * 3 + k] = (cu_mat){d, ws[k]->qscale, ws[k]->qbeta, ws[k]->rot_seed, ws[k]->rotated, NULL};
         }
     }
     cu_expert_table t = {a->gate, E, NULL, type, down_uniform, gu_uniform, a->gate[0].rotated, a->down[0].rotated,
-                         a->gate[0].rot_seed, a->down[0].rot_seed, aligned4};
+                         a->gate[0].rot_seed, a->down[0].rot_seed, aligned4, 0, NULL};
+    if (tiled_ok(a, type, gu_uniform, aligned4)) {
+        /* rewrite every matrix not yet tiled (a mirror keeps its layout across tables), through one scratch copy */
+        size_t big = 0;
+        for (int32_t e = 0; e < E; e++) {
+            const moet_weight *ws[3] = {&a->gate[e], &a->up[e], &a->down[e]};
+            for (int k = 0; k < 3; k++) {
+                const size_t nb = (size_t)ws[k]->rows * ws[k]->row_bytes;
+                big = nb > big ? nb : big;
+            }
+        }
+        uint8_t *tmp = NULL;
+        if (CU_CHECK(c, cudaMalloc(&tmp, big ? big : 16))) { free(host); return NULL; }
+        int bad = 0;
+        for (int32_t e = 0; e < E && !bad; e++) {
+            const moet_weight *ws[3] = {&a->gate[e], &a->up[e], &a->down[e]};
+            for (int k = 0; k < 3 && !bad; k++) {
+                cu_mirror *mr = cu_mirror_of(c, ws[k]->data);
+                if (!mr) { cu_fail(c, cudaErrorInvalidValue, "expert matrix without a mirror", __FILE__, __LINE__); bad = 1; break; }
+                if (mr->tiled) continue;
+                if (cu_q2_tile_repack(c, (uint8_t *)host[e * 3 + k].w, ws[k]->rows, ws[k]->cols, ws[k]->row_bytes, tmp)) bad = 1;
+                else mr->tiled = 1;
+            }
+        }
+        if (CU_CHECK(c, cudaStreamSynchronize(c->stream)) || CU_CHECK(c, cudaFree(tmp)) || bad) { free(host); return NULL; }
+        /* the rotations' signs as bits, one row of wpm words a matrix: a table lookup in the kernels instead of a
+         * 64-bit hash per element (the same cu_rot_sign, so the same signs) */
+        const int64_t wpm = (a->hidden > a->ffn ? a->hidden : a->ffn) / 32;
+        uint32_t *hs = (uint32_t *)calloc((size_t)E * 3 * wpm, sizeof(uint32_t));
+        if (!hs || CU_CHECK(c, cudaMalloc(&t.signs, (size_t)E * 3 * wpm * sizeof(uint32_t)))) {
+            free(hs); free(host);
+            if (!hs) cu_fail(c, cudaErrorMemoryAllocation, "rotation signs", __FILE__, __LINE__);
+            return NULL;
+        }
+        for (int32_t i = 0; i < E * 3; i++) {
+            if (!host[i].rotated) continue;
+            const int64_t n = i % 3 == 2 ? a->ffn : a->hidden;
+            const uint32_t *same = NULL; /* gate/up usually share one rotation: compute once, point twice */
+            for (int32_t j = 0; j < i && !same; j++)
+                if (host[j].rotated && host[j].rot_seed == host[i].rot_seed && (j % 3 == 2) == (i % 3 == 2)) same = host[j].signs;
+            if (same) { host[i].signs = same; continue; }
+            uint32_t *row = hs + (size_t)i * wpm;
+            for (int64_t q = 0; q < n; q++)
+                if (cu_rot_sign(host[i].rot_seed, q) < 0.f) row[q >> 5] |= 1u << (q & 31);
+            host[i].signs = t.signs + (size_t)i * wpm;
+        }
+        const int cperr = CU_CHECK(c, cudaMemcpyAsync(t.signs, hs, (size_t)E * 3 * wpm * sizeof(uint32_t),
+                                                      cudaMemcpyHostToDevice, c->stream)) ||
+                          CU_CHECK(c, cudaStreamSynchronize(c->stream));
+        free(hs);
+        if (cperr) { free(host); cudaFree(t.signs); return NULL; }
+        t.tiled = 1;
+    }
     if (CU_CHECK(c, cudaMalloc(&t.table, (size_t)E * 3 * sizeof(cu_mat))) ||
         CU_CHECK(c, cudaMemcpyAsync(t.table, host, (size_t)E * 3 * sizeof(cu_mat), cudaMemcpyHostToDevice, c->stream)) ||
         CU_CHECK(c, cudaStreamSynchronize(c->stream))) {
@@ -162,6 +240,7 @@ static void cu_forget(moet_backend *be, const void *host) {
         if (c->etabs[i].gate == host) {
             CU_CHECK(c, cudaStreamSynchronize(c->stream));
             CU_CHECK(c, cudaFree(c->etabs[i].table));
+            if (c->etabs[i].signs) CU_CHECK(c, cudaFree(c->etabs[i].signs));
             c->etabs[i] = c->etabs[--c->n_etabs];
             break;
         }
@@ -288,9 +367,10 @@ static void cu_destroy(moet_backend *be) {
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     for (size_t i = 0; i < c->cap_mirrors; i++)
         if (c->mirrors[i].host && c->mirrors[i].owned) cudaFree(c->mirrors[i].dev);
-    for (size_t i = 0; i < c->n_etabs; i++) cudaFree(c->etabs[i].table);
+    for (size_t i = 0; i < c->n_etabs; i++) { cudaFree(c->etabs[i].table); cudaFree(c->etabs[i].signs); }
     free(c->mirrors);
     free(c->etabs);
+    cudaFree(c->ticket);
     cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -342,6 +422,8 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMalloc(&c->ticket, sizeof(int32_t));
+    if (e == cudaSuccess) e = cudaMemset(c->ticket, 0, sizeof(int32_t));
     if (e != cudaSuccess) {
         if (err && errlen) snprintf(err, errlen, "cuda:%d: %s", device, cudaGetErrorString(e));
         free(c);

@@ -14,12 +14,13 @@
 
 #include "backend/backend.h"
 
-/* One matrix as the kernels see it: device pointer and the per-matrix parameters. 24 bytes, in device tables. */
+/* One matrix as the kernels see it: device pointer and the per-matrix parameters. 32 bytes, in device tables. */
 typedef struct {
     const uint8_t *w;
     float qscale, qbeta;
     uint32_t rot_seed;
     int32_t rotated;
+    const uint32_t *signs; /* tiled tables: the rotation's signs of the input columns as bits (set: -1), or NULL */
 } cu_mat;
 
 typedef struct {
@@ -27,6 +28,7 @@ typedef struct {
     void *dev;
     size_t bytes;
     int owned;             /* 1: we cudaMalloc'd a mirror; 0: the pointer was already device memory */
+    int tiled;             /* rewritten in place into the 2-bit tiled layout (quant/blocks.h) */
 } cu_mirror;
 
 typedef struct {
@@ -39,6 +41,8 @@ typedef struct {
     int32_t gu_rotated, down_rotated;
     uint32_t gu_seed, down_seed;
     int32_t aligned4;      /* every matrix and row starts 4-byte aligned: the 2-bit kernels fetch blocks as words */
+    int32_t tiled;         /* W2/sym2 in the tiled layout: only moe_tc.cu's kernels may read these matrices */
+    uint32_t *signs;       /* device, tiled tables: every rotated matrix's column signs (cu_mat.signs points here) */
 } cu_expert_table;
 
 typedef struct {
@@ -63,6 +67,7 @@ typedef struct {
     cu_graph graphs[CU_MAX_GRAPHS];
     int n_graphs;
     int capturing;
+    int32_t *ticket;       /* device int, 0 between launches: moe_tc.cu's router counts its finished CTAs on it */
 } cu_backend;
 
 static inline cu_backend *cu_of(moet_backend *be) { return (cu_backend *)be; }
@@ -76,6 +81,11 @@ int cu_fail(cu_backend *c, cudaError_t e, const char *what, const char *file, in
 /* Device copy of a weight (host memory) of `bytes`, uploaded at first use; NULL after recording an error. */
 const void *cu_weight(cu_backend *c, const void *host, size_t bytes);
 const uint8_t *cu_weight_mat(cu_backend *c, const moet_weight *w);
+/* The mirror entry of a weight already mirrored (cu_weight), NULL if none. */
+cu_mirror *cu_mirror_of(cu_backend *c, const void *host);
+/* Rewrites a 2-bit matrix (rows % 16 == 0, cols % 32 == 0) in place into the tiled layout; tmp: rows * row_bytes of
+ * device scratch. 0 on success. */
+int cu_q2_tile_repack(cu_backend *c, uint8_t *d, int64_t rows, int64_t cols, size_t row_bytes, uint8_t *tmp);
 /* The layer's routed experts as one device table (built at first use). NULL after recording an error. */
 const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args *a);
 

@@ -73,8 +73,8 @@ k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t col
 
 /* 16-bit weights (BF16 / F16: attention, lm_head, router, dense MLPs: most of a decode step's bytes). A warp per
  * row; lane l reads 16-byte chunks l, l + 32, ... of the row, so each warp-wide load is one contiguous 512-byte span,
- * four chunks in flight per lane before any math; x in shared memory unpadded (two float4 reads per chunk). */
-#define MV16_UNROLL 4
+ * MV16_UNROLL (8) chunks in flight per lane before any math; x in shared memory unpadded (two float4 reads per chunk). */
+#define MV16_UNROLL 8
 
 template <int F16>
 __device__ __forceinline__ void mv16_unpack(uint4 q, float v[8]) {
@@ -98,9 +98,8 @@ k_mul_mat16(const uint8_t *__restrict__ w, int64_t rows, int64_t cols, size_t ro
     extern __shared__ float xs[];
     const int64_t t0 = (int64_t)blockIdx.y * ch;
     const int nt = (int)(n - t0 < ch ? n - t0 : ch);
-    const float4 *x4 = (const float4 *)(x + t0 * cols);
-    float4 *xs4 = (float4 *)xs;
-    for (int64_t j = threadIdx.x; j < nt * cols / 4; j += blockDim.x) xs4[j] = x4[j];
+    const float4 *xs4 = (const float4 *)xs;
+    cu_stage_f32(xs, x + t0 * cols, nt * cols);
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * MM_WARPS + warp;

@@ -21,6 +21,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_int.h"
+#include "backend/cuda/moe.cuh"
 
 #define MOE_THREADS 256
 #define MOE_WARPS (MOE_THREADS / 32)
@@ -29,8 +30,6 @@
 #define DN_RPW 1                       /* hidden rows per warp in down (more CTAs: 256 at hidden 2048) */
 #define DN_ROWS (MOE_WARPS * DN_RPW)
 #define DN_UNROLL 4                    /* (expert, block) items a lane loads before it computes */
-#define MOE_MAX_K 32
-#define MOE_MAX_E 1024
 #define MOE_SMEM_MAX (160 * 1024)
 #define Q2B ((uint64_t)sizeof(moet_block_q2))
 
@@ -43,43 +42,6 @@ __device__ __forceinline__ float block_dot(int32_t type, const uint8_t *row, int
 #pragma unroll
     for (int j = 0; j < 32; j++) a = fmaf(v[j], xg[j], a);
     return a;
-}
-
-/* ---- route: softmax + top-k of one token's router logits, by one warp --------------------------------------
- * The logits come from mul_mat (spread over the whole GPU). Every gate/up CTA of a token routes it again (128
- * logits from L2 are cheaper than a launch): ties go to the lower id, as on the CPU; weights renormalised over the
- * chosen k when norm_topk. p is shared scratch of E floats; ids/w receive K entries. */
-__device__ __forceinline__ void moe_route_warp(const float *__restrict__ lg, int32_t E, int32_t K, int32_t norm_topk,
-                                               float *p, int32_t *ids, float *w) {
-    const int lane = threadIdx.x & 31;
-    float mx = -INFINITY;
-    for (int32_t e = lane; e < E; e += 32) { p[e] = lg[e]; mx = fmaxf(mx, p[e]); }
-    mx = cu_warp_max(mx);
-    float sum = 0.f;
-    for (int32_t e = lane; e < E; e += 32) { const float v = expf(p[e] - mx); p[e] = v; sum += v; }
-    const float tot = cu_warp_sum(sum);
-    float wsum = 0.f, mine = 0.f;
-    for (int32_t j = 0; j < K; j++) {
-        float best = -1.f;
-        int32_t bi = 0x7fffffff;
-        for (int32_t e = lane; e < E; e += 32) {
-            const float v = p[e];
-            if (v > best) { best = v; bi = e; } /* e ascends: the first maximum in this lane's share */
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
-        }
-        if ((bi & 31) == lane) p[bi] = -2.f; /* taken: by the lane that owns it, so its next scan sees it */
-        if (lane == j) mine = best / tot;     /* K <= 32: lane j keeps pick j */
-        if (lane == 0) ids[j] = bi;
-        wsum += best / tot;
-        __syncwarp();
-    }
-    if (lane < K) w[lane] = norm_topk ? mine / wsum : mine;
-    __syncwarp();
 }
 
 /* ---- gate/up ------------------------------------------------------------------------------------------------- */
@@ -245,12 +207,10 @@ k_moe_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const
  *            product written alone;
  *   combine  one CTA per token: y = sum over its k picks, in pick order, of weight x down product.
  * No float atomics anywhere, so the result is the same on every run (graph or eager). */
-#define GR_TB 8                 /* tokens per chunk */
 #define GR_FPW 2                /* gate/up: FFN rows per warp (x 2 matrices x GR_TB tokens accumulators) */
 #define GR_GU_ROWS (MOE_WARPS * GR_FPW)
 #define GR_RPW 4                /* down: hidden rows per warp */
 #define GR_DN_ROWS (MOE_WARPS * GR_RPW)
-#define MOE_GROUP_MIN 4         /* tokens from which the grouped path runs */
 
 __global__ void __launch_bounds__(MOE_THREADS)
 k_moe_prep(const float *__restrict__ x, const float *__restrict__ logits, int64_t T, int64_t H, int32_t E, int32_t K,
@@ -513,10 +473,14 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
     const int q2 = cu_is_q2(tab->type) && tab->aligned4;
     const size_t rb_gu = moet_type_row_bytes(tab->type, H), rb_dn = moet_type_row_bytes(tab->type, F);
 
-    cu_mul_mat(be, a->router, a->x, T, logits);
     const int pre = tab->gu_uniform;
+    if (tab->tiled && T < MOE_GROUP_MIN) {
+        cu_moe_tc_decode(c, a, tab, logits, act);
+        return;
+    }
+    cu_mul_mat(be, a->router, a->x, T, logits);
     const size_t sm_gr = (size_t)GR_TB * CU_PAD(H) * sizeof(float), sm_gd = (size_t)GR_TB * CU_PAD(F) * sizeof(float);
-    if (T >= MOE_GROUP_MIN && pre && sm_gr <= MOE_SMEM_MAX && sm_gd <= MOE_SMEM_MAX) {
+    if (T >= MOE_GROUP_MIN && pre && (tab->tiled || (sm_gr <= MOE_SMEM_MAX && sm_gd <= MOE_SMEM_MAX))) {
         float *xr = act + (size_t)T * K * F, *ydn = xr + (size_t)T * CU_PAD(H);
         int32_t *count = (int32_t *)(ydn + (size_t)T * K * H), *n_active = count + E, *n_items = n_active + 1,
                 *active = n_items + 1, *list = active + E, *items = list + (size_t)E * T;
@@ -528,6 +492,14 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
         k_moe_items<<<1, 1024, 0, c->stream>>>(count, n_active, active, n_items, items);
         if (CU_LAUNCHED(c, "k_moe_items")) return;
         const unsigned ny = (unsigned)grp_items_cap(T, E, K);
+        if (tab->tiled) {
+            cu_moe_tc_gate_up_grp(c, tab, xr, T, H, F, K, count, n_items, items, list, ny, act);
+            cu_moe_tc_down_grp(c, tab, act, T, H, F, count, n_items, items, list, ny, ydn);
+            if (c->err[0]) return;
+            k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y);
+            CU_LAUNCHED(c, "k_moe_combine");
+            return;
+        }
         dim3 gg((unsigned)((F + GR_GU_ROWS - 1) / GR_GU_ROWS), ny), gd((unsigned)((H + GR_DN_ROWS - 1) / GR_DN_ROWS), ny);
         if (q2)
             k_moe_gate_up_grp<1><<<gg, MOE_THREADS, sm_gr, c->stream>>>(xr, T, H, F, K, tab->table, tab->type, rb_gu, count,
@@ -545,6 +517,10 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
         if (CU_LAUNCHED(c, "k_moe_down_grp")) return;
         k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y);
         CU_LAUNCHED(c, "k_moe_combine");
+        return;
+    }
+    if (tab->tiled) { /* only moe_tc.cu reads the tiled layout */
+        cu_fail(c, cudaErrorInvalidValue, "moe: tiled experts outside the tensor-core path", __FILE__, __LINE__);
         return;
     }
     dim3 g1((unsigned)((F + GU_ROWS - 1) / GU_ROWS), (unsigned)(T * K));

@@ -1,0 +1,65 @@
+/*
+ * moe.cuh — what the two MoE kernel families share: moe.cu (any expert type, CUDA cores) and moe_tc.cu (the 2-bit
+ * family in the tiled layout, tensor cores): limits, the grouped path's chunk size, and the warp router.
+ */
+#ifndef MOET_BACKEND_CUDA_MOE_CUH
+#define MOET_BACKEND_CUDA_MOE_CUH
+
+#include <math.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_int.h"
+
+#define MOE_MAX_K 32
+#define MOE_MAX_E 1024
+#define GR_TB 8                 /* grouped path: slots (tokens of one expert) per chunk */
+#define MOE_GROUP_MIN 4         /* tokens from which the grouped path runs */
+
+/* ---- route: softmax + top-k of one token's router logits, by one warp --------------------------------------
+ * The logits come from mul_mat (spread over the whole GPU). Every gate/up CTA of a token routes it again (128
+ * logits from L2 are cheaper than a launch): ties go to the lower id, as on the CPU; weights renormalised over the
+ * chosen k when norm_topk. p is shared scratch of E floats; ids/w receive K entries. */
+__device__ __forceinline__ void moe_route_warp(const float *__restrict__ lg, int32_t E, int32_t K, int32_t norm_topk,
+                                               float *p, int32_t *ids, float *w) {
+    const int lane = threadIdx.x & 31;
+    float mx = -INFINITY;
+    for (int32_t e = lane; e < E; e += 32) { p[e] = lg[e]; mx = fmaxf(mx, p[e]); }
+    mx = cu_warp_max(mx);
+    float sum = 0.f;
+    for (int32_t e = lane; e < E; e += 32) { const float v = expf(p[e] - mx); p[e] = v; sum += v; }
+    const float tot = cu_warp_sum(sum);
+    float wsum = 0.f, mine = 0.f;
+    for (int32_t j = 0; j < K; j++) {
+        float best = -1.f;
+        int32_t bi = 0x7fffffff;
+        for (int32_t e = lane; e < E; e += 32) {
+            const float v = p[e];
+            if (v > best) { best = v; bi = e; } /* e ascends: the first maximum in this lane's share */
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        if ((bi & 31) == lane) p[bi] = -2.f; /* taken: by the lane that owns it, so its next scan sees it */
+        if (lane == j) mine = best / tot;     /* K <= 32: lane j keeps pick j */
+        if (lane == 0) ids[j] = bi;
+        wsum += best / tot;
+        __syncwarp();
+    }
+    if (lane < K) w[lane] = norm_topk ? mine / wsum : mine;
+    __syncwarp();
+}
+
+/* moe_tc.cu: the tensor-core path (tab->tiled). Decode (T < MOE_GROUP_MIN): router + top-k, gate/up, down, three
+ * launches. Grouped: gate/up and down over the work list of moe.cu's k_moe_prep / k_moe_items. */
+void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, float *logits, float *act);
+void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const float *xr, int64_t T, int64_t H, int64_t F,
+                           int32_t K, const int32_t *count, const int32_t *n_items, const int32_t *items,
+                           const int32_t *list, unsigned n_chunks, float *act);
+void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const float *act, int64_t T, int64_t H, int64_t F,
+                        const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list,
+                        unsigned n_chunks, float *ydn);
+
+#endif

@@ -1,0 +1,676 @@
+/*
+ * moe_tc.cu — the routed MoE block on tensor cores, for 2-bit experts (W2, sym2) in the tiled device layout
+ * (quant/blocks.h), and the in-place rewrite into that layout.
+ *
+ * Why tensor cores for a GEMV: at batch 1 the MoE is bound by bytes, but decoding 2-bit weights on CUDA cores costs
+ * ~6 instructions a weight (extract a code, pick one of four levels, FMA), which at 42 M weights a token (the 30B
+ * layer) is more issue time than the 10.6 MB take to arrive. Split into two signs (level = A u' + B v', u', v' = +-1)
+ * a 16 x 16 tile of one sign plane is 8 f16x2 registers, each one shift and one LOP3 from the stored word, and
+ * mma.m16n8k16 does the multiply-adds: ~1 instruction a weight.
+ *
+ * Exactness: the weights enter as exact +-1.0; the activations enter as two f16 columns, hi = f16(x 2^-e) and
+ * lo = f16(x 2^-e - hi), with e from the chunk's largest |x| (so nothing overflows f16), and the tensor core's f32
+ * accumulators sum hi and lo products separately. The block scale, A/B, 2^e and the router weight multiply in f32.
+ * The result matches the f32 CUDA-core kernels (moe.cu) to ~2^-22 relative, not bit for bit.
+ *
+ * Work split (no float atomics, fixed orders: runs are bit-identical, graph or eager):
+ *   decode   k_tc_router  router GEMV, one warp a row; the last CTA to finish (ticket) routes every token (softmax,
+ *                         top-k, renormalise) and resets the ticket for the next launch;
+ *            k_tc_gate_up one CTA per (16-row tile of the FFN, token slot), warps over the rotation chunks of the
+ *                         hidden size: each warp issues every load of its chunk (gate and up codes + scales), then
+ *                         rotates its x chunk in registers and stages it as f16 hi/lo, then mma; partial sums of the
+ *                         warps added in warp order, SwiGLU -> act;
+ *            k_tc_down    one CTA per (16-row tile of hidden, token), warps over (pick k, chunk of the FFN) items,
+ *                         act rotated by pick k's rotation, router weight folded in; partials added in warp order.
+ *   grouped  k_tc_gate_up_grp / k_tc_down_grp: one CTA per (tile, chunk of up to 8 slots of one expert): two mma
+ *            column groups of 4 tokens x (hi, lo), each weight decoded once for the 8 tokens.
+ * Bytes (decode, per token): k x 3 x ffn x hidden x 9/32 + the router; FLOPs 2 x k x 3 x ffn x hidden.
+ */
+#include <math.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_int.h"
+#include "backend/cuda/moe.cuh"
+
+#define TC_MAXW 16            /* warps a CTA at most */
+#define TC_GRP_W 8            /* warps of the grouped kernels (8 tokens staged a warp: 8 KiB of shared memory) */
+#define TC_RT_W 4             /* router: rows (warps) a CTA */
+#define TC_RT_T 4             /* router: tokens at most (decode) */
+
+/* ---- fragments ----------------------------------------------------------------------------------------------- */
+
+__device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* f16x2 register r of mma m of a lane's block word (blocks.h): the two sign bits moved to bits 15 and 31 of +-1.0 */
+__device__ __forceinline__ uint32_t tc_sign2(uint32_t w, int x) { return ((w << x) & 0x80008000u) | 0x3C003C00u; }
+
+/* The 2-bit family's levels as A u' + B v' (blocks.h). */
+__device__ __forceinline__ void tc_ab(int32_t type, float beta, float *A, float *B) {
+    if (type == MOET_TYPE_SYM2) { *A = 1.0f; *B = 0.5f; }
+    else { *A = 0.5f * (1.0f + beta); *B = 0.5f * (1.0f - beta); }
+}
+
+/* Stages a lane's m values of a b-wide chunk as hi/lo f16 (X[0..b) hi, X[b..2b) lo) of v 2^-e, e from the warp's
+ * largest |v| (largest -> [2^14, 2^15)); returns 2^e. Warp-uniform. */
+__device__ __forceinline__ float tc_stage(const float v[8], int m, int b, __half *X) {
+    const int lane = threadIdx.x & 31;
+    float mx = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < m) mx = fmaxf(mx, fabsf(v[i]));
+    mx = cu_warp_max(mx);
+    int e = 0;
+    if (mx > 0.f && mx <= 3.0e38f) e = ilogbf(mx) - 14;
+    e = e < -100 ? -100 : e > 100 ? 100 : e;
+    const float dn = __int_as_float((127 - e) << 23), up = __int_as_float((127 + e) << 23);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i < m) {
+            const float s = v[i] * dn;
+            const __half h = __float2half_rn(s);
+            X[lane * m + i] = h;
+            X[b + lane * m + i] = __float2half_rn(s - __half2float(h));
+        }
+    return up;
+}
+
+/* The lane's B operand source in a warp's staged tokens (2b halves each) for column group grp: column g of the
+ * group is token 4 grp + g/2, hi (g even) or lo. NULL (zeros) for absent tokens. */
+__device__ __forceinline__ const __half *tc_bsrc(const __half *X, int b, int grp, int ntok) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j = 4 * grp + (g >> 1);
+    return j < ntok ? X + (2 * j + (g & 1)) * b + 2 * t : NULL;
+}
+
+/* B fragment of half-block step s (columns 16s ..) from a tc_bsrc pointer. */
+__device__ __forceinline__ void tc_bfrag(const __half *p, int s, uint32_t bf[2]) {
+    if (p) {
+        bf[0] = *(const uint32_t *)(p + 16 * s);
+        bf[1] = *(const uint32_t *)(p + 16 * s + 8);
+    } else {
+        bf[0] = 0u;
+        bf[1] = 0u;
+    }
+}
+
+/* 2^((sc - 255) / 16) for every scale code, in shared memory (the block scale is qscale x lut[sc], the product
+ * cu_q2_scale forms): one load instead of an exp2f per row and block. All threads; the caller synchronises. */
+__device__ __forceinline__ void tc_lut_fill(float *lut) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = exp2f(((float)i - 255.0f) / 16.0f);
+}
+
+/* One 16 x 32 block of one matrix against NG column groups: u' and v' accumulators, both half-blocks. */
+template <int NG>
+__device__ __forceinline__ void tc_block(uint32_t w, const uint32_t bf[2][NG][2], float cu[NG][4], float cv[NG][4]) {
+#pragma unroll
+    for (int gi = 0; gi < NG; gi++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) { cu[gi][i] = 0.f; cv[gi][i] = 0.f; }
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        uint32_t au[4], av[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) { au[r] = tc_sign2(w, 4 * s + r); av[r] = tc_sign2(w, 8 + 4 * s + r); }
+#pragma unroll
+        for (int gi = 0; gi < NG; gi++) { tc_mma(cu[gi], au, bf[s][gi]); tc_mma(cv[gi], av, bf[s][gi]); }
+    }
+}
+
+/* Where a matrix's tiled parts lie. */
+__device__ __forceinline__ const uint32_t *tc_codes(const cu_mat &m) { return (const uint32_t *)m.w; }
+__device__ __forceinline__ const uint8_t *tc_scales(const cu_mat &m, int64_t rows, int64_t nb) {
+    return m.w + (size_t)rows * nb * 8;
+}
+
+/* The loads of one chunk (nb <= 8 blocks from block blk0) of tile ti of one matrix: each lane's code word and the
+ * scale codes of its rows g and g + 8. */
+__device__ __forceinline__ void tc_fetch(const cu_mat &m, int64_t rows, int64_t NB, int64_t ti, int64_t blk0, int nb,
+                                         uint32_t wd[8], uint32_t sc[8][2]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2;
+    const int64_t tb = ti * NB + blk0;
+    const uint32_t *cw = tc_codes(m) + tb * 32 + lane;
+    const uint8_t *sw = tc_scales(m, rows, NB) + tb * 16 + g;
+#pragma unroll
+    for (int bi = 0; bi < 8; bi++)
+        if (bi < nb) {
+            wd[bi] = __ldg(cw + 32 * bi);
+            sc[bi][0] = __ldg(sw + 16 * bi);
+            sc[bi][1] = __ldg(sw + 16 * bi + 8);
+        }
+}
+
+/* ---- decode: router + top-k ---------------------------------------------------------------------------------- */
+
+/* 8 router weights from k on (bf16 or f32 row), widened. */
+__device__ __forceinline__ void tc_row8(int32_t type, const uint8_t *row, int64_t k, float w[8]) {
+    if (type == MOET_TYPE_BF16) {
+        const uint4 q = __ldg((const uint4 *)(row + 2 * k));
+        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) { w[2 * i] = __uint_as_float(u[i] << 16); w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
+    } else {
+        const float4 a = __ldg((const float4 *)(row + 4 * k)), b = __ldg((const float4 *)(row + 4 * k) + 1);
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    }
+}
+
+/* Router GEMV for T <= TC_RT_T tokens, a warp a row (x staged in shared memory once a CTA); bf16/f32 rows whose
+ * width is a multiple of 256 read 16 bytes a lane (4 loads in flight), any other type block by block. The last CTA
+ * to finish routes every token. Dynamic shared memory: x [T][H] | logits [T][E] | softmax scratch [T][E]. */
+__global__ void __launch_bounds__(TC_RT_W * 32)
+k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
+            const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
+            float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
+            float *__restrict__ topk_w) {
+    extern __shared__ __align__(16) float rsm[];
+    __shared__ int last;
+    float *xs = rsm, *lg = xs + T * H, *p = lg + T * E;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    cu_stage_f32(xs, x, T * H);
+    __syncthreads();
+    const int64_t e = (int64_t)blockIdx.x * TC_RT_W + warp;
+    if (e < E) {
+        float acc[TC_RT_T] = {0.f, 0.f, 0.f, 0.f};
+        const uint8_t *row = rw + e * rrow;
+        const int vec = (rtype == MOET_TYPE_BF16 || rtype == MOET_TYPE_F32) && H % 256 == 0 && !((uintptr_t)row & 15);
+        if (vec) {
+            for (int64_t k0 = 8 * lane; k0 < H; k0 += 8 * 256) {
+                float w[8][8];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (k0 + 256 * u < H) tc_row8(rtype, row, k0 + 256 * u, w[u]);
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    if (k0 + 256 * u >= H) break;
+#pragma unroll
+                    for (int t = 0; t < TC_RT_T; t++)
+                        if (t < T) {
+                            const float *xp = xs + t * H + k0 + 256 * u;
+#pragma unroll
+                            for (int i = 0; i < 8; i++) acc[t] = fmaf(w[u][i], xp[i], acc[t]);
+                        }
+                }
+            }
+        } else {
+            for (int64_t b = lane; b < H / 32; b += 32) {
+                float v[32];
+                cu_decode32(rtype, row, b, rqs, rqb, v);
+#pragma unroll
+                for (int t = 0; t < TC_RT_T; t++)
+                    if (t < T) {
+#pragma unroll
+                        for (int q = 0; q < 32; q++) acc[t] = fmaf(v[q], xs[t * H + 32 * b + q], acc[t]);
+                    }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TC_RT_T; t++)
+            if (t < T) {
+                const float s = cu_warp_sum(acc[t]);
+                if (lane == 0) logits[t * E + e] = s;
+            }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int64_t i = threadIdx.x; i < T * E; i += blockDim.x) lg[i] = __ldcg(logits + i);
+    __syncthreads();
+    /* Routing by rank, all threads at once (a warp picking k maxima one after another was ~8 us of shuffle chains):
+     * p = exp(l - max) as moe_route_warp computes it, the rank of e = how many p beat it (ties: the lower id first,
+     * the CPU's order), rank < K is pick number rank. */
+    __shared__ float red[TC_RT_W], pk[MOE_MAX_K];
+    __shared__ int32_t ik[MOE_MAX_K];
+    for (int t = 0; t < T; t++) {
+        const float *l = lg + t * E;
+        float *pt = p + t * E;
+        float mx = -INFINITY;
+        for (int e2 = threadIdx.x; e2 < E; e2 += blockDim.x) mx = fmaxf(mx, l[e2]);
+        mx = cu_warp_max(mx);
+        if (lane == 0) red[warp] = mx;
+        __syncthreads();
+        mx = red[0];
+        for (int w = 1; w < TC_RT_W; w++) mx = fmaxf(mx, red[w]);
+        __syncthreads();
+        float sum = 0.f;
+        for (int e2 = threadIdx.x; e2 < E; e2 += blockDim.x) { const float v = expf(l[e2] - mx); pt[e2] = v; sum += v; }
+        sum = cu_warp_sum(sum);
+        if (lane == 0) red[warp] = sum;
+        __syncthreads();
+        float tot = 0.f;
+        for (int w = 0; w < TC_RT_W; w++) tot += red[w];
+        for (int e2 = threadIdx.x; e2 < E; e2 += blockDim.x) {
+            const float v = pt[e2];
+            int rank = 0;
+            for (int j = 0; j < E; j++) {
+                const float o = pt[j];
+                rank += (o > v) | ((o == v) & (j < e2));
+            }
+            if (rank < K) { ik[rank] = e2; pk[rank] = v; }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float wsum = 0.f;
+            for (int j = 0; j < K; j++) wsum += pk[j] / tot;
+            red[0] = wsum;
+        }
+        __syncthreads();
+        if (threadIdx.x < K) {
+            const float mine = pk[threadIdx.x] / tot;
+            topk_ids[t * K + threadIdx.x] = ik[threadIdx.x];
+            topk_w[t * K + threadIdx.x] = norm_topk ? mine / red[0] : mine;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *ticket = 0;
+}
+
+/* ---- decode: gate/up ----------------------------------------------------------------------------------------- */
+
+__global__ void __launch_bounds__(TC_MAXW * 32)
+k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
+             int32_t type, int32_t rot, uint32_t seed, const int32_t *__restrict__ topk_ids, float *__restrict__ act) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
+    const int slot = blockIdx.y, tok = slot / K;
+    const int64_t ti = blockIdx.x, NB = H / 32;
+    const int b = cu_hadamard_block(H), m = b >> 5, nb = m, nch = (int)(H / b);
+    float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][2][16] */
+    __half *X = (__half *)(red + (size_t)nw * 32) + (size_t)warp * 2 * b;
+    tc_lut_fill(lut);
+    __syncthreads();
+    const __half *bsrc = tc_bsrc(X, b, 0, 1);
+    const int32_t e = topk_ids[slot];
+    const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
+    float Ag, Bg, Au, Bu;
+    tc_ab(type, gm.qbeta, &Ag, &Bg);
+    tc_ab(type, um.qbeta, &Au, &Bu);
+    float ag[2] = {0.f, 0.f}, au[2] = {0.f, 0.f};
+    for (int c = warp; c < nch; c += nw) {
+        uint32_t wg[8], wu[8], sg[8][2], su[8][2];
+        tc_fetch(gm, F, NB, ti, (int64_t)c * nb, nb, wg, sg);
+        tc_fetch(um, F, NB, ti, (int64_t)c * nb, nb, wu, su);
+        float v[8];
+        cu_rot_chunk_regs(v, x + (int64_t)tok * H, (int)H, rot, seed, c, gm.signs);
+        const float p2 = tc_stage(v, m, b, X), qg = gm.qscale * p2, qu = um.qscale * p2; /* p2 = 2^e: exact */
+        __syncwarp();
+#pragma unroll
+        for (int bi = 0; bi < 8; bi++) {
+            if (bi >= nb) break;
+            uint32_t bf[2][1][2];
+            tc_bfrag(bsrc, 2 * bi, bf[0][0]);
+            tc_bfrag(bsrc, 2 * bi + 1, bf[1][0]);
+            float cu[1][4], cv[1][4];
+            tc_block<1>(wg[bi], bf, cu, cv);
+            const float s0 = lut[sg[bi][0]] * qg, s1 = lut[sg[bi][1]] * qg;
+            ag[0] = fmaf(s0, Ag * (cu[0][0] + cu[0][1]) + Bg * (cv[0][0] + cv[0][1]), ag[0]);
+            ag[1] = fmaf(s1, Ag * (cu[0][2] + cu[0][3]) + Bg * (cv[0][2] + cv[0][3]), ag[1]);
+            tc_block<1>(wu[bi], bf, cu, cv);
+            const float r0 = lut[su[bi][0]] * qu, r1 = lut[su[bi][1]] * qu;
+            au[0] = fmaf(r0, Au * (cu[0][0] + cu[0][1]) + Bu * (cv[0][0] + cv[0][1]), au[0]);
+            au[1] = fmaf(r1, Au * (cu[0][2] + cu[0][3]) + Bu * (cv[0][2] + cv[0][3]), au[1]);
+        }
+        __syncwarp();
+    }
+    if (t == 0) {
+        red[(warp * 2 + 0) * 16 + g] = ag[0];
+        red[(warp * 2 + 0) * 16 + g + 8] = ag[1];
+        red[(warp * 2 + 1) * 16 + g] = au[0];
+        red[(warp * 2 + 1) * 16 + g + 8] = au[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        const int r = threadIdx.x;
+        float sg = 0.f, su = 0.f;
+        for (int w = 0; w < nw; w++) { sg += red[(w * 2) * 16 + r]; su += red[(w * 2 + 1) * 16 + r]; }
+        act[(int64_t)slot * F + ti * 16 + r] = sg / (1.0f + expf(-sg)) * su;
+    }
+}
+
+/* ---- decode: down + combine ---------------------------------------------------------------------------------- */
+
+__global__ void __launch_bounds__(TC_MAXW * 32)
+k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
+          int32_t type, const int32_t *__restrict__ topk_ids, const float *__restrict__ topk_w, float *__restrict__ y) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tok = blockIdx.y;
+    const int64_t ti = blockIdx.x, NB = F / 32;
+    const int b = cu_hadamard_block(F), m = b >> 5, nb = m, nch = (int)(F / b), n_items = K * nch;
+    float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][16] */
+    __half *X = (__half *)(red + (size_t)nw * 16) + (size_t)warp * 2 * b;
+    tc_lut_fill(lut);
+    __syncthreads();
+    const __half *bsrc = tc_bsrc(X, b, 0, 1);
+    float acc[2] = {0.f, 0.f};
+    for (int it = warp; it < n_items; it += nw) {
+        const int k = it / nch, c = it - k * nch;
+        const int32_t e = topk_ids[tok * K + k];
+        const float wk = topk_w[tok * K + k];
+        const cu_mat dm = table[e * 3 + 2];
+        uint32_t wd[8], sd[8][2];
+        tc_fetch(dm, H, NB, ti, (int64_t)c * nb, nb, wd, sd);
+        float A, B;
+        tc_ab(type, dm.qbeta, &A, &B);
+        float v[8];
+        cu_rot_chunk_regs(v, act + ((int64_t)tok * K + k) * F, (int)F, dm.rotated, dm.rot_seed, c, dm.signs);
+        const float p2 = tc_stage(v, m, b, X), qd = dm.qscale * p2 * wk; /* as (qscale lut) 2^e wk: 2^e is exact */
+        __syncwarp();
+#pragma unroll
+        for (int bi = 0; bi < 8; bi++) {
+            if (bi >= nb) break;
+            uint32_t bf[2][1][2];
+            tc_bfrag(bsrc, 2 * bi, bf[0][0]);
+            tc_bfrag(bsrc, 2 * bi + 1, bf[1][0]);
+            float cu[1][4], cv[1][4];
+            tc_block<1>(wd[bi], bf, cu, cv);
+            const float s0 = lut[sd[bi][0]] * qd, s1 = lut[sd[bi][1]] * qd;
+            acc[0] = fmaf(s0, A * (cu[0][0] + cu[0][1]) + B * (cv[0][0] + cv[0][1]), acc[0]);
+            acc[1] = fmaf(s1, A * (cu[0][2] + cu[0][3]) + B * (cv[0][2] + cv[0][3]), acc[1]);
+        }
+        __syncwarp();
+    }
+    if (t == 0) {
+        red[warp * 16 + g] = acc[0];
+        red[warp * 16 + g + 8] = acc[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        const int r = threadIdx.x;
+        float s = 0.f;
+        for (int w = 0; w < nw; w++) s += red[w * 16 + r];
+        y[(int64_t)tok * H + ti * 16 + r] = s;
+    }
+}
+
+/* ---- grouped: gate/up and down over (tile, chunk of slots) --------------------------------------------------- */
+
+/* The slots of work item blockIdx.y: expert e, up to GR_TB list entries from c0. */
+__device__ __forceinline__ int tc_item(const int32_t *count, const int32_t *items, int32_t *e, int32_t *c0) {
+    *e = items[2 * blockIdx.y];
+    *c0 = items[2 * blockIdx.y + 1];
+    const int n = count[*e] - *c0;
+    return n < GR_TB ? n : GR_TB;
+}
+
+/* The lane's token of column group gi (4 gi + t) and that token's 2^e, from the warp's per-token factors. */
+__device__ __forceinline__ float tc_pick(const float p2[GR_TB], int j) {
+    float r = 0.f;
+#pragma unroll
+    for (int i = 0; i < GR_TB; i++)
+        if (i == j) r = p2[i];
+    return r;
+}
+
+__global__ void __launch_bounds__(TC_GRP_W * 32)
+k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, int32_t K,
+                 const cu_mat *__restrict__ table, int32_t type, const int32_t *__restrict__ count,
+                 const int32_t *__restrict__ n_items, const int32_t *__restrict__ items,
+                 const int32_t *__restrict__ list, float *__restrict__ act) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    if ((int)blockIdx.y >= *n_items) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
+    int32_t e, c0;
+    const int nt = tc_item(count, items, &e, &c0);
+    const int64_t ti = blockIdx.x, NB = H / 32, pad = CU_PAD(H);
+    const int b = cu_hadamard_block(H), m = b >> 5, nb = m, nch = (int)(H / b);
+    float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][2][GR_TB][16] */
+    __half *X = (__half *)(red + (size_t)nw * 2 * GR_TB * 16) + (size_t)warp * GR_TB * 2 * b;
+    tc_lut_fill(lut);
+    __syncthreads();
+    const __half *bs0 = tc_bsrc(X, b, 0, nt), *bs1 = tc_bsrc(X, b, 1, nt);
+    const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
+    float Ag, Bg, Au, Bu;
+    tc_ab(type, gm.qbeta, &Ag, &Bg);
+    tc_ab(type, um.qbeta, &Au, &Bu);
+    float ag[2][2] = {{0.f, 0.f}, {0.f, 0.f}}, au[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    for (int c = warp; c < nch; c += nw) {
+        uint32_t wg[8], wu[8], sg[8][2], su[8][2];
+        tc_fetch(gm, F, NB, ti, (int64_t)c * nb, nb, wg, sg);
+        tc_fetch(um, F, NB, ti, (int64_t)c * nb, nb, wu, su);
+        float p2[GR_TB];
+#pragma unroll
+        for (int j = 0; j < GR_TB; j++) {
+            p2[j] = 0.f;
+            if (j < nt) {
+                const float *xt = xr + (int64_t)(list[(int64_t)e * T + c0 + j] / K) * pad;
+                float v[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) v[i] = i < m ? xt[CU_PAD(c * b + lane * m + i)] : 0.f;
+                p2[j] = tc_stage(v, m, b, X + (size_t)j * 2 * b);
+            }
+        }
+        __syncwarp();
+        const float q0 = tc_pick(p2, t), q1 = tc_pick(p2, 4 + t);
+#pragma unroll
+        for (int bi = 0; bi < 8; bi++) {
+            if (bi >= nb) break;
+            uint32_t bf[2][2][2];
+#pragma unroll
+            for (int s = 0; s < 2; s++) { tc_bfrag(bs0, 2 * bi + s, bf[s][0]); tc_bfrag(bs1, 2 * bi + s, bf[s][1]); }
+            float cu[2][4], cv[2][4];
+            tc_block<2>(wg[bi], bf, cu, cv);
+            const float s0 = gm.qscale * lut[sg[bi][0]], s1 = gm.qscale * lut[sg[bi][1]];
+#pragma unroll
+            for (int gi = 0; gi < 2; gi++) {
+                const float q = gi ? q1 : q0;
+                ag[gi][0] = fmaf(s0 * q, Ag * (cu[gi][0] + cu[gi][1]) + Bg * (cv[gi][0] + cv[gi][1]), ag[gi][0]);
+                ag[gi][1] = fmaf(s1 * q, Ag * (cu[gi][2] + cu[gi][3]) + Bg * (cv[gi][2] + cv[gi][3]), ag[gi][1]);
+            }
+            tc_block<2>(wu[bi], bf, cu, cv);
+            const float r0 = um.qscale * lut[su[bi][0]], r1 = um.qscale * lut[su[bi][1]];
+#pragma unroll
+            for (int gi = 0; gi < 2; gi++) {
+                const float q = gi ? q1 : q0;
+                au[gi][0] = fmaf(r0 * q, Au * (cu[gi][0] + cu[gi][1]) + Bu * (cv[gi][0] + cv[gi][1]), au[gi][0]);
+                au[gi][1] = fmaf(r1 * q, Au * (cu[gi][2] + cu[gi][3]) + Bu * (cv[gi][2] + cv[gi][3]), au[gi][1]);
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int gi = 0; gi < 2; gi++) {
+        const int j = 4 * gi + t;
+        float *rg = red + ((size_t)(warp * 2 + 0) * GR_TB + j) * 16, *ru = red + ((size_t)(warp * 2 + 1) * GR_TB + j) * 16;
+        rg[g] = ag[gi][0]; rg[g + 8] = ag[gi][1];
+        ru[g] = au[gi][0]; ru[g + 8] = au[gi][1];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nt * 16; i += blockDim.x) {
+        const int j = i >> 4, r = i & 15;
+        float sg = 0.f, su = 0.f;
+        for (int w = 0; w < nw; w++) {
+            sg += red[((size_t)(w * 2 + 0) * GR_TB + j) * 16 + r];
+            su += red[((size_t)(w * 2 + 1) * GR_TB + j) * 16 + r];
+        }
+        act[(int64_t)list[(int64_t)e * T + c0 + j] * F + ti * 16 + r] = sg / (1.0f + expf(-sg)) * su;
+    }
+}
+
+__global__ void __launch_bounds__(TC_GRP_W * 32)
+k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, const cu_mat *__restrict__ table,
+              int32_t type, const int32_t *__restrict__ count, const int32_t *__restrict__ n_items,
+              const int32_t *__restrict__ items, const int32_t *__restrict__ list, float *__restrict__ ydn) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    if ((int)blockIdx.y >= *n_items) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
+    int32_t e, c0;
+    const int nt = tc_item(count, items, &e, &c0);
+    const int64_t ti = blockIdx.x, NB = F / 32;
+    const int b = cu_hadamard_block(F), m = b >> 5, nb = m, nch = (int)(F / b);
+    float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][GR_TB][16] */
+    __half *X = (__half *)(red + (size_t)nw * GR_TB * 16) + (size_t)warp * GR_TB * 2 * b;
+    tc_lut_fill(lut);
+    __syncthreads();
+    const __half *bs0 = tc_bsrc(X, b, 0, nt), *bs1 = tc_bsrc(X, b, 1, nt);
+    const cu_mat dm = table[e * 3 + 2];
+    float A, B;
+    tc_ab(type, dm.qbeta, &A, &B);
+    float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    for (int c = warp; c < nch; c += nw) {
+        uint32_t wd[8], sd[8][2];
+        tc_fetch(dm, H, NB, ti, (int64_t)c * nb, nb, wd, sd);
+        float p2[GR_TB];
+#pragma unroll
+        for (int j = 0; j < GR_TB; j++) {
+            p2[j] = 0.f;
+            if (j < nt) {
+                float v[8];
+                cu_rot_chunk_regs(v, act + (int64_t)list[(int64_t)e * T + c0 + j] * F, (int)F, dm.rotated, dm.rot_seed, c,
+                                  dm.signs);
+                p2[j] = tc_stage(v, m, b, X + (size_t)j * 2 * b);
+            }
+        }
+        __syncwarp();
+        const float q0 = tc_pick(p2, t), q1 = tc_pick(p2, 4 + t);
+#pragma unroll
+        for (int bi = 0; bi < 8; bi++) {
+            if (bi >= nb) break;
+            uint32_t bf[2][2][2];
+#pragma unroll
+            for (int s = 0; s < 2; s++) { tc_bfrag(bs0, 2 * bi + s, bf[s][0]); tc_bfrag(bs1, 2 * bi + s, bf[s][1]); }
+            float cu[2][4], cv[2][4];
+            tc_block<2>(wd[bi], bf, cu, cv);
+            const float s0 = dm.qscale * lut[sd[bi][0]], s1 = dm.qscale * lut[sd[bi][1]];
+#pragma unroll
+            for (int gi = 0; gi < 2; gi++) {
+                const float q = gi ? q1 : q0;
+                acc[gi][0] = fmaf(s0 * q, A * (cu[gi][0] + cu[gi][1]) + B * (cv[gi][0] + cv[gi][1]), acc[gi][0]);
+                acc[gi][1] = fmaf(s1 * q, A * (cu[gi][2] + cu[gi][3]) + B * (cv[gi][2] + cv[gi][3]), acc[gi][1]);
+            }
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int gi = 0; gi < 2; gi++) {
+        float *rr = red + ((size_t)warp * GR_TB + 4 * gi + t) * 16;
+        rr[g] = acc[gi][0];
+        rr[g + 8] = acc[gi][1];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nt * 16; i += blockDim.x) {
+        const int j = i >> 4, r = i & 15;
+        float s = 0.f;
+        for (int w = 0; w < nw; w++) s += red[((size_t)w * GR_TB + j) * 16 + r];
+        ydn[(int64_t)list[(int64_t)e * T + c0 + j] * H + ti * 16 + r] = s;
+    }
+}
+
+/* ---- the layout rewrite -------------------------------------------------------------------------------------- */
+
+/* src: the stored layout (rows of C/32 9-byte blocks, row_bytes apart); dst: the tiled layout (blocks.h). One thread
+ * a code word (and, for the first R * NB threads, one scale byte). */
+__global__ void k_q2_tile(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst, int64_t R, int64_t NB,
+                          size_t row_bytes) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < R * NB * 2) {
+        const int lane = (int)(i & 31), g = lane >> 2, t = lane & 3;
+        const int64_t tb = i >> 5, ti = tb / NB, b = tb - ti * NB;
+        uint32_t w = 0;
+        for (int mi = 0; mi < 4; mi++)
+            for (int r = 0; r < 4; r++)
+                for (int h = 0; h < 2; h++) {
+                    const int p = mi >> 1, s = mi & 1, x = 4 * mi + r;
+                    const int64_t row = ti * 16 + g + 8 * (r & 1);
+                    const int j = 16 * s + 2 * t + 8 * (r >> 1) + h;
+                    const uint32_t code = (src[row * row_bytes + b * 9 + 1 + j / 4] >> (2 * (j % 4))) & 3u;
+                    const uint32_t bit = p == 0 ? (code >> 1) & 1u : code & 1u;
+                    if (!bit) w |= 1u << (h ? 31 - x : 15 - x);
+                }
+        ((uint32_t *)dst)[i] = w;
+    }
+    if (i < R * NB) {
+        const int r = (int)(i & 15);
+        const int64_t tb = i >> 4, ti = tb / NB, b = tb - ti * NB;
+        dst[R * NB * 8 + i] = src[(ti * 16 + r) * row_bytes + b * 9];
+    }
+}
+
+extern "C" int cu_q2_tile_repack(cu_backend *c, uint8_t *d, int64_t rows, int64_t cols, size_t row_bytes, uint8_t *tmp) {
+    const int64_t NB = cols / 32, n = rows * NB * 2;
+    if (CU_CHECK(c, cudaMemcpyAsync(tmp, d, (size_t)rows * row_bytes, cudaMemcpyDeviceToDevice, c->stream))) return -1;
+    k_q2_tile<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(tmp, d, rows, NB, row_bytes);
+    return CU_LAUNCHED(c, "k_q2_tile") ? -1 : 0;
+}
+
+/* ---- host side ----------------------------------------------------------------------------------------------- */
+
+/* Warps for `items` equal work items, at most cap: as few as keep every warp's share the same (24 -> 12 x 2). */
+static int tc_warps(int64_t items, int cap) {
+    if (items < 1) return 1;
+    const int64_t per = (items + cap - 1) / cap;
+    return (int)((items + per - 1) / per);
+}
+
+static size_t tc_smem_dec(int nw, int per_warp_red, int b) {
+    return (256 + (size_t)nw * per_warp_red) * sizeof(float) + (size_t)nw * 2 * b * sizeof(__half);
+}
+
+static int tc_hblock(int64_t n) { int b = 1; while (b < 256 && n % (b * 2) == 0) b *= 2; return b; }
+
+static int g_tc_attr_dev = -1;
+
+static int tc_attrs(cu_backend *c) {
+    if (g_tc_attr_dev == c->device) return 0;
+    const int big = 96 * 1024;
+    if (CU_CHECK(c, cudaFuncSetAttribute(k_tc_router, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_tc_gate_up_grp, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_tc_down_grp, cudaFuncAttributeMaxDynamicSharedMemorySize, big)))
+        return -1;
+    g_tc_attr_dev = c->device;
+    return 0;
+}
+
+void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, float *logits,
+                                 float *act) {
+    const int64_t T = a->n_tok, H = a->hidden, F = a->ffn;
+    const int32_t E = a->n_experts, K = a->n_used;
+    const moet_weight *rw = a->router;
+    const uint8_t *rd = cu_weight_mat(c, rw);
+    if (!rd || tc_attrs(c)) return;
+    if (T > TC_RT_T) { cu_fail(c, cudaErrorInvalidValue, "moe tc decode: too many tokens", __FILE__, __LINE__); return; }
+    const size_t rsm = ((size_t)T * H + 2 * (size_t)T * E) * sizeof(float);
+    if (rsm > 160 * 1024) { cu_fail(c, cudaErrorInvalidValue, "moe tc decode: router input exceeds shared memory", __FILE__, __LINE__); return; }
+    k_tc_router<<<(unsigned)((E + TC_RT_W - 1) / TC_RT_W), TC_RT_W * 32, rsm, c->stream>>>(
+        a->x, T, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, rw->qscale, rw->qbeta, logits, c->ticket,
+        a->topk_ids, a->topk_w);
+    if (CU_LAUNCHED(c, "k_tc_router")) return;
+    const int bh = tc_hblock(H), bf = tc_hblock(F);
+    const int nwg = tc_warps(H / bh, TC_MAXW), nwd = tc_warps(K * (F / bf), TC_MAXW);
+    k_tc_gate_up<<<dim3((unsigned)(F / 16), (unsigned)(T * K)), nwg * 32, tc_smem_dec(nwg, 32, bh), c->stream>>>(
+        a->x, H, F, K, tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act);
+    if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
+    k_tc_down<<<dim3((unsigned)(H / 16), (unsigned)T), nwd * 32, tc_smem_dec(nwd, 16, bf), c->stream>>>(
+        act, H, F, K, tab->table, tab->type, a->topk_ids, a->topk_w, a->y);
+    CU_LAUNCHED(c, "k_tc_down");
+}
+
+static size_t tc_smem_grp(int nw, int red_per_warp, int b) {
+    return (256 + (size_t)nw * red_per_warp) * sizeof(float) + (size_t)nw * GR_TB * 2 * b * sizeof(__half);
+}
+
+void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const float *xr, int64_t T, int64_t H,
+                                      int64_t F, int32_t K, const int32_t *count, const int32_t *n_items,
+                                      const int32_t *items, const int32_t *list, unsigned n_chunks, float *act) {
+    if (tc_attrs(c)) return;
+    const int b = tc_hblock(H), nw = tc_warps(H / b, TC_GRP_W);
+    k_tc_gate_up_grp<<<dim3((unsigned)(F / 16), n_chunks), nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b), c->stream>>>(
+        xr, T, H, F, K, tab->table, tab->type, count, n_items, items, list, act);
+    CU_LAUNCHED(c, "k_tc_gate_up_grp");
+}
+
+void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const float *act, int64_t T, int64_t H,
+                                   int64_t F, const int32_t *count, const int32_t *n_items, const int32_t *items,
+                                   const int32_t *list, unsigned n_chunks, float *ydn) {
+    if (tc_attrs(c)) return;
+    const int b = tc_hblock(F), nw = tc_warps(F / b, TC_GRP_W);
+    k_tc_down_grp<<<dim3((unsigned)(H / 16), n_chunks), nw * 32, tc_smem_grp(nw, GR_TB * 16, b), c->stream>>>(
+        act, T, H, F, tab->table, tab->type, count, n_items, items, list, ydn);
+    CU_LAUNCHED(c, "k_tc_down_grp");
+}

@@ -295,6 +295,45 @@ __device__ __forceinline__ void cu_rot_chunk_regs(float v[8], const float *__res
     }
 }
 
+/* cu_rot_chunk_regs for a chunk of b = 32 M (M = cu_hadamard_block(n) / 32 known at compile time: no guards, no
+ * runtime 1/sqrt(b)), signs from a bit table (NULL with rotated: the hash). The same operations in the same order. */
+template <int M>
+__device__ __forceinline__ void cu_rot_chunk_t(float v[8], const float *__restrict__ x, int rotated, uint64_t seed,
+                                               int c, const uint32_t *__restrict__ signs) {
+    const int lane = threadIdx.x & 31, base = c * 32 * M + lane * M;
+    if (M == 8 && !((uintptr_t)(x + base) & 15)) {
+        const float4 a = __ldg((const float4 *)(x + base)), d = __ldg((const float4 *)(x + base) + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = d.x; v[5] = d.y; v[6] = d.z; v[7] = d.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = i < M ? __ldg(x + base + i) : 0.f;
+    }
+    if (!rotated) return;
+    if (signs) {
+        const uint32_t sw = __ldg(signs + (base >> 5)) >> (base & 31);
+#pragma unroll
+        for (int i = 0; i < M; i++)
+            if ((sw >> i) & 1u) v[i] = -v[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < M; i++) v[i] *= cu_rot_sign(seed, base + i);
+    }
+#pragma unroll
+    for (int h = 1; h < M; h *= 2)
+#pragma unroll
+        for (int i = 0; i < M; i++)
+            if (!(i & h)) { const float a = v[i], d = v[i + h]; v[i] = a + d; v[i + h] = a - d; }
+#pragma unroll
+    for (int lm = 1; lm < 32; lm *= 2) {
+        const int up = lane & lm;
+#pragma unroll
+        for (int i = 0; i < M; i++) { const float o = __shfl_xor_sync(0xffffffffu, v[i], lm); v[i] = up ? o - v[i] : v[i] + o; }
+    }
+    const float sc = M == 1 ? 0.17677669529663687f : M == 2 ? 0.125f : M == 4 ? 0.08838834764831845f : 0.0625f;
+#pragma unroll
+    for (int i = 0; i < M; i++) v[i] *= sc;
+}
+
 /* cu_rot_chunk_regs, stored to padded shared memory. */
 __device__ __forceinline__ void cu_load_rot_chunk(float *xs, const float *__restrict__ x, int n, int rotated,
                                                   uint64_t seed, int c) {

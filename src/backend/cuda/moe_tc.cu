@@ -128,22 +128,68 @@ __device__ __forceinline__ const uint8_t *tc_scales(const cu_mat &m, int64_t row
 
 /* The loads of one chunk (nb <= 8 blocks from block blk0) of tile ti of one matrix: each lane's code word and the
  * scale codes of its rows g and g + 8. */
-__device__ __forceinline__ void tc_fetch(const cu_mat &m, int64_t rows, int64_t NB, int64_t ti, int64_t blk0, int nb,
+template <int NBK>
+__device__ __forceinline__ void tc_fetch(const cu_mat &m, int64_t rows, int64_t NB, int64_t ti, int64_t blk0,
                                          uint32_t wd[8], uint32_t sc[8][2]) {
     const int lane = threadIdx.x & 31, g = lane >> 2;
     const int64_t tb = ti * NB + blk0;
     const uint32_t *cw = tc_codes(m) + tb * 32 + lane;
     const uint8_t *sw = tc_scales(m, rows, NB) + tb * 16 + g;
 #pragma unroll
-    for (int bi = 0; bi < 8; bi++)
-        if (bi < nb) {
-            wd[bi] = __ldg(cw + 32 * bi);
-            sc[bi][0] = __ldg(sw + 16 * bi);
-            sc[bi][1] = __ldg(sw + 16 * bi + 8);
-        }
+    for (int bi = 0; bi < NBK; bi++) {
+        wd[bi] = __ldg(cw + 32 * bi);
+        sc[bi][0] = __ldg(sw + 16 * bi);
+        sc[bi][1] = __ldg(sw + 16 * bi + 8);
+    }
 }
 
 /* ---- decode: router + top-k ---------------------------------------------------------------------------------- */
+
+/* Routes one token from its E router logits l, with every thread of the CTA: p = exp(l - max) as moe_route_warp
+ * computes it, the rank of e = how many p beat it (ties: the lower id first, the CPU's order), rank < K is pick
+ * number rank (a warp picking K maxima one after another is a chain of K x 10 shuffles). Out: ik / wk [K] (shared),
+ * weights renormalised in pick order when norm_topk. p: E floats, red: a float per warp, pk: K floats (shared). */
+__device__ __forceinline__ void tc_route_cta(const float *l, int32_t E, int32_t K, int32_t norm_topk, float *p,
+                                             float *red, int32_t *ik, float *pk, float *wk) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    float mx = -INFINITY;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
+    mx = cu_warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+    for (int w = 1; w < nw; w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float sum = 0.f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) { const float v = expf(l[e] - mx); p[e] = v; sum += v; }
+    sum = cu_warp_sum(sum);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    float tot = 0.f;
+    for (int w = 0; w < nw; w++) tot += red[w];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const float v = p[e];
+        int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+        int j = 0;
+        for (; j + 4 <= E; j += 4) {
+            const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
+            r0 += (o0 > v) | ((o0 == v) & (j < e));
+            r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));
+            r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));
+            r3 += (o3 > v) | ((o3 == v) & (j + 3 < e));
+        }
+        for (; j < E; j++) r0 += (p[j] > v) | ((p[j] == v) & (j < e));
+        const int rank = r0 + r1 + r2 + r3;
+        if (rank < K) { ik[rank] = e; pk[rank] = v; }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float wsum = 0.f;
+        for (int j = 0; j < K; j++) wsum += pk[j] / tot;
+        for (int j = 0; j < K; j++) wk[j] = norm_topk ? pk[j] / tot / wsum : pk[j] / tot;
+    }
+    __syncthreads();
+}
 
 /* 8 router weights from k on (bf16 or f32 row), widened. */
 __device__ __forceinline__ void tc_row8(int32_t type, const uint8_t *row, int64_t k, float w[8]) {
@@ -220,52 +266,13 @@ k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_
     __syncthreads();
     if (!last) return;
     __threadfence();
+    __shared__ float red[TC_MAXW], pk[MOE_MAX_K], wk[MOE_MAX_K];
+    __shared__ int32_t ik[MOE_MAX_K];
     for (int64_t i = threadIdx.x; i < T * E; i += blockDim.x) lg[i] = __ldcg(logits + i);
     __syncthreads();
-    /* Routing by rank, all threads at once (a warp picking k maxima one after another was ~8 us of shuffle chains):
-     * p = exp(l - max) as moe_route_warp computes it, the rank of e = how many p beat it (ties: the lower id first,
-     * the CPU's order), rank < K is pick number rank. */
-    __shared__ float red[TC_RT_W], pk[MOE_MAX_K];
-    __shared__ int32_t ik[MOE_MAX_K];
     for (int t = 0; t < T; t++) {
-        const float *l = lg + t * E;
-        float *pt = p + t * E;
-        float mx = -INFINITY;
-        for (int e2 = threadIdx.x; e2 < E; e2 += blockDim.x) mx = fmaxf(mx, l[e2]);
-        mx = cu_warp_max(mx);
-        if (lane == 0) red[warp] = mx;
-        __syncthreads();
-        mx = red[0];
-        for (int w = 1; w < TC_RT_W; w++) mx = fmaxf(mx, red[w]);
-        __syncthreads();
-        float sum = 0.f;
-        for (int e2 = threadIdx.x; e2 < E; e2 += blockDim.x) { const float v = expf(l[e2] - mx); pt[e2] = v; sum += v; }
-        sum = cu_warp_sum(sum);
-        if (lane == 0) red[warp] = sum;
-        __syncthreads();
-        float tot = 0.f;
-        for (int w = 0; w < TC_RT_W; w++) tot += red[w];
-        for (int e2 = threadIdx.x; e2 < E; e2 += blockDim.x) {
-            const float v = pt[e2];
-            int rank = 0;
-            for (int j = 0; j < E; j++) {
-                const float o = pt[j];
-                rank += (o > v) | ((o == v) & (j < e2));
-            }
-            if (rank < K) { ik[rank] = e2; pk[rank] = v; }
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float wsum = 0.f;
-            for (int j = 0; j < K; j++) wsum += pk[j] / tot;
-            red[0] = wsum;
-        }
-        __syncthreads();
-        if (threadIdx.x < K) {
-            const float mine = pk[threadIdx.x] / tot;
-            topk_ids[t * K + threadIdx.x] = ik[threadIdx.x];
-            topk_w[t * K + threadIdx.x] = norm_topk ? mine / red[0] : mine;
-        }
+        tc_route_cta(lg + t * E, E, K, norm_topk, p + t * E, red, ik, pk, wk);
+        if (threadIdx.x < K) { topk_ids[t * K + threadIdx.x] = ik[threadIdx.x]; topk_w[t * K + threadIdx.x] = wk[threadIdx.x]; }
         __syncthreads();
     }
     if (threadIdx.x == 0) *ticket = 0;
@@ -273,6 +280,7 @@ k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_
 
 /* ---- decode: gate/up ----------------------------------------------------------------------------------------- */
 
+template <int M>
 __global__ void __launch_bounds__(TC_MAXW * 32)
 k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, const int32_t *__restrict__ topk_ids, float *__restrict__ act) {
@@ -280,13 +288,14 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int slot = blockIdx.y, tok = slot / K;
     const int64_t ti = blockIdx.x, NB = H / 32;
-    const int b = cu_hadamard_block(H), m = b >> 5, nb = m, nch = (int)(H / b);
+    constexpr int b = 32 * M, m = M, nb = M;
+    const int nch = (int)(H / b);
     float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][2][16] */
     __half *X = (__half *)(red + (size_t)nw * 32) + (size_t)warp * 2 * b;
     tc_lut_fill(lut);
     __syncthreads();
-    const __half *bsrc = tc_bsrc(X, b, 0, 1);
     const int32_t e = topk_ids[slot];
+    const __half *bsrc = tc_bsrc(X, b, 0, 1);
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
     float Ag, Bg, Au, Bu;
     tc_ab(type, gm.qbeta, &Ag, &Bg);
@@ -294,15 +303,14 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
     float ag[2] = {0.f, 0.f}, au[2] = {0.f, 0.f};
     for (int c = warp; c < nch; c += nw) {
         uint32_t wg[8], wu[8], sg[8][2], su[8][2];
-        tc_fetch(gm, F, NB, ti, (int64_t)c * nb, nb, wg, sg);
-        tc_fetch(um, F, NB, ti, (int64_t)c * nb, nb, wu, su);
+        tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
+        tc_fetch<M>(um, F, NB, ti, (int64_t)c * nb, wu, su);
         float v[8];
-        cu_rot_chunk_regs(v, x + (int64_t)tok * H, (int)H, rot, seed, c, gm.signs);
+        cu_rot_chunk_t<M>(v, x + (int64_t)tok * H, rot, seed, c, gm.signs);
         const float p2 = tc_stage(v, m, b, X), qg = gm.qscale * p2, qu = um.qscale * p2; /* p2 = 2^e: exact */
         __syncwarp();
 #pragma unroll
-        for (int bi = 0; bi < 8; bi++) {
-            if (bi >= nb) break;
+        for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][1][2];
             tc_bfrag(bsrc, 2 * bi, bf[0][0]);
             tc_bfrag(bsrc, 2 * bi + 1, bf[1][0]);
@@ -335,6 +343,7 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
 
 /* ---- decode: down + combine ---------------------------------------------------------------------------------- */
 
+template <int M>
 __global__ void __launch_bounds__(TC_MAXW * 32)
 k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *__restrict__ topk_ids, const float *__restrict__ topk_w, float *__restrict__ y) {
@@ -342,7 +351,8 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok = blockIdx.y;
     const int64_t ti = blockIdx.x, NB = F / 32;
-    const int b = cu_hadamard_block(F), m = b >> 5, nb = m, nch = (int)(F / b), n_items = K * nch;
+    constexpr int b = 32 * M, m = M, nb = M;
+    const int nch = (int)(F / b), n_items = K * nch;
     float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][16] */
     __half *X = (__half *)(red + (size_t)nw * 16) + (size_t)warp * 2 * b;
     tc_lut_fill(lut);
@@ -355,16 +365,15 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
         const float wk = topk_w[tok * K + k];
         const cu_mat dm = table[e * 3 + 2];
         uint32_t wd[8], sd[8][2];
-        tc_fetch(dm, H, NB, ti, (int64_t)c * nb, nb, wd, sd);
+        tc_fetch<M>(dm, H, NB, ti, (int64_t)c * nb, wd, sd);
         float A, B;
         tc_ab(type, dm.qbeta, &A, &B);
         float v[8];
-        cu_rot_chunk_regs(v, act + ((int64_t)tok * K + k) * F, (int)F, dm.rotated, dm.rot_seed, c, dm.signs);
+        cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, dm.rotated, dm.rot_seed, c, dm.signs);
         const float p2 = tc_stage(v, m, b, X), qd = dm.qscale * p2 * wk; /* as (qscale lut) 2^e wk: 2^e is exact */
         __syncwarp();
 #pragma unroll
-        for (int bi = 0; bi < 8; bi++) {
-            if (bi >= nb) break;
+        for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][1][2];
             tc_bfrag(bsrc, 2 * bi, bf[0][0]);
             tc_bfrag(bsrc, 2 * bi + 1, bf[1][0]);
@@ -408,6 +417,7 @@ __device__ __forceinline__ float tc_pick(const float p2[GR_TB], int j) {
     return r;
 }
 
+template <int M>
 __global__ void __launch_bounds__(TC_GRP_W * 32)
 k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, int32_t K,
                  const cu_mat *__restrict__ table, int32_t type, const int32_t *__restrict__ count,
@@ -419,7 +429,8 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
     int32_t e, c0;
     const int nt = tc_item(count, items, &e, &c0);
     const int64_t ti = blockIdx.x, NB = H / 32, pad = CU_PAD(H);
-    const int b = cu_hadamard_block(H), m = b >> 5, nb = m, nch = (int)(H / b);
+    constexpr int b = 32 * M, m = M, nb = M;
+    const int nch = (int)(H / b);
     float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][2][GR_TB][16] */
     __half *X = (__half *)(red + (size_t)nw * 2 * GR_TB * 16) + (size_t)warp * GR_TB * 2 * b;
     tc_lut_fill(lut);
@@ -432,8 +443,8 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
     float ag[2][2] = {{0.f, 0.f}, {0.f, 0.f}}, au[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     for (int c = warp; c < nch; c += nw) {
         uint32_t wg[8], wu[8], sg[8][2], su[8][2];
-        tc_fetch(gm, F, NB, ti, (int64_t)c * nb, nb, wg, sg);
-        tc_fetch(um, F, NB, ti, (int64_t)c * nb, nb, wu, su);
+        tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
+        tc_fetch<M>(um, F, NB, ti, (int64_t)c * nb, wu, su);
         float p2[GR_TB];
 #pragma unroll
         for (int j = 0; j < GR_TB; j++) {
@@ -449,8 +460,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
         __syncwarp();
         const float q0 = tc_pick(p2, t), q1 = tc_pick(p2, 4 + t);
 #pragma unroll
-        for (int bi = 0; bi < 8; bi++) {
-            if (bi >= nb) break;
+        for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][2][2];
 #pragma unroll
             for (int s = 0; s < 2; s++) { tc_bfrag(bs0, 2 * bi + s, bf[s][0]); tc_bfrag(bs1, 2 * bi + s, bf[s][1]); }
@@ -493,6 +503,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
     }
 }
 
+template <int M>
 __global__ void __launch_bounds__(TC_GRP_W * 32)
 k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, const cu_mat *__restrict__ table,
               int32_t type, const int32_t *__restrict__ count, const int32_t *__restrict__ n_items,
@@ -503,7 +514,8 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
     int32_t e, c0;
     const int nt = tc_item(count, items, &e, &c0);
     const int64_t ti = blockIdx.x, NB = F / 32;
-    const int b = cu_hadamard_block(F), m = b >> 5, nb = m, nch = (int)(F / b);
+    constexpr int b = 32 * M, m = M, nb = M;
+    const int nch = (int)(F / b);
     float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][GR_TB][16] */
     __half *X = (__half *)(red + (size_t)nw * GR_TB * 16) + (size_t)warp * GR_TB * 2 * b;
     tc_lut_fill(lut);
@@ -515,23 +527,21 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
     float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     for (int c = warp; c < nch; c += nw) {
         uint32_t wd[8], sd[8][2];
-        tc_fetch(dm, H, NB, ti, (int64_t)c * nb, nb, wd, sd);
+        tc_fetch<M>(dm, H, NB, ti, (int64_t)c * nb, wd, sd);
         float p2[GR_TB];
 #pragma unroll
         for (int j = 0; j < GR_TB; j++) {
             p2[j] = 0.f;
             if (j < nt) {
                 float v[8];
-                cu_rot_chunk_regs(v, act + (int64_t)list[(int64_t)e * T + c0 + j] * F, (int)F, dm.rotated, dm.rot_seed, c,
-                                  dm.signs);
+                cu_rot_chunk_t<M>(v, act + (int64_t)list[(int64_t)e * T + c0 + j] * F, dm.rotated, dm.rot_seed, c, dm.signs);
                 p2[j] = tc_stage(v, m, b, X + (size_t)j * 2 * b);
             }
         }
         __syncwarp();
         const float q0 = tc_pick(p2, t), q1 = tc_pick(p2, 4 + t);
 #pragma unroll
-        for (int bi = 0; bi < 8; bi++) {
-            if (bi >= nb) break;
+        for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][2][2];
 #pragma unroll
             for (int s = 0; s < 2; s++) { tc_bfrag(bs0, 2 * bi + s, bf[s][0]); tc_bfrag(bs1, 2 * bi + s, bf[s][1]); }
@@ -614,21 +624,33 @@ static size_t tc_smem_dec(int nw, int per_warp_red, int b) {
 
 static int tc_hblock(int64_t n) { int b = 1; while (b < 256 && n % (b * 2) == 0) b *= 2; return b; }
 
+/* Runs KERNEL<M> for the rotation chunk b = 32 M of a width (b: the largest power of two <= 256 dividing it). */
+#define TC_DISPATCH(b, KERNEL, GRID, BLOCK, SMEM, ...)                                                            \
+    switch (b) {                                                                                                  \
+    case 32: KERNEL<1><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                     \
+    case 64: KERNEL<2><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                     \
+    case 128: KERNEL<4><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                    \
+    default: KERNEL<8><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                     \
+    }
+
 static int g_tc_attr_dev = -1;
+
+template <int M> static int tc_attrs_m(cu_backend *c, int big) {
+    return CU_CHECK(c, cudaFuncSetAttribute(k_tc_gate_up_grp<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_tc_down_grp<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+}
 
 static int tc_attrs(cu_backend *c) {
     if (g_tc_attr_dev == c->device) return 0;
     const int big = 96 * 1024;
     if (CU_CHECK(c, cudaFuncSetAttribute(k_tc_router, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_tc_gate_up_grp, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_tc_down_grp, cudaFuncAttributeMaxDynamicSharedMemorySize, big)))
+        tc_attrs_m<1>(c, big) || tc_attrs_m<2>(c, big) || tc_attrs_m<4>(c, big) || tc_attrs_m<8>(c, big))
         return -1;
     g_tc_attr_dev = c->device;
     return 0;
 }
 
-void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, float *logits,
-                                 float *act) {
+void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, float *logits, float *act) {
     const int64_t T = a->n_tok, H = a->hidden, F = a->ffn;
     const int32_t E = a->n_experts, K = a->n_used;
     const moet_weight *rw = a->router;
@@ -643,11 +665,11 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (CU_LAUNCHED(c, "k_tc_router")) return;
     const int bh = tc_hblock(H), bf = tc_hblock(F);
     const int nwg = tc_warps(H / bh, TC_MAXW), nwd = tc_warps(K * (F / bf), TC_MAXW);
-    k_tc_gate_up<<<dim3((unsigned)(F / 16), (unsigned)(T * K)), nwg * 32, tc_smem_dec(nwg, 32, bh), c->stream>>>(
-        a->x, H, F, K, tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act);
+    TC_DISPATCH(bh, k_tc_gate_up, dim3((unsigned)(F / 16), (unsigned)(T * K)), nwg * 32, tc_smem_dec(nwg, 32, bh),
+                a->x, H, F, K, tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act);
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
-    k_tc_down<<<dim3((unsigned)(H / 16), (unsigned)T), nwd * 32, tc_smem_dec(nwd, 16, bf), c->stream>>>(
-        act, H, F, K, tab->table, tab->type, a->topk_ids, a->topk_w, a->y);
+    TC_DISPATCH(bf, k_tc_down, dim3((unsigned)(H / 16), (unsigned)T), nwd * 32, tc_smem_dec(nwd, 16, bf),
+                act, H, F, K, tab->table, tab->type, a->topk_ids, a->topk_w, a->y);
     CU_LAUNCHED(c, "k_tc_down");
 }
 
@@ -655,22 +677,22 @@ static size_t tc_smem_grp(int nw, int red_per_warp, int b) {
     return (256 + (size_t)nw * red_per_warp) * sizeof(float) + (size_t)nw * GR_TB * 2 * b * sizeof(__half);
 }
 
-void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const float *xr, int64_t T, int64_t H,
-                                      int64_t F, int32_t K, const int32_t *count, const int32_t *n_items,
-                                      const int32_t *items, const int32_t *list, unsigned n_chunks, float *act) {
+void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const float *xr, int64_t T, int64_t H, int64_t F,
+                           int32_t K, const int32_t *count, const int32_t *n_items, const int32_t *items,
+                           const int32_t *list, unsigned n_chunks, float *act) {
     if (tc_attrs(c)) return;
     const int b = tc_hblock(H), nw = tc_warps(H / b, TC_GRP_W);
-    k_tc_gate_up_grp<<<dim3((unsigned)(F / 16), n_chunks), nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b), c->stream>>>(
-        xr, T, H, F, K, tab->table, tab->type, count, n_items, items, list, act);
+    TC_DISPATCH(b, k_tc_gate_up_grp, dim3((unsigned)(F / 16), n_chunks), nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b),
+                xr, T, H, F, K, tab->table, tab->type, count, n_items, items, list, act);
     CU_LAUNCHED(c, "k_tc_gate_up_grp");
 }
 
-void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const float *act, int64_t T, int64_t H,
-                                   int64_t F, const int32_t *count, const int32_t *n_items, const int32_t *items,
-                                   const int32_t *list, unsigned n_chunks, float *ydn) {
+void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const float *act, int64_t T, int64_t H, int64_t F,
+                        const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list,
+                        unsigned n_chunks, float *ydn) {
     if (tc_attrs(c)) return;
     const int b = tc_hblock(F), nw = tc_warps(F / b, TC_GRP_W);
-    k_tc_down_grp<<<dim3((unsigned)(H / 16), n_chunks), nw * 32, tc_smem_grp(nw, GR_TB * 16, b), c->stream>>>(
-        act, T, H, F, tab->table, tab->type, count, n_items, items, list, ydn);
+    TC_DISPATCH(b, k_tc_down_grp, dim3((unsigned)(H / 16), n_chunks), nw * 32, tc_smem_grp(nw, GR_TB * 16, b),
+                act, T, H, F, tab->table, tab->type, count, n_items, items, list, ydn);
     CU_LAUNCHED(c, "k_tc_down_grp");
 }

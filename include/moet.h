@@ -44,6 +44,9 @@ typedef struct {
     int n_threads;      /* CPU worker threads for compute; <= 0: all online cores */
     int verbose;        /* log loading details to stderr */
     const char *device; /* "cpu", "cuda" or "cuda:N"; NULL or "auto": the first GPU when there is one, else cpu */
+    /* A pack's delta pack (the NVFP4 residual of its W2 experts, for --delta on|gate): NULL: X.delta.gguf beside a
+     * pack X.gguf when that file exists; "": none; a path: that file (an error if it cannot be loaded). */
+    const char *delta_path;
 } moet_model_options;
 
 moet_model_options moet_model_default_options(void);
@@ -61,6 +64,7 @@ typedef struct {
     int64_t weight_bytes;      /* bytes of weights as stored */
     const char *backend;       /* "cpu" or "cuda" */
     const char *device;        /* what computes: "NVIDIA H200 (sm_90, ...)", "cpu, 2 threads" */
+    int32_t has_delta;         /* base + delta experts are loaded (a delta pack, or experts requantized with one) */
 } moet_model_info;
 
 void moet_model_info_get(const moet_model *m, moet_model_info *info);

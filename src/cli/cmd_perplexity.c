@@ -152,10 +152,13 @@ int cmd_perplexity(int argc, char **argv) {
             goto out;
         }
     }
-    if (!delta_mode) delta_mode = "off";
+    moet_model_info pmi;
+    moet_model_info_get(m, &pmi);
+    if (!delta_mode) delta_mode = pmi.has_delta ? "gate" : "off";
     int dmode = !strcmp(delta_mode, "off") ? 0 : !strcmp(delta_mode, "on") ? 1 : !strcmp(delta_mode, "gate") ? 2 : -1;
-    if (dmode < 0 || (dmode > 0 && !(qf >= 0 && moet_qformat_has_delta(qf)))) {
-        fprintf(stderr, "moet perplexity: --delta %s needs --experts w2+nvfp4 or w2+w2 (modes: off, on, gate)\n", delta_mode);
+    if (dmode < 0 || (dmode > 0 && !pmi.has_delta)) {
+        fprintf(stderr, "moet perplexity: --delta %s needs a delta: a pack with its delta pack (--delta-file), or "
+                        "--experts w2+nvfp4 / w2+w2 (modes: off, on, gate)\n", delta_mode);
         goto out;
     }
     moet_session_options so = moet_session_default_options();

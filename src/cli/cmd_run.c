@@ -74,17 +74,18 @@ int cmd_run(int argc, char **argv) {
         moet_matq_options qo = moet_matq_default_options((moet_qformat)qf);
         moet_requant_stats rqs = {0};
         if (cli_requant_experts(m, &qo, calib_file, 16384, c.threads, &rqs)) { moet_model_free(m); return 1; }
-        if (!delta_mode) delta_mode = moet_qformat_has_delta(qf) ? "gate" : "off";
+    }
+    {
+        moet_model_info mi;
+        moet_model_info_get(m, &mi);
+        if (!delta_mode) delta_mode = mi.has_delta ? "gate" : "off";
         dmode = !strcmp(delta_mode, "off") ? 0 : !strcmp(delta_mode, "on") ? 1 : !strcmp(delta_mode, "gate") ? 2 : -1;
-        if (dmode < 0 || (dmode > 0 && !moet_qformat_has_delta(qf))) {
-            fprintf(stderr, "moet run: --delta %s needs --experts with a delta (w2+nvfp4, w2+w2); modes: off, on, gate\n", delta_mode);
+        if (dmode < 0 || (dmode > 0 && !mi.has_delta)) {
+            fprintf(stderr, "moet run: --delta %s needs a delta: a pack with its delta pack (--delta-file), or --experts "
+                            "w2+nvfp4 / w2+w2; modes: off, on, gate\n", delta_mode);
             moet_model_free(m);
             return 2;
         }
-    } else if (delta_mode && strcmp(delta_mode, "off")) {
-        fprintf(stderr, "moet run: --delta %s needs --experts with a delta (w2+nvfp4, w2+w2)\n", delta_mode);
-        moet_model_free(m);
-        return 2;
     }
     const moet_tokenizer *tok = moet_model_tokenizer(m);
     char err[512];

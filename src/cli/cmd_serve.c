@@ -106,6 +106,9 @@ int cmd_serve(int argc, char **argv) {
     }
     fprintf(stderr, "moet serve: listening on http://%s:%d (loading the model)\n", host, srv.port);
 
+    /* the confidence gate is not wired into the scheduler yet: a delta pack would only cost memory here */
+    if (c.delta_file && c.delta_file[0]) MOET_LOGW("moet serve: --delta-file ignored: serving runs the base experts (the gate is not in serve yet)");
+    c.delta_file = "";
     if (!(m = cli_load_model(&c))) goto out;
     moet_model_info info;
     moet_model_info_get(m, &info);

@@ -74,6 +74,10 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
         c->threads = (int)n;
         return 1;
     }
+    if (!strcmp(a, "--delta-file")) {
+        if (!(c->delta_file = cli_value(argc, argv, i))) return -1;
+        return 1;
+    }
     if (!strcmp(a, "--device")) {
         if (!(c->device = cli_value(argc, argv, i))) return -1;
         return 1;
@@ -91,6 +95,7 @@ moet_model *cli_load_model(const cli_common *c) {
     o.n_threads = c->threads;
     o.verbose = 1;
     o.device = c->device;
+    o.delta_path = c->delta_file;
     moet_model *m = NULL;
     char err[1024];
     const char *path = c->model ? c->model : MOET_DEFAULT_MODEL_DIR;

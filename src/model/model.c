@@ -12,6 +12,7 @@
 #include "core/util.h"
 #include "format/hf_config.h"
 #include "model/model.h"
+#include "model/delta.h"
 #include "model/pack.h"
 #include "quant/types.h"
 
@@ -248,6 +249,10 @@ int moet_model_load(const char *path, const moet_model_options *opt, moet_model 
     double t0 = moet_time_s();
     if (moet_file_exists(path)) { /* a file: a moet pack */
         if ((rc = moet_pack_load(m, path, err, errlen))) goto fail;
+        char dp[4096];
+        const char *dpath = o.delta_path;
+        if (!dpath && !moet_delta_default_path(path, dp, sizeof dp) && moet_file_exists(dp)) dpath = dp;
+        if (dpath && dpath[0] && (rc = moet_delta_load(m, dpath, o.n_threads, err, errlen))) goto fail;
         goto backend;
     }
 
@@ -359,6 +364,8 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     info->weight_bytes = m->weight_bytes;
     info->backend = m->be ? m->be->ops->name : "none";
     info->device = m->be ? m->be->ops->device_name(m->be) : "none";
+    info->has_delta = 0;
+    for (int l = 0; l < m->hp.n_layers && !info->has_delta; l++) info->has_delta = m->layers && m->layers[l].dexp_gate != NULL;
 }
 
 const moet_tokenizer *moet_model_tokenizer(const moet_model *m) { return m->tok; }

@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/pool.h"
 #include "core/progress.h"
 #include "core/util.h"
+#include "model/delta.h"
 #include "quant/formats.h"
 #include "quant/requant.h"
 #include "quant/types.h"
@@ -44,6 +46,9 @@ typedef struct {
     moet_progress prog;
     uint8_t **dense_bufs;  /* Q8_0 copies of dense projections (--dense q8_0), alive until the file is written */
     size_t n_dense;
+    int delta;           /* w2+nvfp4: also the NVFP4 residual of each matrix */
+    uint8_t **dblocks;   /* [task*3+k] */
+    float *dqparams;     /* [task*3+k][4] */
 } pw_ctx;
 
 /* --dense q8_0 converts the linear projections: attention, dense MLP, lm_head. Embeddings stay as stored (a row
@@ -92,6 +97,7 @@ static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
             float *src = moet_weight_widen(w);
             float *deq = malloc((size_t)(w->rows * w->cols) * sizeof(float));
             moet_matq_options q = x->o->q;
+            if (x->delta) q.format = MOET_QF_W2;
             q.seed = moet_expert_rot_seed(l, k);
             size_t rb = moet_type_row_bytes(moet_qformat_type(q.format), w->cols);
             uint8_t *blk = malloc(rb * (size_t)w->rows + 1);
@@ -104,6 +110,22 @@ static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
             qp[2] = (float)info.rot_seed;
             qp[3] = (float)info.rotated;
             x->blocks[t * 3 + k] = blk;
+            if (x->delta) { /* the residual in the original basis, NVFP4 with the options the in-memory path uses */
+                for (int64_t i = 0; i < w->rows * w->cols; i++) src[i] -= deq[i];
+                moet_matq_options dq = x->o->q;
+                dq.format = MOET_QF_NVFP4;
+                dq.seed = q.seed + 0x5bd1e995u;
+                const size_t drb = moet_type_row_bytes(MOET_TYPE_NVFP4, w->cols);
+                uint8_t *dblk = malloc(drb * (size_t)w->rows + 1);
+                moet_matq_info di;
+                if (!dblk || moet_matq_quantize(src, w->rows, w->cols, k == 2 ? hdn : hin, &dq, deq, dblk, &di, NULL)) x->failed = 1;
+                float *dp = x->dqparams + (t * 3 + k) * 4;
+                dp[0] = di.qscale;
+                dp[1] = di.qbeta;
+                dp[2] = (float)di.rot_seed;
+                dp[3] = (float)di.rotated;
+                x->dblocks[t * 3 + k] = dblk;
+            }
             free(src);
             free(deq);
         }
@@ -117,10 +139,13 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
                     char *err, size_t errlen) {
     const moet_hparams *hp = &m->hp;
     if (m->pack) return moet_err(err, errlen, MOET_EINVAL, "re-quantizing a pack is not supported; give the HF directory");
-    if (moet_qformat_has_delta(o->q.format))
-        return moet_err(err, errlen, MOET_EUNSUP, "delta formats go to a delta pack (--delta-out), not implemented yet");
+    const int delta = moet_qformat_has_delta(o->q.format);
+    if (delta && o->q.format != MOET_QF_W2_NVFP4)
+        return moet_err(err, errlen, MOET_EUNSUP, "delta packs hold an NVFP4 delta (w2+nvfp4); %s is in-memory only",
+                        moet_qformat_name(o->q.format));
+    if (delta && !o->delta_path) return moet_err(err, errlen, MOET_EINVAL, "w2+nvfp4 needs a delta pack path");
     const int64_t E = hp->n_experts;
-    pw_ctx x = {.m = m, .o = o};
+    pw_ctx x = {.m = m, .o = o, .delta = delta};
     for (int l = 0; l < hp->n_layers; l++) x.n_tasks += hp->layer_moe[l] ? E : 0;
     char what[64];
     snprintf(what, sizeof what, "quantizing experts to %s", moet_qformat_name(o->q.format));
@@ -129,10 +154,19 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     x.blocks = calloc((size_t)x.n_tasks * 3 + 1, sizeof(uint8_t *));
     x.qparams = calloc((size_t)x.n_tasks * 12 + 1, sizeof(float));
     x.dense_bufs = calloc(m->st.n_tensors + 1, sizeof(uint8_t *));
+    x.dblocks = calloc((size_t)x.n_tasks * 3 + 1, sizeof(uint8_t *));
+    x.dqparams = calloc((size_t)x.n_tasks * 12 + 1, sizeof(float));
+    /* ties a delta pack to this pack: a fresh random id (time, clock, address, pid mixed) */
+    char pack_id[40];
+    {
+        uint64_t z = (uint64_t)(moet_time_s() * 1e9) ^ ((uint64_t)(uintptr_t)&x << 16) ^ ((uint64_t)clock() << 40);
+        for (int r = 0; r < 2; r++) { z ^= z >> 33; z *= 0xff51afd7ed558ccdull; z ^= z >> 29; }
+        snprintf(pack_id, sizeof pack_id, "%016llx", (unsigned long long)z);
+    }
     char *tok_json = NULL, *tmpl = NULL;
     int rc = MOET_OK;
     moet_gguf_writer *w = NULL;
-    if (!x.task_layer || !x.blocks || !x.qparams || !x.dense_bufs) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    if (!x.task_layer || !x.blocks || !x.qparams || !x.dense_bufs || !x.dblocks || !x.dqparams) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
     for (int l = 0, t = 0; l < hp->n_layers; l++)
         if (hp->layer_moe[l])
             for (int64_t e = 0; e < E; e++) x.task_layer[t++] = l;
@@ -151,9 +185,11 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     moet_gguf_writer_kv_str(w, "general.architecture", "moet-qwen3moe", strlen("moet-qwen3moe"));
     moet_gguf_writer_kv_u32(w, "moet.format_version", MOET_PACK_FORMAT_VERSION);
     moet_gguf_writer_kv_str(w, "moet.architecture", hp->architecture, strlen(hp->architecture));
-    const char *fname = moet_qformat_name(o->q.format);
+    const int bfmt = delta ? MOET_QF_W2 : o->q.format;
+    const char *fname = moet_qformat_name(bfmt);
     moet_gguf_writer_kv_str(w, "moet.expert_format", fname, strlen(fname));
-    moet_gguf_writer_kv_f32(w, "moet.expert_bpw", (float)moet_qformat_bpw(o->q.format));
+    moet_gguf_writer_kv_f32(w, "moet.expert_bpw", (float)moet_qformat_bpw(bfmt));
+    moet_gguf_writer_kv_str(w, "moet.pack_id", pack_id, strlen(pack_id));
     moet_gguf_writer_kv_str(w, "moet.dense_format", o->dense_q8 ? "q8_0" : "as stored", o->dense_q8 ? 4 : 9);
     for (size_t i = 0; i < sizeof k_hp_i32 / sizeof k_hp_i32[0]; i++)
         moet_gguf_writer_kv_i32(w, k_hp_i32[i].key, *(const int32_t *)((const char *)hp + k_hp_i32[i].off));
@@ -191,7 +227,7 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
         moet_gguf_writer_tensor(w, t->name, ty, t->ndim, ne, t->data, t->nbytes, 32);
     }
     /* Experts: one 4 KiB-aligned record each (gate, up, down back to back), then the layer's qparams. */
-    int32_t ty = moet_qformat_type(o->q.format);
+    int32_t ty = moet_qformat_type(bfmt);
     for (int64_t t = 0; t < x.n_tasks; t++) {
         int l = (int)x.task_layer[t];
         int64_t e = t % E;
@@ -214,11 +250,19 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     }
     rc = moet_gguf_writer_finish(w, err, errlen);
     w = NULL;
+    if (!rc && delta) {
+        moet_delta_data dd = {.task_layer = x.task_layer, .n_tasks = x.n_tasks, .blocks = x.dblocks,
+                              .qparams = x.dqparams, .pack_id = pack_id};
+        rc = moet_delta_write(m, o->delta_path, &dd, err, errlen);
+    }
 out:
     if (w) moet_gguf_writer_abort(w);
     if (x.blocks) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.blocks[i]);
     free(x.blocks);
     free(x.qparams);
+    if (x.dblocks) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.dblocks[i]);
+    free(x.dblocks);
+    free(x.dqparams);
     free(x.task_layer);
     for (size_t i = 0; i < x.n_dense; i++) free(x.dense_bufs[i]);
     free(x.dense_bufs);

@@ -22,6 +22,7 @@ typedef struct {
     const moet_calib *calib; /* may be NULL */
     int n_threads;
     int dense_q8;            /* 1: the dense projections (attention, dense MLP, lm_head) as Q8_0; 0: as stored */
+    const char *delta_path;  /* q.format w2+nvfp4: the pack gets the W2 base, this delta pack the NVFP4 residual */
 } moet_pack_options;
 
 /* m: a model loaded from a Hugging Face directory (source dir for the tokenizer files). */

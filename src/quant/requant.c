@@ -114,6 +114,11 @@ int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const 
         m->f32_bufs = nb;
         m->cap_f32_bufs = need;
     }
+    if (!delta) /* a delta loaded with the old experts (a delta pack) does not belong to the new ones */
+        for (int l = 0; l < hp->n_layers; l++) {
+            free(m->layers[l].dexp_gate);
+            m->layers[l].dexp_gate = m->layers[l].dexp_up = m->layers[l].dexp_down = NULL;
+        }
     if (delta)
         for (int l = 0; l < hp->n_layers; l++) {
             if (!hp->layer_moe[l]) continue;

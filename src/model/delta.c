@@ -1,0 +1,256 @@
+/*
+ * delta.c — writing and loading delta packs (see delta.h, docs/format.md).
+ */
+#include "model/delta.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/pool.h"
+#include "core/progress.h"
+#include "core/util.h"
+#include "format/gguf.h"
+#include "quant/matq.h"
+#include "quant/types.h"
+
+static const char *const k_mat[3] = {"gate_proj", "up_proj", "down_proj"};
+
+static void delta_name(char *buf, size_t cap, int l, int64_t e, int k) {
+    snprintf(buf, cap, "model.layers.%d.mlp.experts.%lld.%s.delta", l, (long long)e, k_mat[k]);
+}
+
+int moet_delta_default_path(const char *pack_path, char *out, size_t cap) {
+    size_t n = strlen(pack_path);
+    int r = n > 5 && !strcmp(pack_path + n - 5, ".gguf")
+                ? snprintf(out, cap, "%.*s.delta.gguf", (int)(n - 5), pack_path)
+                : snprintf(out, cap, "%s.delta.gguf", pack_path);
+    return r > 0 && (size_t)r < cap ? 0 : -1;
+}
+
+/* ---- write ---------------------------------------------------------------------------------------------------- */
+
+int moet_delta_write(const moet_model *m, const char *path, const moet_delta_data *d, char *err, size_t errlen) {
+    const moet_hparams *hp = &m->hp;
+    const int64_t E = hp->n_experts;
+    moet_gguf_writer *w = moet_gguf_writer_create(path, 32);
+    if (!w) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    moet_gguf_writer_kv_str(w, "general.architecture", "moet-delta", strlen("moet-delta"));
+    moet_gguf_writer_kv_u32(w, "moet.format_version", MOET_DELTA_FORMAT_VERSION);
+    moet_gguf_writer_kv_str(w, "moet.delta_format", "nvfp4", 5);
+    moet_gguf_writer_kv_f32(w, "moet.delta_bpw", (float)moet_qformat_bpw(MOET_QF_NVFP4));
+    moet_gguf_writer_kv_str(w, "moet.base_expert_format", "w2", 2);
+    moet_gguf_writer_kv_str(w, "moet.base_pack_id", d->pack_id, strlen(d->pack_id));
+    moet_gguf_writer_kv_i32(w, "moet.hp.n_layers", hp->n_layers);
+    moet_gguf_writer_kv_i32(w, "moet.hp.n_experts", hp->n_experts);
+    moet_gguf_writer_kv_i32(w, "moet.hp.hidden", hp->hidden);
+    moet_gguf_writer_kv_i32(w, "moet.hp.expert_ffn", hp->expert_ffn);
+    for (int64_t t = 0; t < d->n_tasks; t++) {
+        const int l = (int)d->task_layer[t];
+        const int64_t e = t % E;
+        const moet_layer *L = &m->layers[l];
+        const moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
+        for (int k = 0; k < 3; k++) {
+            char nm[256];
+            delta_name(nm, sizeof nm, l, e, k);
+            const int64_t ne[2] = {ws[k]->cols, ws[k]->rows};
+            moet_gguf_writer_tensor(w, nm, MOET_TYPE_NVFP4, 2, ne, d->blocks[t * 3 + k],
+                                    moet_type_row_bytes(MOET_TYPE_NVFP4, ws[k]->cols) * (uint64_t)ws[k]->rows,
+                                    k == 0 ? 4096 : 32);
+        }
+        if (e == E - 1) {
+            char nm[256];
+            snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.delta_qparams", l);
+            const int64_t ne[2] = {4, 3 * E};
+            moet_gguf_writer_tensor(w, nm, MOET_TYPE_F32, 2, ne, d->qparams + (t - (E - 1)) * 12,
+                                    (uint64_t)(12 * E) * sizeof(float), 32);
+        }
+    }
+    return moet_gguf_writer_finish(w, err, errlen);
+}
+
+/* ---- load ----------------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    moet_model *m;
+    const moet_gguf *g;
+    const int64_t *task_layer;
+    float **out;      /* [task*3+k] base + delta, f32, original basis */
+    int failed;
+    moet_progress prog;
+} dl_ctx;
+
+/* One row of a stored matrix in the original basis (undoing the rotation in double, as the quantizer applies it). */
+static void row_original(const uint8_t *src, int32_t type, int64_t cols, float qs, float qb, int rotated,
+                         uint32_t seed, float *f, double *dtmp) {
+    moet_type_row_to_f32_p(type, src, f, cols, qs, qb);
+    if (!rotated) return;
+    for (int64_t c = 0; c < cols; c++) dtmp[c] = f[c];
+    moet_rotate_row(dtmp, cols, seed, 1);
+    for (int64_t c = 0; c < cols; c++) f[c] = (float)dtmp[c];
+}
+
+static void dl_task(void *vctx, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    dl_ctx *x = vctx;
+    const int64_t E = x->m->hp.n_experts;
+    for (int64_t t = b; t < e; t++) {
+        const int l = (int)x->task_layer[t];
+        const int64_t ex = t % E;
+        const moet_layer *L = &x->m->layers[l];
+        const moet_weight *ws[3] = {&L->exp_gate[ex], &L->exp_up[ex], &L->exp_down[ex]};
+        char nm[256];
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.delta_qparams", l);
+        const float *qp = (const float *)moet_gguf_find_tensor(x->g, nm)->data;
+        for (int k = 0; k < 3; k++) {
+            const moet_weight *w = ws[k];
+            delta_name(nm, sizeof nm, l, ex, k);
+            const moet_gguf_tensor *dt = moet_gguf_find_tensor(x->g, nm);
+            const float *q = qp + (ex * 3 + k) * 4;
+            const size_t drb = moet_type_row_bytes(MOET_TYPE_NVFP4, w->cols);
+            float *o = malloc((size_t)(w->rows * w->cols) * sizeof(float) + 1), *tmp = malloc((size_t)w->cols * sizeof(float));
+            double *dt64 = malloc((size_t)w->cols * sizeof(double));
+            if (!o || !tmp || !dt64) { free(o); free(tmp); free(dt64); x->failed = 1; continue; }
+            for (int64_t r = 0; r < w->rows; r++) {
+                float *orow = o + r * w->cols;
+                row_original((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->type, w->cols, w->qscale, w->qbeta,
+                             w->rotated, w->rot_seed, orow, dt64);
+                row_original(dt->data + (size_t)r * drb, MOET_TYPE_NVFP4, w->cols, q[0], q[1], (int)q[3],
+                             (uint32_t)q[2], tmp, dt64);
+                for (int64_t c = 0; c < w->cols; c++) orow[c] += tmp[c];
+            }
+            free(tmp);
+            free(dt64);
+            x->out[t * 3 + k] = o;
+        }
+        moet_progress_add(&x->prog, 1);
+    }
+}
+
+int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, size_t errlen) {
+    const moet_hparams *hp = &m->hp;
+    const int64_t E = hp->n_experts;
+    if (!m->pack) return moet_err(err, errlen, MOET_EINVAL, "%s: a delta pack applies to a moet pack, not a checkpoint", path);
+    moet_gguf g;
+    int rc = moet_gguf_open(path, &g, err, errlen);
+    if (rc) return rc;
+    char *s = NULL, *base_id = NULL, *ef = NULL;
+    int64_t v;
+    dl_ctx x = {.m = m, .g = &g};
+    int64_t n_tasks = 0, *task_layer = NULL;
+    if (moet_gguf_get_i64(&g, "moet.format_version", &v) || v != MOET_DELTA_FORMAT_VERSION ||
+        moet_gguf_get_str(&g, "general.architecture", &s) || strcmp(s, "moet-delta")) {
+        rc = moet_err(err, errlen, MOET_EFORMAT, "%s: not a moet delta pack of format version %d", path, MOET_DELTA_FORMAT_VERSION);
+        goto out;
+    }
+    free(s);
+    s = NULL;
+    if (moet_gguf_get_str(&g, "moet.delta_format", &s) || strcmp(s, "nvfp4")) {
+        rc = moet_err(err, errlen, MOET_EUNSUP, "%s: delta format '%s' (supported: nvfp4)", path, s ? s : "missing");
+        goto out;
+    }
+    if (moet_gguf_get_str(m->pack, "moet.expert_format", &ef) || strcmp(ef, "w2")) {
+        rc = moet_err(err, errlen, MOET_EINVAL, "%s: the base pack's experts are %s, a delta needs w2", path, ef ? ef : "of no format");
+        goto out;
+    }
+    free(s);
+    s = NULL;
+    if (moet_gguf_get_str(&g, "moet.base_pack_id", &s) ||
+        moet_gguf_get_str(m->pack, "moet.pack_id", &base_id) || strcmp(s, base_id)) {
+        rc = moet_err(err, errlen, MOET_EINVAL, "%s: written for another pack (base id %s, this pack's %s)", path,
+                      s ? s : "missing", base_id ? base_id : "missing");
+        goto out;
+    }
+    static const char *const hk[4] = {"moet.hp.n_layers", "moet.hp.n_experts", "moet.hp.hidden", "moet.hp.expert_ffn"};
+    const int32_t hv[4] = {hp->n_layers, hp->n_experts, hp->hidden, hp->expert_ffn};
+    for (int i = 0; i < 4; i++)
+        if (moet_gguf_get_i64(&g, hk[i], &v) || v != hv[i]) {
+            rc = moet_err(err, errlen, MOET_EFORMAT, "%s: %s does not match the pack's %d", path, hk[i], hv[i]);
+            goto out;
+        }
+    for (int l = 0; l < hp->n_layers; l++) n_tasks += hp->layer_moe[l] ? E : 0;
+    if (!(task_layer = calloc((size_t)n_tasks + 1, sizeof(int64_t))) || !(x.out = calloc((size_t)n_tasks * 3 + 1, sizeof(float *)))) {
+        rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+        goto out;
+    }
+    /* every tensor present, typed and shaped as its base matrix; every qparam sane */
+    for (int l = 0, t = 0; l < hp->n_layers; l++) {
+        if (!hp->layer_moe[l]) continue;
+        char nm[256];
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.delta_qparams", l);
+        const moet_gguf_tensor *qt = moet_gguf_find_tensor(&g, nm);
+        if (!qt || qt->type != MOET_TYPE_F32 || qt->n_dims != 2 || qt->ne[0] != 4 || qt->ne[1] != 3 * E) {
+            rc = moet_err(err, errlen, MOET_EFORMAT, "%s: %s missing or of the wrong shape", path, nm);
+            goto out;
+        }
+        const float *qp = (const float *)qt->data;
+        const moet_layer *L = &m->layers[l];
+        for (int64_t e = 0; e < E; e++, t++) {
+            task_layer[t] = l;
+            const moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
+            for (int k = 0; k < 3; k++) {
+                delta_name(nm, sizeof nm, l, e, k);
+                const moet_gguf_tensor *dt = moet_gguf_find_tensor(&g, nm);
+                const float *q = qp + (e * 3 + k) * 4;
+                if (!dt || dt->type != MOET_TYPE_NVFP4 || dt->n_dims != 2 || dt->ne[0] != ws[k]->cols || dt->ne[1] != ws[k]->rows) {
+                    rc = moet_err(err, errlen, MOET_EFORMAT, "%s: %s missing or not an NVFP4 [%lld x %lld] matrix", path, nm,
+                                  (long long)ws[k]->rows, (long long)ws[k]->cols);
+                    goto out;
+                }
+                if (!(q[0] > 0) || q[0] > 1e30f || q[2] < 0 || q[2] > 16777216.0f || (q[3] != 0 && q[3] != 1) ||
+                    (q[3] != 0 && ws[k]->cols % 32)) {
+                    rc = moet_err(err, errlen, MOET_EFORMAT, "%s: bad delta qparams for layer %d expert %lld", path, l, (long long)e);
+                    goto out;
+                }
+            }
+        }
+    }
+    x.task_layer = task_layer;
+    moet_progress_init(&x.prog, "loading the delta (base + delta experts)", "experts", n_tasks);
+    {
+        moet_pool *pool = moet_pool_create(n_threads > 0 ? n_threads : moet_cpu_count());
+        moet_pool_for(pool, n_tasks, dl_task, &x);
+        moet_pool_free(pool);
+    }
+    moet_progress_end(&x.prog);
+    if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory building the delta experts"); goto out; }
+    {
+        size_t need = m->n_f32_bufs + (size_t)n_tasks * 3;
+        if (need > m->cap_f32_bufs) {
+            float **nb = realloc(m->f32_bufs, need * sizeof(float *));
+            if (!nb) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+            m->f32_bufs = nb;
+            m->cap_f32_bufs = need;
+        }
+        for (int l = 0; l < hp->n_layers; l++) {
+            if (!hp->layer_moe[l]) continue;
+            moet_layer *L = &m->layers[l];
+            free(L->dexp_gate);
+            if (!(L->dexp_gate = calloc((size_t)E * 3, sizeof(moet_weight)))) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+            L->dexp_up = L->dexp_gate + E;
+            L->dexp_down = L->dexp_up + E;
+        }
+        for (int64_t t = 0; t < n_tasks; t++) {
+            moet_layer *L = &m->layers[task_layer[t]];
+            const int64_t e = t % E;
+            const moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
+            moet_weight *dw[3] = {&L->dexp_gate[e], &L->dexp_up[e], &L->dexp_down[e]};
+            for (int k = 0; k < 3; k++) {
+                *dw[k] = (moet_weight){.data = x.out[t * 3 + k], .type = MOET_TYPE_F32, .rows = ws[k]->rows,
+                                       .cols = ws[k]->cols, .row_bytes = (size_t)ws[k]->cols * sizeof(float), .qscale = 1};
+                m->f32_bufs[m->n_f32_bufs++] = x.out[t * 3 + k];
+                x.out[t * 3 + k] = NULL;
+            }
+        }
+    }
+    MOET_LOGI("delta %s: %lld experts, base + delta held as f32", path, (long long)n_tasks);
+out:
+    if (x.out) for (int64_t i = 0; i < n_tasks * 3; i++) free(x.out[i]);
+    free(x.out);
+    free(task_layer);
+    free(s);
+    free(base_id);
+    free(ef);
+    moet_gguf_close(&g);
+    return rc;
+}

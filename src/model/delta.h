@@ -1,0 +1,39 @@
+/*
+ * delta.h — delta packs: the FP4 residual of a W2 pack's routed experts, in a second GGUF v3 file
+ * (`moet quantize --experts w2+nvfp4` writes OUT.gguf and OUT.delta.gguf; docs/format.md).
+ *
+ * Why a second file: the base pack alone is the model at 2.25 bpw; the delta (4.5 bpw more) is only read for the
+ * steps the confidence gate corrects, so it lives where the expert cache's slow tier lives, and a deployment that
+ * never corrects does not ship it. The two files are tied by an id the writer draws (moet.pack_id in the pack,
+ * moet.base_pack_id in the delta): a delta is never applied to another base.
+ *
+ * Loading materialises the "on" experts (base + delta, dequantized, original basis, f32) as the layer's dexp_*
+ * weights, the same representation `--experts w2+nvfp4` builds in memory: every command's off/on/gate machinery
+ * then works unchanged. (A fused base + delta kernel that reads the NVFP4 blocks directly is the next step; until
+ * then the "on" tier costs f32 memory.)
+ */
+#ifndef MOET_MODEL_DELTA_H
+#define MOET_MODEL_DELTA_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+
+#define MOET_DELTA_FORMAT_VERSION 1
+
+typedef struct {
+    const int64_t *task_layer; /* [n_tasks] layer of each (layer, expert) task, experts in order within a layer */
+    int64_t n_tasks;
+    uint8_t *const *blocks;    /* [task*3+k] NVFP4 blocks of the residual of matrix k */
+    const float *qparams;      /* [task*3+k][4] (qscale, qbeta, rot_seed, rotated) of each delta matrix */
+    const char *pack_id;       /* the base pack's moet.pack_id */
+} moet_delta_data;
+
+/* Writes the delta pack of base model m (its routed experts' shapes) crash-safely (temporary + rename). */
+int moet_delta_write(const moet_model *m, const char *path, const moet_delta_data *d, char *err, size_t errlen);
+/* Loads a delta pack over m (loaded from a pack): validates it against m and installs dexp_*. A load-time step. */
+int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, size_t errlen);
+/* The default delta path of a pack: "X.gguf" -> "X.delta.gguf" (else path + ".delta.gguf"); 0 if it fits in cap. */
+int moet_delta_default_path(const char *pack_path, char *out, size_t cap);
+
+#endif

@@ -26,7 +26,9 @@ static void usage(void) {
             "  --max-seqs  sequences in the running batch (sessions; default 4)\n"
             "  --ctx       context per sequence, prompt + output (default: min(model, 4096))\n"
             "  --queue     requests that may wait for a sequence slot; beyond it: 429 (default 64)\n"
-            "  --timeout   seconds a request may wait for a slot before 503 (default 600; 0: forever)\n");
+            "  --timeout   seconds a request may wait for a slot before 503 (default 600; 0: forever)\n"
+            "  --delta     off|on|gate with a delta pack (--delta-file, default X.delta.gguf beside a pack X.gguf):\n"
+            "              gate (default) redoes a decode step on base + delta when its top-1 probability < --tau (0.6)\n");
 }
 
 static const char *base_name(const char *p) {
@@ -43,6 +45,8 @@ int cmd_serve(int argc, char **argv) {
     cli_common c = {0};
     const char *host = "127.0.0.1", *api_key = NULL, *api_key_file = NULL, *name = NULL;
     long port = 8000, max_seqs = 4, ctx = 0, queue = 64, timeout = 600, max_body = 8 << 20;
+    const char *delta_mode = NULL;
+    double tau = 0.6;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);
         if (r < 0) return 2;
@@ -61,6 +65,11 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--timeout")) INT(timeout, 0, 1 << 24);
         else if (!strcmp(a, "--max-body")) INT(max_body, 1024, 1L << 30);
         else if (!strcmp(a, "--served-model-name")) { VAL(); name = v; }
+        else if (!strcmp(a, "--delta")) { VAL(); delta_mode = v; }
+        else if (!strcmp(a, "--tau")) {
+            VAL();
+            if (cli_parse_float(v, &tau) || !(tau >= 0 && tau <= 1)) { fprintf(stderr, "moet serve: --tau needs a number in [0, 1]\n"); return 2; }
+        }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else { fprintf(stderr, "moet serve: unknown option '%s'\n", a); usage(); return 2; }
 #undef INT
@@ -106,12 +115,20 @@ int cmd_serve(int argc, char **argv) {
     }
     fprintf(stderr, "moet serve: listening on http://%s:%d (loading the model)\n", host, srv.port);
 
-    /* the confidence gate is not wired into the scheduler yet: a delta pack would only cost memory here */
-    if (c.delta_file && c.delta_file[0]) MOET_LOGW("moet serve: --delta-file ignored: serving runs the base experts (the gate is not in serve yet)");
-    c.delta_file = "";
+    if (delta_mode && strcmp(delta_mode, "off") && strcmp(delta_mode, "on") && strcmp(delta_mode, "gate")) {
+        fprintf(stderr, "moet serve: --delta off|on|gate\n");
+        goto out;
+    }
+    if (delta_mode && !strcmp(delta_mode, "off") && !c.delta_file) c.delta_file = ""; /* no use loading it */
     if (!(m = cli_load_model(&c))) goto out;
     moet_model_info info;
     moet_model_info_get(m, &info);
+    if (!delta_mode) delta_mode = info.has_delta ? "gate" : "off";
+    const int dmode = !strcmp(delta_mode, "off") ? 0 : !strcmp(delta_mode, "on") ? 1 : 2;
+    if (dmode && !info.has_delta) {
+        fprintf(stderr, "moet serve: --delta %s needs a delta pack (a pack X.gguf with X.delta.gguf, or --delta-file)\n", delta_mode);
+        goto out;
+    }
     const char *tsrc = moet_model_chat_template(m);
     if (tsrc && !(tmpl = jinja_compile(tsrc, strlen(tsrc), err, sizeof err)))
         MOET_LOGW("the model's chat template does not compile (chat completions disabled): %s", err);
@@ -134,14 +151,16 @@ int cmd_serve(int argc, char **argv) {
     srv.oc = (oai_ctx){.tok = tok, .tmpl = tmpl, .model_name = model_name, .n_ctx = n_ctx, .vocab = info.vocab_size,
                        .bos_token = bos, .eos_token = eos};
     sched_options so = {.max_seqs = (int)max_seqs, .n_ctx = n_ctx, .queue_cap = (int)queue,
-                        .queue_timeout = (double)timeout, .model_name = model_name};
+                        .queue_timeout = (double)timeout, .model_name = model_name, .delta_mode = dmode,
+                        .tau = (float)tau};
     if (sched_create(m, &so, &srv.mx, &srv.sched, err, sizeof err)) {
         fprintf(stderr, "moet serve: %s\n", err);
         goto out;
     }
     atomic_store(&srv.state, SERVER_READY);
-    fprintf(stderr, "moet serve: ready: model '%s' (%s), %ld sequences of %d tokens, chat template %s, API key %s\n",
-            model_name, info.backend, max_seqs, n_ctx, tmpl ? "yes" : "none", api_key ? "required" : "off");
+    fprintf(stderr, "moet serve: ready: model '%s' (%s), %ld sequences of %d tokens, chat template %s, API key %s, "
+                    "delta %s\n", model_name, info.backend, max_seqs, n_ctx, tmpl ? "yes" : "none",
+            api_key ? "required" : "off", dmode == 2 ? "gate" : delta_mode);
 
     int sig = 0;
     sigwait(&sigs, &sig);

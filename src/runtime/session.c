@@ -38,24 +38,30 @@ struct moet_session {
 
 void moet_session_use_delta(moet_session *s, int on) { s->use_delta = on; }
 
+float moet_gate_top1(const float *l, int32_t V) {
+    float mx = l[0];
+    for (int32_t k = 1; k < V; k++) mx = l[k] > mx ? l[k] : mx;
+    double z = 0;
+    for (int32_t k = 0; k < V; k++) z += exp((double)l[k] - mx);
+    return expf((float)((double)mx - (mx + log(z))));
+}
+
+int moet_session_redo_delta(moet_session *s, int32_t token, char *err, size_t errlen) {
+    if (s->pos < 1) return moet_err(err, errlen, MOET_EINVAL, "no step to redo");
+    s->pos--;  /* the step again, on base + delta: its KV entries are overwritten */
+    s->use_delta = 1;
+    int rc = moet_session_eval(s, &token, 1, MOET_LOGITS_LAST, err, errlen);
+    s->use_delta = 0;
+    return rc;
+}
+
 int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corrected, char *err, size_t errlen) {
     if (corrected) *corrected = 0;
     s->use_delta = 0;
     int rc = moet_session_eval(s, &token, 1, MOET_LOGITS_LAST, err, errlen);
     if (rc) return rc;
-    /* top-1 probability, computed as moet_log_softmax does (the published gate results used it) */
-    const int32_t V = s->m->hp.vocab;
-    const float *l = s->logits;
-    float mx = l[0];
-    for (int32_t k = 1; k < V; k++) mx = l[k] > mx ? l[k] : mx;
-    double z = 0;
-    for (int32_t k = 0; k < V; k++) z += exp((double)l[k] - mx);
-    const float top = (float)((double)mx - (mx + log(z)));
-    if (!(expf(top) < tau)) return MOET_OK;
-    s->pos--;  /* the step again, on base + delta: its KV entries are overwritten */
-    s->use_delta = 1;
-    rc = moet_session_eval(s, &token, 1, MOET_LOGITS_LAST, err, errlen);
-    s->use_delta = 0;
+    if (!(moet_gate_top1(s->logits, s->m->hp.vocab) < tau)) return MOET_OK;
+    rc = moet_session_redo_delta(s, token, err, errlen);
     if (!rc && corrected) *corrected = 1;
     return rc;
 }

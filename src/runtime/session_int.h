@@ -23,4 +23,10 @@ void moet_session_use_delta(moet_session *s, int on);
  * tau = 1 always does (= on, bit for bit: the corrected step is an ordinary delta step on the same cache). */
 int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corrected, char *err, size_t errlen);
 
+/* The gate's confidence: the top-1 probability of a row of V logits (computed as moet_log_softmax does). */
+float moet_gate_top1(const float *logits, int32_t V);
+/* The gate's correction of a step already taken: token (the session's last) again, on base + delta, replacing its
+ * KV entries; the session's logits become the corrected ones. For callers that took the step elsewhere (a batch). */
+int moet_session_redo_delta(moet_session *s, int32_t token, char *err, size_t errlen);
+
 #endif

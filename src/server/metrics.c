@@ -108,6 +108,11 @@ char *metrics_render(metrics *m, size_t *len) {
             "moet_sequences_finished_total{reason=\"stop\"} %llu\nmoet_sequences_finished_total{reason=\"length\"} %llu\n"
             "moet_sequences_finished_total{reason=\"cancelled\"} %llu\n",
         (unsigned long long)m->finished_stop, (unsigned long long)m->finished_length, (unsigned long long)m->cancelled);
+    put(&b, "# HELP moet_gate_steps_total Decode steps the confidence gate checked (--delta gate).\n# TYPE moet_gate_steps_total counter\n"
+            "moet_gate_steps_total %llu\n"
+            "# HELP moet_gate_corrected_total Decode steps redone with base + delta experts.\n# TYPE moet_gate_corrected_total counter\n"
+            "moet_gate_corrected_total %llu\n",
+        (unsigned long long)m->gate_steps, (unsigned long long)m->gate_corrected);
     put(&b, "# HELP moet_queue_depth Requests waiting for a sequence slot.\n# TYPE moet_queue_depth gauge\n"
             "moet_queue_depth %lld\n", (long long)m->queue_depth);
     put(&b, "# HELP moet_running_sequences Sequences in the running batch.\n# TYPE moet_running_sequences gauge\n"

@@ -9,6 +9,8 @@
  */
 #include "server/sched.h"
 
+#include "runtime/session_int.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -452,6 +454,18 @@ static int choice_start(sched *s, srv_choice *c, int slot) {
     return 0;
 }
 
+/* --delta gate: a decode step whose distribution is unconfident (top-1 probability below tau) is redone on base +
+ * delta for that sequence alone, and the sequence samples from the corrected logits. 0, or -1 on failure. */
+static int gate_step(sched *s, srv_choice *c, moet_session *ss, int32_t id) {
+    metrics_add(s->mx, &s->mx->gate_steps, 1);
+    if (!(moet_gate_top1(c->lg, s->vocab) < s->o.tau)) return 0;
+    char err[256];
+    if (moet_session_redo_delta(ss, id, err, sizeof err)) { MOET_LOGE("%s: gate: %s", c->q->id, err); return -1; }
+    c->lg = moet_session_logits(ss, NULL);
+    metrics_add(s->mx, &s->mx->gate_corrected, 1);
+    return 0;
+}
+
 /* One prefill chunk of c; after the last, c's next token can be sampled from its session's last logits row. */
 static void choice_prefill(sched *s, srv_choice *c) {
     srv_req *q = c->q;
@@ -492,6 +506,12 @@ static void choice_prefill(sched *s, srv_choice *c) {
             int32_t rows = 1;
             const float *lg = moet_session_logits(ss, &rows);
             c->lg = lg + (size_t)(rows > 0 ? rows - 1 : 0) * (size_t)s->vocab;  /* echo kept every row: the last */
+            /* the gate decides every step a token is sampled from, the prompt's last included (its earlier
+             * positions stay on the base experts: prefill is not redone token by token) */
+            if (s->o.delta_mode == 2 && r->max_tokens != 0 && gate_step(s, c, ss, c->hist[c->n_prompt - 1])) {
+                choice_done(s, c, FIN_LENGTH);
+                return;
+            }
             c->state = ST_DECODE;
             c->t_last = moet_time_s();
             if (r->max_tokens == 0) choice_done(s, c, FIN_LENGTH);
@@ -552,6 +572,7 @@ static void feed(sched *s, srv_choice **cs, const int32_t *ids, int n) {
             rc = moet_session_eval(ss[i], &ids[i], 1, MOET_LOGITS_LAST, err, sizeof err);
             if (rc) { MOET_LOGE("%s: decode: %s", cs[i]->q->id, err); choice_done(s, cs[i], FIN_LENGTH); continue; }
             cs[i]->lg = moet_session_logits(ss[i], NULL);
+            if (s->o.delta_mode == 2 && gate_step(s, cs[i], ss[i], ids[i])) choice_done(s, cs[i], FIN_LENGTH);
         }
         return;
     }
@@ -559,6 +580,7 @@ static void feed(sched *s, srv_choice **cs, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++) {
         if (rc) { MOET_LOGE("%s: batched decode: %s", cs[i]->q->id, err); choice_done(s, cs[i], FIN_LENGTH); continue; }
         cs[i]->lg = moet_batch_logits(s->batch, i);
+        if (s->o.delta_mode == 2 && gate_step(s, cs[i], ss[i], ids[i])) choice_done(s, cs[i], FIN_LENGTH);
     }
 }
 
@@ -750,6 +772,7 @@ int sched_create(const moet_model *m, const sched_options *o, metrics *mx, sched
             sched_free(s);
             return rc;
         }
+        if (o->delta_mode == 1) moet_session_use_delta(s->slots[i], 1);
     }
     if (o->max_seqs > 1 && moet_batch_create(m, o->max_seqs, o->n_ctx, &s->batch, err, errlen)) {
         sched_free(s);

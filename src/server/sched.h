@@ -54,6 +54,8 @@ typedef struct {
     int queue_cap;           /* requests waiting for a slot beyond this are refused (429) */
     double queue_timeout;    /* seconds a request may wait for a slot (then 503); <= 0: forever */
     const char *model_name;
+    int delta_mode;          /* 0 base experts, 1 base + delta for every step, 2 the confidence gate per step */
+    float tau;               /* gate: a decode step whose top-1 probability is below tau is redone with the delta */
 } sched_options;
 
 typedef struct sched sched;

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# test_serve_gate.sh — the confidence gate in `moet serve` on a W2 pack with its NVFP4 delta pack: greedy completions
+# of a one-token prompt with --delta gate --tau 0 equal --delta off, with --tau 1 equal --delta on (the gate also
+# decides the prompt's last step, the only one here; also two requests batched together),
+# off differs from on, and /metrics counts the checked and corrected steps.
+# usage: test_serve_gate.sh MOET_BIN HF_MODEL_DIR
+set -u
+MOET=$1; MODEL=$2
+command -v curl >/dev/null || { echo "SKIP: no curl"; exit 77; }
+tmp=$(mktemp -d); pid=
+trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+fail=0; ok() { echo "ok   $1"; }; bad() { echo "FAIL $1"; fail=1; }
+"$MOET" quantize -m "$MODEL" -o "$tmp/p.gguf" --experts w2+nvfp4 --no-calib -t 2 >/dev/null 2>"$tmp/q.log" \
+  || { bad "quantize: $(tail -2 "$tmp/q.log")"; exit 1; }
+port=$((20000 + RANDOM % 20000))
+serve() {  # serve ARGS...: starts the server, waits for /health
+  "$MOET" serve -m "$tmp/p.gguf" --port $port --max-seqs 2 -t 2 "$@" > "$tmp/serve.log" 2>&1 & pid=$!
+  for i in $(seq 100); do curl -sf localhost:$port/health >/dev/null 2>&1 && return 0; sleep 0.1; done
+  bad "server did not come up: $(tail -2 "$tmp/serve.log")"; return 1
+}
+stop() { kill -TERM $pid; wait $pid 2>/dev/null; pid=; port=$((port + 1)); }
+req='{"prompt": [5], "max_tokens": 10, "temperature": 0, "ignore_eos": true}'
+text() { curl -s localhost:$port/v1/completions -d "$req" | grep -o '"text":"[^"]*"'; }
+metric() { curl -s localhost:$port/metrics | grep "^$1 " | cut -d' ' -f2; }
+serve --delta off && { off=$(text); stop; }
+serve --delta on && { on=$(text); stop; }
+serve --delta gate --tau 0 && { g0=$(text); c0=$(metric moet_gate_corrected_total); s0=$(metric moet_gate_steps_total); stop; }
+serve --delta gate --tau 1 && {
+  g1=$(text); c1=$(metric moet_gate_corrected_total); s1=$(metric moet_gate_steps_total)
+  text > "$tmp/b1" & tp=$!; text > "$tmp/b2"; wait $tp
+  b1=$(cat "$tmp/b1"); b2=$(cat "$tmp/b2"); stop; }
+echo "off: $off"; echo "on:  $on"
+[ -n "$off" ] && [ "$off" = "$g0" ] && ok "gate tau 0 = off" || bad "gate tau 0: $g0 vs off $off"
+[ -n "$on" ] && [ "$on" = "$g1" ] && ok "gate tau 1 = on" || bad "gate tau 1: $g1 vs on $on"
+[ "$off" != "$on" ] && ok "the delta changes the completion" || bad "off and on agree: the test cannot tell them apart"
+[ "$b1" = "$on" ] && [ "$b2" = "$on" ] && ok "gate tau 1, two requests batched = on" || bad "batched gate: $b1 / $b2 vs $on"
+[ "${c0:-x}" = 0 ] && [ "${s0:-0}" -gt 0 ] && ok "tau 0: $s0 steps checked, 0 corrected" || bad "tau 0 metrics: $s0 / $c0"
+[ -n "${c1:-}" ] && [ "$c1" = "$s1" ] && [ "$c1" -gt 0 ] && ok "tau 1: $s1 steps checked, all corrected" || bad "tau 1 metrics: $s1 / $c1"
+"$MOET" serve -m "$tmp/p.gguf" --port $port --delta-file "" --delta on > "$tmp/e" 2>&1 && bad "--delta on without a delta accepted" \
+  || { grep -q "needs a delta" "$tmp/e" && ok "--delta on without a delta refused" || bad "no-delta error: $(tail -1 "$tmp/e")"; }
+exit $fail

@@ -215,21 +215,7 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
     moet_progress_end(&x.prog);
     if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory building the delta experts"); goto out; }
     {
-        size_t need = m->n_f32_bufs + (size_t)n_tasks * 3;
-        if (need > m->cap_f32_bufs) {
-            float **nb = realloc(m->f32_bufs, need * sizeof(float *));
-            if (!nb) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
-            m->f32_bufs = nb;
-            m->cap_f32_bufs = need;
-        }
-        for (int l = 0; l < hp->n_layers; l++) {
-            if (!hp->layer_moe[l]) continue;
-            moet_layer *L = &m->layers[l];
-            free(L->dexp_gate);
-            if (!(L->dexp_gate = calloc((size_t)E * 3, sizeof(moet_weight)))) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
-            L->dexp_up = L->dexp_gate + E;
-            L->dexp_down = L->dexp_up + E;
-        }
+        if (moet_model_dexp_alloc(m, (size_t)n_tasks * 3)) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
         for (int64_t t = 0; t < n_tasks; t++) {
             moet_layer *L = &m->layers[task_layer[t]];
             const int64_t e = t % E;

@@ -81,6 +81,14 @@ static uint8_t *dense_to_q8_0(const moet_st_tensor *t) {
     return out;
 }
 
+/* A matrix's (qscale, qbeta, rot_seed, rotated) as the qparams tensors store them. */
+static void put_qparams(float *qp, const moet_matq_info *info) {
+    qp[0] = info->qscale;
+    qp[1] = info->qbeta;
+    qp[2] = (float)info->rot_seed;
+    qp[3] = (float)info->rotated;
+}
+
 static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
     (void)tid;
     pw_ctx *x = vctx;
@@ -104,11 +112,7 @@ static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
             moet_matq_info info;
             if (!src || !deq || !blk) { x->failed = 1; free(src); free(deq); free(blk); continue; }
             if (moet_matq_quantize(src, w->rows, w->cols, k == 2 ? hdn : hin, &q, deq, blk, &info, NULL)) x->failed = 1;
-            float *qp = x->qparams + (t * 3 + k) * 4;
-            qp[0] = info.qscale;
-            qp[1] = info.qbeta;
-            qp[2] = (float)info.rot_seed;
-            qp[3] = (float)info.rotated;
+            put_qparams(x->qparams + (t * 3 + k) * 4, &info);
             x->blocks[t * 3 + k] = blk;
             if (x->delta) { /* the residual in the original basis, NVFP4 with the options the in-memory path uses */
                 for (int64_t i = 0; i < w->rows * w->cols; i++) src[i] -= deq[i];
@@ -119,11 +123,7 @@ static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
                 uint8_t *dblk = malloc(drb * (size_t)w->rows + 1);
                 moet_matq_info di;
                 if (!dblk || moet_matq_quantize(src, w->rows, w->cols, k == 2 ? hdn : hin, &dq, deq, dblk, &di, NULL)) x->failed = 1;
-                float *dp = x->dqparams + (t * 3 + k) * 4;
-                dp[0] = di.qscale;
-                dp[1] = di.qbeta;
-                dp[2] = (float)di.rot_seed;
-                dp[3] = (float)di.rotated;
+                put_qparams(x->dqparams + (t * 3 + k) * 4, &di);
                 x->dblocks[t * 3 + k] = dblk;
             }
             free(src);

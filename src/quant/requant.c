@@ -107,27 +107,21 @@ int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const 
     if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "quantization failed (out of memory)"); goto out; }
     /* Install the new weights (ownership to the model). */
     const int delta = moet_qformat_has_delta(o->format);
-    size_t need = m->n_f32_bufs + (size_t)x.n_tasks * 3 * (delta ? 2 : 1);
-    if (need > m->cap_f32_bufs) {
-        float **nb = realloc(m->f32_bufs, need * sizeof(float *));
-        if (!nb) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
-        m->f32_bufs = nb;
-        m->cap_f32_bufs = need;
-    }
-    if (!delta) /* a delta loaded with the old experts (a delta pack) does not belong to the new ones */
+    if (delta) {
+        if (moet_model_dexp_alloc(m, (size_t)x.n_tasks * 6)) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    } else {
+        /* a delta loaded with the old experts (a delta pack) does not belong to the new ones */
         for (int l = 0; l < hp->n_layers; l++) {
             free(m->layers[l].dexp_gate);
             m->layers[l].dexp_gate = m->layers[l].dexp_up = m->layers[l].dexp_down = NULL;
         }
-    if (delta)
-        for (int l = 0; l < hp->n_layers; l++) {
-            if (!hp->layer_moe[l]) continue;
-            moet_layer *L = &m->layers[l];
-            free(L->dexp_gate);
-            if (!(L->dexp_gate = calloc((size_t)E * 3, sizeof(moet_weight)))) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
-            L->dexp_up = L->dexp_gate + E;
-            L->dexp_down = L->dexp_up + E;
+        if (m->n_f32_bufs + (size_t)x.n_tasks * 3 > m->cap_f32_bufs) {
+            float **nb = realloc(m->f32_bufs, (m->n_f32_bufs + (size_t)x.n_tasks * 3) * sizeof(float *));
+            if (!nb) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+            m->f32_bufs = nb;
+            m->cap_f32_bufs = m->n_f32_bufs + (size_t)x.n_tasks * 3;
         }
+    }
     double num = 0, den = 0, beta = 0;
     for (int64_t t = 0; t < x.n_tasks; t++) {
         moet_layer *L = &m->layers[x.task_layer[t]];

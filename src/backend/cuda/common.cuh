@@ -246,57 +246,12 @@ __device__ __forceinline__ void cu_rotate_smem(float *xs, int nv, int stride, in
         for (int j = tid; j < n; j += nt) xs[v * stride + CU_PAD(j)] *= sc;
 }
 
-/* Chunk c (b elements, b = cu_hadamard_block(n)) of a row x of n elements into registers (lane l: elements l*m ..
- * l*m + m - 1 of the chunk in v[0 .. m-1]; cu_load_rot_chunk stores them to padded shared memory xs), rotated (x R,
- * the same butterflies in the same order as cu_rotate_smem, so bit-identical to it) when `rotated`. Warp-local: R is
- * block-diagonal with blocks of b <= 256 (a power of two >= 32 for any row a multiple of 32 wide), so one warp owns a
- * whole chunk, a lane holds m = b/32 consecutive elements in registers: the butterflies of span < m in registers, the
- * rest through shuffles. No __syncthreads between stages; a lane's loads are issued before any math. The caller
- * hands chunks to warps and synchronises before reading xs. */
-__device__ __forceinline__ void cu_rot_chunk_regs(float v[8], const float *__restrict__ x, int n, int rotated,
-                                                  uint64_t seed, int c, const uint32_t *__restrict__ signs = NULL) {
-    const int lane = threadIdx.x & 31;
-    const int b = cu_hadamard_block(n), m = b >> 5;
-    const int base = c * b + lane * m;
-    if (m == 8 && !((uintptr_t)(x + base) & 15)) {
-        const float4 a = __ldg((const float4 *)(x + base)), d = __ldg((const float4 *)(x + base) + 1);
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = d.x; v[5] = d.y; v[6] = d.z; v[7] = d.w;
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = i < m ? __ldg(x + base + i) : 0.f;
-    }
-    if (rotated) {
-        const float sc = (float)(1.0 / sqrt((double)b));
-        if (signs) { /* the same signs, precomputed (bit set: -1); a lane's m <= 8 bits lie in one word */
-            const uint32_t sw = __ldg(signs + (base >> 5)) >> (base & 31);
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (i < m && ((sw >> i) & 1u)) v[i] = -v[i];
-        } else {
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (i < m) v[i] *= cu_rot_sign(seed, base + i);
-        }
-#pragma unroll
-        for (int h = 1; h < 8; h *= 2)
-            if (h < m) {
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    if (i < m && !(i & h)) { const float a = v[i], d = v[i + h]; v[i] = a + d; v[i + h] = a - d; }
-            }
-        for (int h = m; h < b; h *= 2) {
-            const int lm = h / m, up = lane & lm;
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (i < m) { const float o = __shfl_xor_sync(0xffffffffu, v[i], lm); v[i] = up ? o - v[i] : v[i] + o; }
-        }
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] *= sc;
-    }
-}
-
-/* cu_rot_chunk_regs for a chunk of b = 32 M (M = cu_hadamard_block(n) / 32 known at compile time: no guards, no
- * runtime 1/sqrt(b)), signs from a bit table (NULL with rotated: the hash). The same operations in the same order. */
+/* Chunk c (b = 32 M elements, b = cu_hadamard_block(n), M known at compile time) of a row x into registers (lane l:
+ * elements l*M .. l*M + M - 1 of the chunk in v[0 .. M-1]), rotated (x R, the same butterflies in the same order as
+ * cu_rotate_smem, so bit-identical to it) when `rotated`, the signs from a bit table (set: -1) or, NULL, from the
+ * hash. Warp-local: R is block-diagonal with blocks of b <= 256 (a power of two >= 32 for any row a multiple of 32
+ * wide), so one warp owns a whole chunk: the butterflies of span < M in registers, the rest through shuffles; a
+ * lane's loads are issued before any math. The caller hands chunks to warps. */
 template <int M>
 __device__ __forceinline__ void cu_rot_chunk_t(float v[8], const float *__restrict__ x, int rotated, uint64_t seed,
                                                int c, const uint32_t *__restrict__ signs) {
@@ -332,6 +287,17 @@ __device__ __forceinline__ void cu_rot_chunk_t(float v[8], const float *__restri
     const float sc = M == 1 ? 0.17677669529663687f : M == 2 ? 0.125f : M == 4 ? 0.08838834764831845f : 0.0625f;
 #pragma unroll
     for (int i = 0; i < M; i++) v[i] *= sc;
+}
+
+/* The chunk size known at run time: dispatches to cu_rot_chunk_t (b = 32, 64, 128 or 256). */
+__device__ __forceinline__ void cu_rot_chunk_regs(float v[8], const float *__restrict__ x, int n, int rotated,
+                                                  uint64_t seed, int c, const uint32_t *__restrict__ signs = NULL) {
+    switch (cu_hadamard_block(n) >> 5) {
+    case 1: cu_rot_chunk_t<1>(v, x, rotated, seed, c, signs); break;
+    case 2: cu_rot_chunk_t<2>(v, x, rotated, seed, c, signs); break;
+    case 4: cu_rot_chunk_t<4>(v, x, rotated, seed, c, signs); break;
+    default: cu_rot_chunk_t<8>(v, x, rotated, seed, c, signs); break;
+    }
 }
 
 /* cu_rot_chunk_regs, stored to padded shared memory. */

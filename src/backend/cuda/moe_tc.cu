@@ -120,6 +120,20 @@ __device__ __forceinline__ void tc_block(uint32_t w, const uint32_t bf[2][NG][2]
     }
 }
 
+/* One block of one matrix into the lane's two row sums per column group: acc[gi][0] (row g) and acc[gi][1] (row
+ * g + 8) += s (A u'.x + B v'.x), the block scales s0 / s1 of the two rows times the group's factor q[gi]. */
+template <int NG>
+__device__ __forceinline__ void tc_mac(uint32_t w, const uint32_t bf[2][NG][2], float A, float B, float s0, float s1,
+                                       const float q[NG], float acc[NG][2]) {
+    float cu[NG][4], cv[NG][4];
+    tc_block<NG>(w, bf, cu, cv);
+#pragma unroll
+    for (int gi = 0; gi < NG; gi++) {
+        acc[gi][0] = fmaf(s0 * q[gi], A * (cu[gi][0] + cu[gi][1]) + B * (cv[gi][0] + cv[gi][1]), acc[gi][0]);
+        acc[gi][1] = fmaf(s1 * q[gi], A * (cu[gi][2] + cu[gi][3]) + B * (cv[gi][2] + cv[gi][3]), acc[gi][1]);
+    }
+}
+
 /* Where a matrix's tiled parts lie. */
 __device__ __forceinline__ const uint32_t *tc_codes(const cu_mat &m) { return (const uint32_t *)m.w; }
 __device__ __forceinline__ const uint8_t *tc_scales(const cu_mat &m, int64_t rows, int64_t nb) {
@@ -300,7 +314,8 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
     float Ag, Bg, Au, Bu;
     tc_ab(type, gm.qbeta, &Ag, &Bg);
     tc_ab(type, um.qbeta, &Au, &Bu);
-    float ag[2] = {0.f, 0.f}, au[2] = {0.f, 0.f};
+    float ag[1][2] = {{0.f, 0.f}}, au[1][2] = {{0.f, 0.f}};
+    const float one[1] = {1.0f};
     for (int c = warp; c < nch; c += nw) {
         uint32_t wg[8], wu[8], sg[8][2], su[8][2];
         tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
@@ -314,23 +329,16 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
             uint32_t bf[2][1][2];
             tc_bfrag(bsrc, 2 * bi, bf[0][0]);
             tc_bfrag(bsrc, 2 * bi + 1, bf[1][0]);
-            float cu[1][4], cv[1][4];
-            tc_block<1>(wg[bi], bf, cu, cv);
-            const float s0 = lut[sg[bi][0]] * qg, s1 = lut[sg[bi][1]] * qg;
-            ag[0] = fmaf(s0, Ag * (cu[0][0] + cu[0][1]) + Bg * (cv[0][0] + cv[0][1]), ag[0]);
-            ag[1] = fmaf(s1, Ag * (cu[0][2] + cu[0][3]) + Bg * (cv[0][2] + cv[0][3]), ag[1]);
-            tc_block<1>(wu[bi], bf, cu, cv);
-            const float r0 = lut[su[bi][0]] * qu, r1 = lut[su[bi][1]] * qu;
-            au[0] = fmaf(r0, Au * (cu[0][0] + cu[0][1]) + Bu * (cv[0][0] + cv[0][1]), au[0]);
-            au[1] = fmaf(r1, Au * (cu[0][2] + cu[0][3]) + Bu * (cv[0][2] + cv[0][3]), au[1]);
+            tc_mac<1>(wg[bi], bf, Ag, Bg, lut[sg[bi][0]] * qg, lut[sg[bi][1]] * qg, one, ag);
+            tc_mac<1>(wu[bi], bf, Au, Bu, lut[su[bi][0]] * qu, lut[su[bi][1]] * qu, one, au);
         }
         __syncwarp();
     }
     if (t == 0) {
-        red[(warp * 2 + 0) * 16 + g] = ag[0];
-        red[(warp * 2 + 0) * 16 + g + 8] = ag[1];
-        red[(warp * 2 + 1) * 16 + g] = au[0];
-        red[(warp * 2 + 1) * 16 + g + 8] = au[1];
+        red[(warp * 2 + 0) * 16 + g] = ag[0][0];
+        red[(warp * 2 + 0) * 16 + g + 8] = ag[0][1];
+        red[(warp * 2 + 1) * 16 + g] = au[0][0];
+        red[(warp * 2 + 1) * 16 + g + 8] = au[0][1];
     }
     __syncthreads();
     if (threadIdx.x < 16) {
@@ -358,7 +366,8 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
     tc_lut_fill(lut);
     __syncthreads();
     const __half *bsrc = tc_bsrc(X, b, 0, 1);
-    float acc[2] = {0.f, 0.f};
+    float acc[1][2] = {{0.f, 0.f}};
+    const float one[1] = {1.0f};
     for (int it = warp; it < n_items; it += nw) {
         const int k = it / nch, c = it - k * nch;
         const int32_t e = topk_ids[tok * K + k];
@@ -377,17 +386,13 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
             uint32_t bf[2][1][2];
             tc_bfrag(bsrc, 2 * bi, bf[0][0]);
             tc_bfrag(bsrc, 2 * bi + 1, bf[1][0]);
-            float cu[1][4], cv[1][4];
-            tc_block<1>(wd[bi], bf, cu, cv);
-            const float s0 = lut[sd[bi][0]] * qd, s1 = lut[sd[bi][1]] * qd;
-            acc[0] = fmaf(s0, A * (cu[0][0] + cu[0][1]) + B * (cv[0][0] + cv[0][1]), acc[0]);
-            acc[1] = fmaf(s1, A * (cu[0][2] + cu[0][3]) + B * (cv[0][2] + cv[0][3]), acc[1]);
+            tc_mac<1>(wd[bi], bf, A, B, lut[sd[bi][0]] * qd, lut[sd[bi][1]] * qd, one, acc);
         }
         __syncwarp();
     }
     if (t == 0) {
-        red[warp * 16 + g] = acc[0];
-        red[warp * 16 + g + 8] = acc[1];
+        red[warp * 16 + g] = acc[0][0];
+        red[warp * 16 + g + 8] = acc[0][1];
     }
     __syncthreads();
     if (threadIdx.x < 16) {
@@ -458,29 +463,14 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
             }
         }
         __syncwarp();
-        const float q0 = tc_pick(p2, t), q1 = tc_pick(p2, 4 + t);
+        const float q[2] = {tc_pick(p2, t), tc_pick(p2, 4 + t)};
 #pragma unroll
         for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][2][2];
 #pragma unroll
             for (int s = 0; s < 2; s++) { tc_bfrag(bs0, 2 * bi + s, bf[s][0]); tc_bfrag(bs1, 2 * bi + s, bf[s][1]); }
-            float cu[2][4], cv[2][4];
-            tc_block<2>(wg[bi], bf, cu, cv);
-            const float s0 = gm.qscale * lut[sg[bi][0]], s1 = gm.qscale * lut[sg[bi][1]];
-#pragma unroll
-            for (int gi = 0; gi < 2; gi++) {
-                const float q = gi ? q1 : q0;
-                ag[gi][0] = fmaf(s0 * q, Ag * (cu[gi][0] + cu[gi][1]) + Bg * (cv[gi][0] + cv[gi][1]), ag[gi][0]);
-                ag[gi][1] = fmaf(s1 * q, Ag * (cu[gi][2] + cu[gi][3]) + Bg * (cv[gi][2] + cv[gi][3]), ag[gi][1]);
-            }
-            tc_block<2>(wu[bi], bf, cu, cv);
-            const float r0 = um.qscale * lut[su[bi][0]], r1 = um.qscale * lut[su[bi][1]];
-#pragma unroll
-            for (int gi = 0; gi < 2; gi++) {
-                const float q = gi ? q1 : q0;
-                au[gi][0] = fmaf(r0 * q, Au * (cu[gi][0] + cu[gi][1]) + Bu * (cv[gi][0] + cv[gi][1]), au[gi][0]);
-                au[gi][1] = fmaf(r1 * q, Au * (cu[gi][2] + cu[gi][3]) + Bu * (cv[gi][2] + cv[gi][3]), au[gi][1]);
-            }
+            tc_mac<2>(wg[bi], bf, Ag, Bg, gm.qscale * lut[sg[bi][0]], gm.qscale * lut[sg[bi][1]], q, ag);
+            tc_mac<2>(wu[bi], bf, Au, Bu, um.qscale * lut[su[bi][0]], um.qscale * lut[su[bi][1]], q, au);
         }
         __syncwarp();
     }
@@ -539,21 +529,13 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
             }
         }
         __syncwarp();
-        const float q0 = tc_pick(p2, t), q1 = tc_pick(p2, 4 + t);
+        const float q[2] = {tc_pick(p2, t), tc_pick(p2, 4 + t)};
 #pragma unroll
         for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][2][2];
 #pragma unroll
             for (int s = 0; s < 2; s++) { tc_bfrag(bs0, 2 * bi + s, bf[s][0]); tc_bfrag(bs1, 2 * bi + s, bf[s][1]); }
-            float cu[2][4], cv[2][4];
-            tc_block<2>(wd[bi], bf, cu, cv);
-            const float s0 = dm.qscale * lut[sd[bi][0]], s1 = dm.qscale * lut[sd[bi][1]];
-#pragma unroll
-            for (int gi = 0; gi < 2; gi++) {
-                const float q = gi ? q1 : q0;
-                acc[gi][0] = fmaf(s0 * q, A * (cu[gi][0] + cu[gi][1]) + B * (cv[gi][0] + cv[gi][1]), acc[gi][0]);
-                acc[gi][1] = fmaf(s1 * q, A * (cu[gi][2] + cu[gi][3]) + B * (cv[gi][2] + cv[gi][3]), acc[gi][1]);
-            }
+            tc_mac<2>(wd[bi], bf, A, B, dm.qscale * lut[sd[bi][0]], dm.qscale * lut[sd[bi][1]], q, acc);
         }
         __syncwarp();
     }

@@ -103,6 +103,15 @@ __device__ __forceinline__ void tc_lut_fill(float *lut) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = exp2f(((float)i - 255.0f) / 16.0f);
 }
 
+/* The B fragments of block bi (both half-blocks) for NG column groups, from their tc_bsrc pointers. */
+template <int NG>
+__device__ __forceinline__ void tc_bfrags(const __half *const bs[NG], int bi, uint32_t bf[2][NG][2]) {
+#pragma unroll
+    for (int s = 0; s < 2; s++)
+#pragma unroll
+        for (int gi = 0; gi < NG; gi++) tc_bfrag(bs[gi], 2 * bi + s, bf[s][gi]);
+}
+
 /* One 16 x 32 block of one matrix against NG column groups: u' and v' accumulators, both half-blocks. */
 template <int NG>
 __device__ __forceinline__ void tc_block(uint32_t w, const uint32_t bf[2][NG][2], float cu[NG][4], float cv[NG][4]) {
@@ -309,7 +318,7 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
     tc_lut_fill(lut);
     __syncthreads();
     const int32_t e = topk_ids[slot];
-    const __half *bsrc = tc_bsrc(X, b, 0, 1);
+    const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
     float Ag, Bg, Au, Bu;
     tc_ab(type, gm.qbeta, &Ag, &Bg);
@@ -327,8 +336,7 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
 #pragma unroll
         for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][1][2];
-            tc_bfrag(bsrc, 2 * bi, bf[0][0]);
-            tc_bfrag(bsrc, 2 * bi + 1, bf[1][0]);
+            tc_bfrags<1>(bs, bi, bf);
             tc_mac<1>(wg[bi], bf, Ag, Bg, lut[sg[bi][0]] * qg, lut[sg[bi][1]] * qg, one, ag);
             tc_mac<1>(wu[bi], bf, Au, Bu, lut[su[bi][0]] * qu, lut[su[bi][1]] * qu, one, au);
         }
@@ -365,7 +373,7 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
     __half *X = (__half *)(red + (size_t)nw * 16) + (size_t)warp * 2 * b;
     tc_lut_fill(lut);
     __syncthreads();
-    const __half *bsrc = tc_bsrc(X, b, 0, 1);
+    const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     float acc[1][2] = {{0.f, 0.f}};
     const float one[1] = {1.0f};
     for (int it = warp; it < n_items; it += nw) {
@@ -384,8 +392,7 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
 #pragma unroll
         for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][1][2];
-            tc_bfrag(bsrc, 2 * bi, bf[0][0]);
-            tc_bfrag(bsrc, 2 * bi + 1, bf[1][0]);
+            tc_bfrags<1>(bs, bi, bf);
             tc_mac<1>(wd[bi], bf, A, B, lut[sd[bi][0]] * qd, lut[sd[bi][1]] * qd, one, acc);
         }
         __syncwarp();
@@ -440,7 +447,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
     __half *X = (__half *)(red + (size_t)nw * 2 * GR_TB * 16) + (size_t)warp * GR_TB * 2 * b;
     tc_lut_fill(lut);
     __syncthreads();
-    const __half *bs0 = tc_bsrc(X, b, 0, nt), *bs1 = tc_bsrc(X, b, 1, nt);
+    const __half *const bs[2] = {tc_bsrc(X, b, 0, nt), tc_bsrc(X, b, 1, nt)};
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
     float Ag, Bg, Au, Bu;
     tc_ab(type, gm.qbeta, &Ag, &Bg);
@@ -467,8 +474,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
 #pragma unroll
         for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][2][2];
-#pragma unroll
-            for (int s = 0; s < 2; s++) { tc_bfrag(bs0, 2 * bi + s, bf[s][0]); tc_bfrag(bs1, 2 * bi + s, bf[s][1]); }
+            tc_bfrags<2>(bs, bi, bf);
             tc_mac<2>(wg[bi], bf, Ag, Bg, gm.qscale * lut[sg[bi][0]], gm.qscale * lut[sg[bi][1]], q, ag);
             tc_mac<2>(wu[bi], bf, Au, Bu, um.qscale * lut[su[bi][0]], um.qscale * lut[su[bi][1]], q, au);
         }
@@ -510,7 +516,7 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
     __half *X = (__half *)(red + (size_t)nw * GR_TB * 16) + (size_t)warp * GR_TB * 2 * b;
     tc_lut_fill(lut);
     __syncthreads();
-    const __half *bs0 = tc_bsrc(X, b, 0, nt), *bs1 = tc_bsrc(X, b, 1, nt);
+    const __half *const bs[2] = {tc_bsrc(X, b, 0, nt), tc_bsrc(X, b, 1, nt)};
     const cu_mat dm = table[e * 3 + 2];
     float A, B;
     tc_ab(type, dm.qbeta, &A, &B);
@@ -533,8 +539,7 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
 #pragma unroll
         for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][2][2];
-#pragma unroll
-            for (int s = 0; s < 2; s++) { tc_bfrag(bs0, 2 * bi + s, bf[s][0]); tc_bfrag(bs1, 2 * bi + s, bf[s][1]); }
+            tc_bfrags<2>(bs, bi, bf);
             tc_mac<2>(wd[bi], bf, A, B, dm.qscale * lut[sd[bi][0]], dm.qscale * lut[sd[bi][1]], q, acc);
         }
         __syncwarp();

@@ -73,8 +73,9 @@ int moet_delta_write(const moet_model *m, const char *path, const moet_delta_dat
 
 typedef struct {
     moet_model *m;
-    const moet_gguf *g;
     const int64_t *task_layer;
+    const moet_gguf_tensor **dt; /* [task*3+k] the delta matrices, found and checked once */
+    const float **qp;            /* [task] the expert's 3 x 4 delta qparams */
     float **out;      /* [task*3+k] base + delta, f32, original basis */
     int failed;
     moet_progress prog;
@@ -99,14 +100,10 @@ static void dl_task(void *vctx, int64_t b, int64_t e, int tid) {
         const int64_t ex = t % E;
         const moet_layer *L = &x->m->layers[l];
         const moet_weight *ws[3] = {&L->exp_gate[ex], &L->exp_up[ex], &L->exp_down[ex]};
-        char nm[256];
-        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.delta_qparams", l);
-        const float *qp = (const float *)moet_gguf_find_tensor(x->g, nm)->data;
         for (int k = 0; k < 3; k++) {
             const moet_weight *w = ws[k];
-            delta_name(nm, sizeof nm, l, ex, k);
-            const moet_gguf_tensor *dt = moet_gguf_find_tensor(x->g, nm);
-            const float *q = qp + (ex * 3 + k) * 4;
+            const moet_gguf_tensor *dt = x->dt[t * 3 + k];
+            const float *q = x->qp[t] + k * 4;
             const size_t drb = moet_type_row_bytes(MOET_TYPE_NVFP4, w->cols);
             float *o = malloc((size_t)(w->rows * w->cols) * sizeof(float) + 1), *tmp = malloc((size_t)w->cols * sizeof(float));
             double *dt64 = malloc((size_t)w->cols * sizeof(double));
@@ -136,7 +133,7 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
     if (rc) return rc;
     char *s = NULL, *base_id = NULL, *ef = NULL;
     int64_t v;
-    dl_ctx x = {.m = m, .g = &g};
+    dl_ctx x = {.m = m};
     int64_t n_tasks = 0, *task_layer = NULL;
     if (moet_gguf_get_i64(&g, "moet.format_version", &v) || v != MOET_DELTA_FORMAT_VERSION ||
         moet_gguf_get_str(&g, "general.architecture", &s) || strcmp(s, "moet-delta")) {
@@ -169,7 +166,8 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
             goto out;
         }
     for (int l = 0; l < hp->n_layers; l++) n_tasks += hp->layer_moe[l] ? E : 0;
-    if (!(task_layer = calloc((size_t)n_tasks + 1, sizeof(int64_t))) || !(x.out = calloc((size_t)n_tasks * 3 + 1, sizeof(float *)))) {
+    if (!(task_layer = calloc((size_t)n_tasks + 1, sizeof(int64_t))) || !(x.out = calloc((size_t)n_tasks * 3 + 1, sizeof(float *))) ||
+        !(x.dt = calloc((size_t)n_tasks * 3 + 1, sizeof(*x.dt))) || !(x.qp = calloc((size_t)n_tasks + 1, sizeof(*x.qp)))) {
         rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory");
         goto out;
     }
@@ -187,6 +185,7 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
         const moet_layer *L = &m->layers[l];
         for (int64_t e = 0; e < E; e++, t++) {
             task_layer[t] = l;
+            x.qp[t] = qp + e * 12;
             const moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
             for (int k = 0; k < 3; k++) {
                 delta_name(nm, sizeof nm, l, e, k);
@@ -202,6 +201,7 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
                     rc = moet_err(err, errlen, MOET_EFORMAT, "%s: bad delta qparams for layer %d expert %lld", path, l, (long long)e);
                     goto out;
                 }
+                x.dt[t * 3 + k] = dt;
             }
         }
     }
@@ -215,7 +215,10 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
     moet_progress_end(&x.prog);
     if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory building the delta experts"); goto out; }
     {
-        if (moet_model_dexp_alloc(m, (size_t)n_tasks * 3)) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+        if (moet_model_f32_reserve(m, (size_t)n_tasks * 3) || moet_model_dexp_reset(m, 1)) {
+            rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+            goto out;
+        }
         for (int64_t t = 0; t < n_tasks; t++) {
             moet_layer *L = &m->layers[task_layer[t]];
             const int64_t e = t % E;
@@ -233,6 +236,8 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
 out:
     if (x.out) for (int64_t i = 0; i < n_tasks * 3; i++) free(x.out[i]);
     free(x.out);
+    free(x.dt);
+    free(x.qp);
     free(task_layer);
     free(s);
     free(base_id);

@@ -237,19 +237,22 @@ void moet_model_free(moet_model *m) {
     free(m);
 }
 
-int moet_model_dexp_alloc(moet_model *m, size_t extra) {
+int moet_model_f32_reserve(moet_model *m, size_t extra) {
+    if (m->n_f32_bufs + extra <= m->cap_f32_bufs) return MOET_OK;
+    float **nb = realloc(m->f32_bufs, (m->n_f32_bufs + extra) * sizeof(float *));
+    if (!nb) return MOET_ENOMEM;
+    m->f32_bufs = nb;
+    m->cap_f32_bufs = m->n_f32_bufs + extra;
+    return MOET_OK;
+}
+
+int moet_model_dexp_reset(moet_model *m, int alloc) {
     const int64_t E = m->hp.n_experts;
-    if (m->n_f32_bufs + extra > m->cap_f32_bufs) {
-        float **nb = realloc(m->f32_bufs, (m->n_f32_bufs + extra) * sizeof(float *));
-        if (!nb) return MOET_ENOMEM;
-        m->f32_bufs = nb;
-        m->cap_f32_bufs = m->n_f32_bufs + extra;
-    }
     for (int l = 0; l < m->hp.n_layers; l++) {
-        if (!m->hp.layer_moe[l]) continue;
         moet_layer *L = &m->layers[l];
         free(L->dexp_gate);
-        L->dexp_up = L->dexp_down = NULL;
+        L->dexp_gate = L->dexp_up = L->dexp_down = NULL;
+        if (!alloc || !m->hp.layer_moe[l]) continue;
         if (!(L->dexp_gate = calloc((size_t)E * 3, sizeof(moet_weight)))) return MOET_ENOMEM;
         L->dexp_up = L->dexp_gate + E;
         L->dexp_down = L->dexp_up + E;

@@ -48,8 +48,10 @@ int moet_bind_matrix_slice(struct moet_model *m, const char *name, int64_t n, in
 int moet_bind_vector(struct moet_model *m, const char *name, int64_t n, const float **out, char *err, size_t errlen);
 /* True if the checkpoint has a tensor of this name. */
 int moet_has_tensor(const struct moet_model *m, const char *name);
-/* Gives every MoE layer a fresh, zeroed dexp_gate/up/down array (base + delta experts, filled by the caller), freeing
- * an older one; also grows m->f32_bufs to hold extra more buffers. 0, or MOET_ENOMEM. */
-int moet_model_dexp_alloc(struct moet_model *m, size_t extra);
+/* Room in m->f32_bufs (the model's owned f32 buffers) for `extra` more. 0, or MOET_ENOMEM. */
+int moet_model_f32_reserve(struct moet_model *m, size_t extra);
+/* Drops every MoE layer's dexp_gate/up/down (base + delta experts); with alloc, gives each a fresh zeroed array
+ * for the caller to fill. 0, or MOET_ENOMEM. */
+int moet_model_dexp_reset(struct moet_model *m, int alloc);
 
 #endif

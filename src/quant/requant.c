@@ -107,20 +107,11 @@ int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const 
     if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "quantization failed (out of memory)"); goto out; }
     /* Install the new weights (ownership to the model). */
     const int delta = moet_qformat_has_delta(o->format);
-    if (delta) {
-        if (moet_model_dexp_alloc(m, (size_t)x.n_tasks * 6)) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
-    } else {
-        /* a delta loaded with the old experts (a delta pack) does not belong to the new ones */
-        for (int l = 0; l < hp->n_layers; l++) {
-            free(m->layers[l].dexp_gate);
-            m->layers[l].dexp_gate = m->layers[l].dexp_up = m->layers[l].dexp_down = NULL;
-        }
-        if (m->n_f32_bufs + (size_t)x.n_tasks * 3 > m->cap_f32_bufs) {
-            float **nb = realloc(m->f32_bufs, (m->n_f32_bufs + (size_t)x.n_tasks * 3) * sizeof(float *));
-            if (!nb) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
-            m->f32_bufs = nb;
-            m->cap_f32_bufs = m->n_f32_bufs + (size_t)x.n_tasks * 3;
-        }
+    /* with a delta format, fresh dexp arrays; without, none: a delta loaded with the old experts (a delta pack)
+     * does not belong to the new ones */
+    if (moet_model_f32_reserve(m, (size_t)x.n_tasks * 3 * (delta ? 2 : 1)) || moet_model_dexp_reset(m, delta)) {
+        rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+        goto out;
     }
     double num = 0, den = 0, beta = 0;
     for (int64_t t = 0; t < x.n_tasks; t++) {

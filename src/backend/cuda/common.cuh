@@ -214,7 +214,7 @@ __host__ __device__ __forceinline__ float cu_rot_sign(uint64_t seed, int64_t i) 
     return (z & 1) ? -1.0f : 1.0f;
 }
 
-__device__ __forceinline__ int cu_hadamard_block(int64_t cols) {
+__host__ __device__ __forceinline__ int cu_hadamard_block(int64_t cols) {
     int b = 1;
     while (b < 256 && cols % (b * 2) == 0) b *= 2;
     return b;

@@ -609,8 +609,6 @@ static size_t tc_smem_dec(int nw, int per_warp_red, int b) {
     return (256 + (size_t)nw * per_warp_red) * sizeof(float) + (size_t)nw * 2 * b * sizeof(__half);
 }
 
-static int tc_hblock(int64_t n) { int b = 1; while (b < 256 && n % (b * 2) == 0) b *= 2; return b; }
-
 /* Runs KERNEL<M> for the rotation chunk b = 32 M of a width (b: the largest power of two <= 256 dividing it). */
 #define TC_DISPATCH(b, KERNEL, GRID, BLOCK, SMEM, ...)                                                            \
     switch (b) {                                                                                                  \
@@ -650,7 +648,7 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
         a->x, T, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, rw->qscale, rw->qbeta, logits, c->ticket,
         a->topk_ids, a->topk_w);
     if (CU_LAUNCHED(c, "k_tc_router")) return;
-    const int bh = tc_hblock(H), bf = tc_hblock(F);
+    const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
     const int nwg = tc_warps(H / bh, TC_MAXW), nwd = tc_warps(K * (F / bf), TC_MAXW);
     TC_DISPATCH(bh, k_tc_gate_up, dim3((unsigned)(F / 16), (unsigned)(T * K)), nwg * 32, tc_smem_dec(nwg, 32, bh),
                 a->x, H, F, K, tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act);
@@ -668,7 +666,7 @@ void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const floa
                            int32_t K, const int32_t *count, const int32_t *n_items, const int32_t *items,
                            const int32_t *list, unsigned n_chunks, float *act) {
     if (tc_attrs(c)) return;
-    const int b = tc_hblock(H), nw = tc_warps(H / b, TC_GRP_W);
+    const int b = cu_hadamard_block(H), nw = tc_warps(H / b, TC_GRP_W);
     TC_DISPATCH(b, k_tc_gate_up_grp, dim3((unsigned)(F / 16), n_chunks), nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b),
                 xr, T, H, F, K, tab->table, tab->type, count, n_items, items, list, act);
     CU_LAUNCHED(c, "k_tc_gate_up_grp");
@@ -678,7 +676,7 @@ void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const float *
                         const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list,
                         unsigned n_chunks, float *ydn) {
     if (tc_attrs(c)) return;
-    const int b = tc_hblock(F), nw = tc_warps(F / b, TC_GRP_W);
+    const int b = cu_hadamard_block(F), nw = tc_warps(F / b, TC_GRP_W);
     TC_DISPATCH(b, k_tc_down_grp, dim3((unsigned)(H / 16), n_chunks), nw * 32, tc_smem_grp(nw, GR_TB * 16, b),
                 act, T, H, F, tab->table, tab->type, count, n_items, items, list, ydn);
     CU_LAUNCHED(c, "k_tc_down_grp");

@@ -269,6 +269,132 @@ int main(int argc, char **argv) {
         op->forget(be, g);
         free(a); free(g); free(o); free(rr);
     }
+    /* mul_mat_acc: y += x W^T on the 16-bit kernel and the generic one */
+    {
+        const int qa[2] = {MOET_QF_BF16, MOET_QF_W2};
+        float *y0 = malloc(sizeof(float) * N * R);
+        for (int k = 0; k < 2; k++) {
+            moet_weight w;
+            void *blk = make_weight(qa[k], W, R, C, &w, deq);
+            ref_mul_mat(deq, x, R, C, N, ref);
+            for (int64_t i = 0; i < N * R; i++) { y0[i] = gauss(); ref[i] += y0[i]; }
+            float *xd = dev(x, sizeof(float) * N * C), *yd = dev(y0, sizeof(float) * N * R);
+            op->mul_mat_acc(be, &w, xd, N, yd);
+            pull(y, yd, (size_t)(N * R));
+            char v[48];
+            snprintf(v, sizeof v, "%s n=%lld", moet_qformat_name((moet_qformat)qa[k]), (long long)N);
+            report("mul_mat_acc", v, nmse(y, ref, (size_t)(N * R)), 1e-12);
+            drop(xd); drop(yd);
+            op->forget(be, blk);
+            free(blk);
+        }
+        free(y0);
+    }
+    /* norm_mul_mat: pre-norm + three projections (q, k, v shapes: 96, 32, 32 rows) in one op, bf16 (the fused
+     * kernel) and with a q8_0 matrix among them (the composition), at 1 and 9 tokens (two chunks of 8) */
+    {
+        const int64_t D = 256, NT = 9, rows[3] = {96, 32, 32};
+        float *xa = malloc(sizeof(float) * NT * D), *g = malloc(sizeof(float) * D), *hh = malloc(sizeof(float) * NT * D);
+        double *hr = malloc(sizeof(double) * NT * D);
+        float *hf = malloc(sizeof(float) * NT * D), *yb = malloc(sizeof(float) * NT * 96);
+        double *refb = malloc(sizeof(double) * NT * 96);
+        for (int64_t i = 0; i < NT * D; i++) xa[i] = gauss() * 4;
+        for (int64_t i = 0; i < D; i++) g[i] = 1 + 0.3f * gauss();
+        for (int64_t t = 0; t < NT; t++) {
+            double ss = 0;
+            for (int64_t i = 0; i < D; i++) ss += (double)xa[t * D + i] * xa[t * D + i];
+            const double inv = 1 / sqrt(ss / D + 1e-6);
+            for (int64_t i = 0; i < D; i++) { hr[t * D + i] = g[i] * xa[t * D + i] * inv; hf[t * D + i] = (float)hr[t * D + i]; }
+        }
+        for (int variant = 0; variant < 2; variant++) {
+            moet_weight w[3];
+            void *blk[3];
+            float *dq[3], *Wm[3];
+            for (int k = 0; k < 3; k++) {
+                Wm[k] = malloc(sizeof(float) * rows[k] * D);
+                dq[k] = malloc(sizeof(float) * rows[k] * D);
+                for (int64_t i = 0; i < rows[k] * D; i++) Wm[k][i] = gauss() * 0.05f;
+                blk[k] = make_weight(variant && k == 1 ? MOET_QF_Q8_0 : MOET_QF_BF16, Wm[k], rows[k], D, &w[k], dq[k]);
+            }
+            for (int64_t nn = 1; nn <= NT; nn += NT - 1) {
+                float *xd = dev(xa, sizeof(float) * nn * D), *hd = dev_poisoned((size_t)(nn * D));
+                float *yd[3];
+                const moet_weight *wp[3] = {&w[0], &w[1], &w[2]};
+                for (int k = 0; k < 3; k++) yd[k] = dev_poisoned((size_t)(nn * rows[k]));
+                op->norm_mul_mat(be, xd, g, 1e-6f, nn, D, hd, 3, wp, yd);
+                pull(hh, hd, (size_t)(nn * D));
+                char v[48];
+                snprintf(v, sizeof v, "%s h n=%lld", variant ? "mixed" : "bf16", (long long)nn);
+                report("norm_mul_mat", v, nmse(hh, hr, (size_t)(nn * D)), 1e-13);
+                for (int k = 0; k < 3; k++) {
+                    ref_mul_mat(dq[k], hf, rows[k], D, nn, refb);
+                    pull(yb, yd[k], (size_t)(nn * rows[k]));
+                    snprintf(v, sizeof v, "%s y%d n=%lld", variant ? "mixed" : "bf16", k, (long long)nn);
+                    report("norm_mul_mat", v, nmse(yb, refb, (size_t)(nn * rows[k])), 1e-12);
+                    drop(yd[k]);
+                }
+                drop(xd); drop(hd);
+            }
+            for (int k = 0; k < 3; k++) { op->forget(be, blk[k]); free(blk[k]); free(dq[k]); free(Wm[k]); }
+        }
+        op->forget(be, g);
+        free(xa); free(g); free(hh); free(hr); free(hf); free(yb); free(refb);
+    }
+    /* attn_prep: per-head q/k norm, RoPE, KV write, against the float64 composition; with and without norms */
+    {
+        const int T = 3, nh = 4, nkv = 2, hd = 64, ctx = 1001;
+        const double theta = 1e6;
+        const int32_t pos[3] = {5, 1000, 0};
+        const int64_t Dq = nh * hd, Dk = nkv * hd;
+        float *qa = malloc(sizeof(float) * T * Dq), *ka = malloc(sizeof(float) * T * Dk), *va = malloc(sizeof(float) * T * Dk);
+        float *qn = malloc(sizeof(float) * hd), *kn = malloc(sizeof(float) * hd), *o = malloc(sizeof(float) * ctx * Dk);
+        double *rq = malloc(sizeof(double) * T * Dq), *rk = malloc(sizeof(double) * T * Dk), *rv = malloc(sizeof(double) * T * Dk);
+        for (int i = 0; i < T * Dq; i++) qa[i] = gauss() * 2;
+        for (int i = 0; i < T * Dk; i++) { ka[i] = gauss() * 2; va[i] = gauss(); rv[i] = va[i]; }
+        for (int i = 0; i < hd; i++) { qn[i] = 1 + 0.3f * gauss(); kn[i] = 1 + 0.3f * gauss(); }
+        for (int with_norm = 0; with_norm < 2; with_norm++) {
+            for (int qk = 0; qk < 2; qk++) {
+                const float *src = qk ? ka : qa, *nw = qk ? kn : qn;
+                double *dst = qk ? rk : rq;
+                const int heads = qk ? nkv : nh;
+                for (int t = 0; t < T; t++)
+                    for (int h = 0; h < heads; h++) {
+                        const float *r = src + ((int64_t)t * heads + h) * hd;
+                        double ss = 0, v[256];
+                        for (int i = 0; i < hd; i++) ss += (double)r[i] * r[i];
+                        const double inv = with_norm ? 1 / sqrt(ss / hd + 1e-6) : 1;
+                        for (int i = 0; i < hd; i++) v[i] = with_norm ? nw[i] * r[i] * inv : r[i];
+                        double *out = dst + ((int64_t)t * heads + h) * hd;
+                        for (int i = 0; i < hd / 2; i++) {
+                            double ang = (double)((float)pos[t] * (float)(1.0 / pow(theta, 2.0 * i / hd)));
+                            out[i] = v[i] * cos(ang) - v[i + hd / 2] * sin(ang);
+                            out[i + hd / 2] = v[i + hd / 2] * cos(ang) + v[i] * sin(ang);
+                        }
+                    }
+            }
+            float *qd = dev(qa, sizeof(float) * T * Dq), *kd = dev(ka, sizeof(float) * T * Dk), *vd = dev(va, sizeof(float) * T * Dk);
+            float *kc = dev_poisoned((size_t)(ctx * Dk)), *vc = dev_poisoned((size_t)(ctx * Dk));
+            int32_t *pd = dev(pos, sizeof pos);
+            op->attn_prep(be, qd, kd, vd, T, nh, nkv, hd, with_norm ? qn : NULL, with_norm ? kn : NULL, 1e-6f, hd, theta,
+                          pd, kc, vc);
+            const char *vn = with_norm ? "qk-norm" : "no norm";
+            pull(o, qd, (size_t)(T * Dq));
+            report("attn_prep", with_norm ? "q qk-norm" : "q no norm", nmse(o, rq, (size_t)(T * Dq)), 1e-12);
+            float *back = malloc(sizeof(float) * T * Dk);
+            for (int cache = 0; cache < 2; cache++) {
+                pull(o, cache ? vc : kc, (size_t)(ctx * Dk));
+                for (int t = 0; t < T; t++) memcpy(back + t * Dk, o + (size_t)pos[t] * Dk, sizeof(float) * Dk);
+                char v[48];
+                snprintf(v, sizeof v, "%s cache %s", cache ? "v" : "k", vn);
+                report("attn_prep", v, nmse(back, cache ? rv : rk, (size_t)(T * Dk)), cache ? 0 : 1e-12);
+            }
+            free(back);
+            drop(qd); drop(kd); drop(vd); drop(kc); drop(vc); drop(pd);
+        }
+        op->forget(be, qn);
+        op->forget(be, kn);
+        free(qa); free(ka); free(va); free(qn); free(kn); free(o); free(rq); free(rk); free(rv);
+    }
     /* attention (causal, GQA) against the textbook softmax(q k^T / sqrt(d)) v */
     {
         const int nh = 4, nkv = 2, hd = 32, pos0 = 9, T = 6, ctx = 32;
@@ -322,7 +448,17 @@ int main(int argc, char **argv) {
         void *blks[3][8];
         moet_weight gw[8], uw[8], dw[8];
         double *rr = calloc((size_t)(T * H), sizeof(double));
-        for (int i = 0; i < T * H; i++) xr[i] = gauss();
+        /* xr: rms_norm(xraw) · gn in f32 as the backends compute it, the input of the unfused runs; the fused run
+         * (pre-norm + residual add) starts from xraw */
+        float *xraw = malloc(sizeof(float) * T * H), *gn = malloc(sizeof(float) * H);
+        for (int i = 0; i < T * H; i++) xraw[i] = gauss() * 2.5f;
+        for (int i = 0; i < H; i++) gn[i] = 1 + 0.3f * gauss();
+        for (int t = 0; t < T; t++) {
+            double ss = 0;
+            for (int i = 0; i < H; i++) ss += (double)xraw[t * H + i] * xraw[t * H + i];
+            const float inv = (float)(1.0 / sqrt(ss / H + 1e-6));
+            for (int i = 0; i < H; i++) xr[t * H + i] = gn[i] * (xraw[t * H + i] * inv);
+        }
         for (int i = 0; i < E * H; i++) rw[i] = gauss() * 0.3f;
         for (int e = 0; e < E; e++) {
             moet_weight *ws[3] = {&gw[e], &uw[e], &dw[e]};
@@ -391,12 +527,44 @@ int main(int argc, char **argv) {
         pull(o, od, (size_t)(T * H));
         snprintf(mv, sizeof mv, "w2 decode n=1 %dx%d", H, F);
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+        /* fused: pre-norm of the raw residual and y += block (y == x, the residual stream), all T and one by one */
+        {
+            float *hd = dev_poisoned((size_t)(T * H)), *hh = malloc(sizeof(float) * T * H);
+            double *dr = malloc(sizeof(double) * T * H), *xrd = malloc(sizeof(double) * T * H);
+            for (int i = 0; i < T * H; i++) xrd[i] = xr[i];
+            for (int pass = 0; pass < 2; pass++) {
+                op->upload(be, xd, xraw, sizeof(float) * T * H);
+                for (int t0 = 0; t0 < T; t0 += pass ? 1 : T) {
+                    moet_moe_args mf = ma;
+                    mf.x = mf.y = xd + t0 * H;
+                    mf.n_tok = pass ? 1 : T;
+                    mf.norm_w = gn;
+                    mf.eps = 1e-6f;
+                    mf.h = hd + t0 * H;
+                    mf.accumulate = 1;
+                    op->moe(be, &mf);
+                }
+                pull(o, xd, (size_t)(T * H));
+                for (int i = 0; i < T * H; i++) dr[i] = (double)o[i] - xraw[i];
+                float *df = malloc(sizeof(float) * T * H);
+                for (int i = 0; i < T * H; i++) df[i] = (float)dr[i];
+                snprintf(mv, sizeof mv, "w2 fused %s %dx%d", pass ? "n=1" : "all", H, F);
+                report("moe", mv, nmse(df, rr, (size_t)(T * H)), 1e-10);
+                pull(hh, hd, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "prenorm h %s %dx%d", pass ? "n=1" : "all", H, F);
+                report("moe", mv, nmse(hh, xrd, (size_t)(T * H)), 1e-13);
+                free(df);
+            }
+            drop(hd);
+            free(hh); free(dr); free(xrd);
+            op->forget(be, gn);
+        }
         drop(xd); drop(od); drop(twd); drop(tidd);
         op->release(be, scr);
         op->forget(be, gw);
         op->forget(be, rw);
         for (int k = 0; k < 3; k++) for (int e = 0; e < E; e++) { op->forget(be, blks[k][e]); free(dq[k][e]); free(blks[k][e]); }
-        free(xr); free(rw); free(o); free(rr);
+        free(xr); free(rw); free(o); free(rr); free(xraw); free(gn);
     }
     free(W); free(deq); free(x); free(y); free(ref);
     op->destroy(be);

@@ -48,7 +48,13 @@ typedef struct {
     const moet_weight *gate, *up, *down; /* arrays of n_experts: gate/up [ffn × hidden], down [hidden × ffn] */
     int32_t *topk_ids;         /* out: [n_tok][n_used], in descending weight order */
     float *topk_w;             /* out: [n_tok][n_used] */
-    float *y;                  /* out: [n_tok][hidden] */
+    float *y;                  /* out: [n_tok][hidden]; may equal x when norm_w is set (the residual stream) */
+    /* The block's pre-norm, fused (norm_w != NULL): x is the raw residual, the block runs on
+     * h = rms_norm(x, eps) · norm_w, which is also written to h ([n_tok][hidden], backend memory). */
+    const float *norm_w;
+    float eps;
+    float *h;
+    int32_t accumulate;        /* y += the block's output (the residual add, fused) instead of y = it */
     void *scratch;             /* moe_scratch_bytes(...) bytes from alloc() */
     /* Calibration (host memory, NULL normally): per expert, += x x^T of gate/up inputs [E][hidden][hidden], of down
      * inputs [E][ffn][ffn], and the routed token count [E]. Backends without it leave them untouched. */
@@ -101,6 +107,14 @@ typedef struct {
     void (*add)(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim);
     /* y[n][w->rows] = x[n][w->cols] · Wᵀ */
     void (*mul_mat)(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
+    /* y[n][w->rows] += x · Wᵀ: a projection added onto the residual stream (the product rounded to f32 first, then
+     * added: the same two roundings as mul_mat into a temporary and add). */
+    void (*mul_mat_acc)(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
+    /* A block's pre-norm and its projections, fused: h = rms_norm(x) · norm_w for n rows of dim (written to h), then
+     * y[i] = h · w[i]ᵀ for i < nw (nw <= 4 matrices of dim columns: q, k, v; or lm_head). Exactly rms_norm then
+     * mul_mat each; a backend may do it in one kernel. h must not alias x or any y[i]. */
+    void (*norm_mul_mat)(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n, int64_t dim,
+                         float *h, int32_t nw, const moet_weight *const *w, float *const *y);
     /* y[i] = x[i] / rms(x[i]) * w, for n rows of dim; y may equal x. */
     void (*rms_norm)(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y);
     /* Rotary embedding, rotate-half (NeoX/HF) form, in place on n_tok rows of n_heads × head_dim, token t at
@@ -110,6 +124,12 @@ typedef struct {
                  double theta, const int32_t *pos);
     /* cache row pos[t] = src row t, for n_tok rows of dim floats (the KV cache write). */
     void (*kv_store)(moet_backend *be, float *cache, const float *src, const int32_t *pos, int64_t n_tok, int64_t dim);
+    /* The attention inputs, fused: per-head rms_norm of q (q_norm) and k (k_norm; either NULL: none) over head_dim,
+     * RoPE of both (rot_dim, theta, positions pos[t]), in place; then k and v row t go to cache row pos[t]. Exactly
+     * rms_norm, rope and kv_store in that order. */
+    void (*attn_prep)(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
+                      int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
+                      int32_t rot_dim, double theta, const int32_t *pos, float *k_cache, float *v_cache);
     void (*attention)(moet_backend *be, const moet_attn_args *a);
     size_t (*attn_scratch_bytes)(moet_backend *be, int32_t n_ctx);
     /* Dense SwiGLU MLP: y = down(silu(gate x) * up x); scratch: 2 * n * ffn floats. */

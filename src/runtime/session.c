@@ -194,44 +194,46 @@ static void forward_chunk(void *vctx) {
     const int64_t Dq = nh * hd, Dkv = nkv * hd;
 
     op->get_rows(be, &m->tok_embd, s->tok_dev, n, s->x);
+    /* Per layer, fused where the ops allow (backend.h): pre-norm + q/k/v projections; q/k norm + RoPE + KV write;
+     * attention; o_proj added onto the residual stream; the MoE block with its pre-norm and residual add. */
     for (int il = 0; il < hp->n_layers; il++) {
         const moet_layer *L = &m->layers[il];
-        op->rms_norm(be, s->x, L->attn_norm, n, H, hp->rms_eps, s->h);
-        op->mul_mat(be, &L->wq, s->h, n, s->q);
-        op->mul_mat(be, &L->wk, s->h, n, s->k);
-        op->mul_mat(be, &L->wv, s->h, n, s->v);
+        const moet_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_y[3] = {s->q, s->k, s->v};
+        op->norm_mul_mat(be, s->x, L->attn_norm, hp->rms_eps, n, H, s->h, 3, qkv_w, qkv_y);
         if (L->bq) op->add(be, s->q, NULL, L->bq, n, Dq);
         if (L->bk) op->add(be, s->k, NULL, L->bk, n, Dkv);
         if (L->bv) op->add(be, s->v, NULL, L->bv, n, Dkv);
-        if (L->q_norm) op->rms_norm(be, s->q, L->q_norm, n * nh, hd, hp->rms_eps, s->q);
-        if (L->k_norm) op->rms_norm(be, s->k, L->k_norm, n * nkv, hd, hp->rms_eps, s->k);
-        op->rope(be, s->q, n, (int32_t)nh, (int32_t)hd, hp->rope_dim, hp->rope_theta, s->pos_dev);
-        op->rope(be, s->k, n, (int32_t)nkv, (int32_t)hd, hp->rope_dim, hp->rope_theta, s->pos_dev);
         /* the only per-sequence work: a row's keys and values go to its own cache, and it attends over that */
         for (int32_t r = 0; r < (ca->rows ? n : 1); r++) {
             const moet_session *o = ca->rows ? ca->rows[r] : s;
             const int32_t nr = ca->rows ? 1 : n;
-            op->kv_store(be, o->k_cache[il], s->k + r * Dkv, s->pos_dev + r, nr, Dkv);
-            op->kv_store(be, o->v_cache[il], s->v + r * Dkv, s->pos_dev + r, nr, Dkv);
+            op->attn_prep(be, s->q + r * Dq, s->k + r * Dkv, s->v + r * Dkv, nr, (int32_t)nh, (int32_t)nkv,
+                          (int32_t)hd, L->q_norm, L->k_norm, hp->rms_eps, hp->rope_dim, hp->rope_theta,
+                          s->pos_dev + r, o->k_cache[il], o->v_cache[il]);
             moet_attn_args aa = {.q = s->q + r * Dq, .k_cache = o->k_cache[il], .v_cache = o->v_cache[il],
                                  .pos = s->pos_dev + r, .n_tok = nr, .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv,
                                  .head_dim = (int32_t)hd, .n_ctx = o->n_ctx, .scale = (float)(1.0 / sqrt((double)hd)),
                                  .out = s->att + r * Dq, .scratch = s->att_scr};
             op->attention(be, &aa);
         }
-        op->mul_mat(be, &L->wo, s->att, n, s->tmp);
-        if (L->bo) op->add(be, s->tmp, NULL, L->bo, n, H);
-        op->add(be, s->x, s->tmp, NULL, n, H);
-        op->rms_norm(be, s->x, L->ffn_norm, n, H, hp->rms_eps, s->h);
+        if (L->bo) { /* (o + bias) then the residual, in the order of the unfused reference */
+            op->mul_mat(be, &L->wo, s->att, n, s->tmp);
+            op->add(be, s->tmp, NULL, L->bo, n, H);
+            op->add(be, s->x, s->tmp, NULL, n, H);
+        } else {
+            op->mul_mat_acc(be, &L->wo, s->att, n, s->x);
+        }
         if (L->is_moe) {
-            moet_moe_args ma = {.x = s->h, .n_tok = n, .hidden = H, .ffn = hp->expert_ffn, .router = &L->router,
+            moet_moe_args ma = {.x = s->x, .n_tok = n, .hidden = H, .ffn = hp->expert_ffn, .router = &L->router,
                                 .n_experts = hp->n_experts, .n_used = hp->n_experts_used,
                                 .scoring = hp->router_scoring, .norm_topk = hp->norm_topk,
                                 .gate = s->use_delta && L->dexp_gate ? L->dexp_gate : L->exp_gate,
                                 .up = s->use_delta && L->dexp_gate ? L->dexp_up : L->exp_up,
                                 .down = s->use_delta && L->dexp_gate ? L->dexp_down : L->exp_down,
                                 .topk_ids = s->topk_ids, .topk_w = s->topk_w,
-                                .y = s->tmp, .scratch = s->moe_scr};
+                                .y = s->x, .scratch = s->moe_scr,
+                                .norm_w = L->ffn_norm, .eps = hp->rms_eps, .h = s->h, .accumulate = 1};
             if (s->calib) {
                 ma.calib_in = s->calib->h_in[il];
                 ma.calib_down = s->calib->h_down[il];
@@ -239,14 +241,15 @@ static void forward_chunk(void *vctx) {
             }
             op->moe(be, &ma);
         } else {
+            op->rms_norm(be, s->x, L->ffn_norm, n, H, hp->rms_eps, s->h);
             op->mlp(be, &L->gate, &L->up, &L->down, s->h, n, s->mlp_scr, s->tmp);
+            op->add(be, s->x, s->tmp, NULL, n, H);
         }
-        op->add(be, s->x, s->tmp, NULL, n, H);
     }
     if (ca->first_logit >= n) return;
     const int32_t nl = n - ca->first_logit;
-    op->rms_norm(be, s->x + (size_t)ca->first_logit * H, m->out_norm, nl, H, hp->rms_eps, s->h);
-    op->mul_mat(be, &m->output, s->h, nl, ca->out);
+    const moet_weight *lm = &m->output;
+    op->norm_mul_mat(be, s->x + (size_t)ca->first_logit * H, m->out_norm, hp->rms_eps, nl, H, s->h, 1, &lm, &ca->out);
 }
 
 /* Decode-sized chunks are replayed from a record (graph_run); prefill chunks of every other size launch directly. */

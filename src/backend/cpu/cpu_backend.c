@@ -109,7 +109,13 @@ typedef struct {
     const float *x;
     int64_t n;
     float *y;
+    int acc; /* y += the product (mul_mat_acc) */
 } mm_ctx;
+
+static inline void mm_store(float *y, const float *o, int nr, int acc) {
+    if (acc) for (int j = 0; j < nr; j++) y[j] += o[j];
+    else for (int j = 0; j < nr; j++) y[j] = o[j];
+}
 
 static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
     mm_ctx *m = vctx;
@@ -128,7 +134,11 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
             const int nr = (int)(R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK);
             const moet_block_q2 *rows[ROW_BLOCK];
             for (int j = 0; j < nr; j++) rows[j] = (const moet_block_q2 *)((const uint8_t *)w->data + (size_t)(r0 + j) * w->row_bytes);
-            for (int64_t t = 0; t < m->n; t++) moet_q2_dot_rows(&qp, rows, nr, m->x + (size_t)t * K, K, m->y + (size_t)t * R + r0);
+            for (int64_t t = 0; t < m->n; t++) {
+                float o[ROW_BLOCK];
+                moet_q2_dot_rows(&qp, rows, nr, m->x + (size_t)t * K, K, o);
+                mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc);
+            }
         }
         return;
     }
@@ -150,13 +160,12 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
         for (int64_t t = 0; t < m->n; t++) {
             float o[4];
             dot4(rows[0], rows[1], rows[2], rows[3], m->x + (size_t)t * K, K, o);
-            float *yr = m->y + (size_t)t * R + r0;
-            for (int j = 0; j < nr; j++) yr[j] = o[j];
+            mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc);
         }
     }
 }
 
-static void cpu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
+static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y, int acc) {
     cpu_backend *c = cpu(be);
     if (n <= 0 || w->rows <= 0) return;
     if (ensure_rowbuf(c, w->cols) != 0) abort(); /* out of memory at first use: nothing sane to return */
@@ -174,13 +183,31 @@ static void cpu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, 
         }
         x = c->xrot;
     }
-    mm_ctx m = {c, w, x, n, y};
+    mm_ctx m = {c, w, x, n, y, acc};
     int64_t blocks = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
     /* Below ~64K multiply-adds a hand-off costs more than it saves. */
     if ((double)w->rows * (double)w->cols * (double)n < 65536.0)
         mm_task(&m, 0, blocks, 0);
     else
         moet_pool_for(c->pool, blocks, mm_task, &m);
+}
+
+static void cpu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
+    mul_mat_impl(be, w, x, n, y, 0);
+}
+
+static void cpu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
+    mul_mat_impl(be, w, x, n, y, 1);
+}
+
+static void cpu_rms_norm(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps,
+                         float *y);
+
+/* The fused ops are their definitions here (backend.h): the CPU reference composes its own ops. */
+static void cpu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n, int64_t dim,
+                             float *h, int32_t nw, const moet_weight *const *w, float *const *y) {
+    cpu_rms_norm(be, x, norm_w, n, dim, eps, h);
+    for (int32_t i = 0; i < nw; i++) cpu_mul_mat(be, w[i], h, n, y[i]);
 }
 
 static void cpu_copy(moet_backend *be, void *dst, const void *src, size_t bytes) {
@@ -286,6 +313,17 @@ static void cpu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads,
     }
 }
 
+static void cpu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
+                          int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
+                          int32_t rot_dim, double theta, const int32_t *pos, float *k_cache, float *v_cache) {
+    if (q_norm) cpu_rms_norm(be, q, q_norm, n_tok * n_heads, head_dim, eps, q);
+    if (k_norm) cpu_rms_norm(be, k, k_norm, n_tok * n_kv, head_dim, eps, k);
+    cpu_rope(be, q, n_tok, n_heads, head_dim, rot_dim, theta, pos);
+    cpu_rope(be, k, n_tok, n_kv, head_dim, rot_dim, theta, pos);
+    cpu_kv_store(be, k_cache, k, pos, n_tok, (int64_t)n_kv * head_dim);
+    cpu_kv_store(be, v_cache, v, pos, n_tok, (int64_t)n_kv * head_dim);
+}
+
 /* ---- attention ------------------------------------------------------------------------------------------------ */
 
 typedef struct {
@@ -386,10 +424,11 @@ static void accum_xxt(moet_backend *be, double *acc, const float *x, int32_t n, 
     moet_pool_for(cpu(be)->pool, (dim + 1) / 2, xxt_task, &c);
 }
 
-/* Scratch layout for moe: logits [T][E] | xg [T][H] | g [T][F] | u [T][F] | d [T][H] | list [T*k] | cnt [E+1] | fill [E] */
+/* Scratch layout for moe: logits [T][E] | xg [T][H] | g [T][F] | u [T][F] | d [T][H] | out [T][H] (accumulate) |
+ * list [T*k] | cnt [E+1] | fill [E] */
 static size_t cpu_moe_scratch_bytes(moet_backend *be, int64_t T, int64_t H, int64_t F, int32_t E, int32_t k) {
     (void)be;
-    size_t fl = (size_t)T * E + (size_t)T * H * 2 + (size_t)T * F * 2;
+    size_t fl = (size_t)T * E + (size_t)T * H * 3 + (size_t)T * F * 2;
     return fl * sizeof(float) + ((size_t)T * k + 2 * (size_t)E + 1) * sizeof(int32_t) + 256;
 }
 
@@ -398,10 +437,16 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
     const int32_t E = a->n_experts, K = a->n_used;
     float *logits = a->scratch;
     float *xg = logits + (size_t)T * E, *g = xg + (size_t)T * H, *u = g + (size_t)T * F, *d = u + (size_t)T * F;
-    int32_t *list = (int32_t *)(d + (size_t)T * H), *cnt = list + (size_t)T * K;
+    float *out = a->accumulate ? d + (size_t)T * H : a->y;
+    int32_t *list = (int32_t *)(d + (size_t)T * H * 2), *cnt = list + (size_t)T * K;
+    const float *x = a->x;
+    if (a->norm_w) { /* the fused pre-norm: route and run the experts on h */
+        cpu_rms_norm(be, a->x, a->norm_w, T, H, a->eps, a->h);
+        x = a->h;
+    }
 
     /* Route: softmax over all experts in f32, then the top k, as transformers' Qwen3-MoE/Mixtral router does. */
-    cpu_mul_mat(be, a->router, a->x, T, logits);
+    cpu_mul_mat(be, a->router, x, T, logits);
     for (int64_t t = 0; t < T; t++) {
         float *p = logits + (size_t)t * E;
         float mx = p[0];
@@ -434,12 +479,12 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
     memcpy(fill, cnt, (size_t)E * sizeof(int32_t));
     for (int64_t i = 0; i < T * K; i++) list[fill[a->topk_ids[i]]++] = (int32_t)i;
 
-    memset(a->y, 0, (size_t)T * H * sizeof(float));
+    memset(out, 0, (size_t)T * H * sizeof(float));
     for (int32_t e = 0; e < E; e++) {
         int32_t n = cnt[e + 1] - cnt[e];
         if (n == 0) continue;
         const int32_t *sel = list + cnt[e];
-        for (int32_t r = 0; r < n; r++) memcpy(xg + (size_t)r * H, a->x + (size_t)(sel[r] / K) * H, H * sizeof(float));
+        for (int32_t r = 0; r < n; r++) memcpy(xg + (size_t)r * H, x + (size_t)(sel[r] / K) * H, H * sizeof(float));
         cpu_mul_mat(be, &a->gate[e], xg, n, g);
         cpu_mul_mat(be, &a->up[e], xg, n, u);
         for (int64_t i = 0; i < (int64_t)n * F; i++) g[i] = silu(g[i]) * u[i];
@@ -450,8 +495,10 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
         }
         cpu_mul_mat(be, &a->down[e], g, n, d);
         for (int32_t r = 0; r < n; r++)
-            axpy(a->y + (size_t)(sel[r] / K) * H, d + (size_t)r * H, a->topk_w[sel[r]], H);
+            axpy(out + (size_t)(sel[r] / K) * H, d + (size_t)r * H, a->topk_w[sel[r]], H);
     }
+    if (a->accumulate) /* y += out: the residual add as session.c did it before it was fused */
+        for (int64_t i = 0; i < T * H; i++) a->y[i] += out[i];
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------------------------------ */
@@ -488,6 +535,9 @@ static const moet_backend_ops k_cpu_ops = {
     .get_rows = cpu_get_rows,
     .add = cpu_add,
     .mul_mat = cpu_mul_mat,
+    .mul_mat_acc = cpu_mul_mat_acc,
+    .norm_mul_mat = cpu_norm_mul_mat,
+    .attn_prep = cpu_attn_prep,
     .rms_norm = cpu_rms_norm,
     .rope = cpu_rope,
     .attention = cpu_attention,

@@ -91,12 +91,18 @@ const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args *a);
 
 /* op families (matmul.cu, elementwise.cu, attention.cu, moe.cu) */
 void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
+void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
+void cu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n, int64_t dim,
+                     float *h, int32_t nw, const moet_weight *const *w, float *const *y);
 void cu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y);
 void cu_add(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim);
 void cu_rms_norm(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y);
 void cu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
              double theta, const int32_t *pos);
 void cu_kv_store(moet_backend *be, float *cache, const float *src, const int32_t *pos, int64_t n_tok, int64_t dim);
+void cu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads, int32_t n_kv,
+                  int32_t head_dim, const float *q_norm, const float *k_norm, float eps, int32_t rot_dim, double theta,
+                  const int32_t *pos, float *k_cache, float *v_cache);
 void cu_swiglu(cu_backend *c, float *g, const float *u, int64_t n);
 void cu_fill_random(moet_backend *be, void *p, int32_t type, int64_t rows, int64_t cols, float scale, uint64_t seed);
 void cu_attention(moet_backend *be, const moet_attn_args *a);

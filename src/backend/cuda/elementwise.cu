@@ -98,6 +98,79 @@ extern "C" void cu_kv_store(moet_backend *be, float *cache, const float *src, co
     CU_LAUNCHED(c, "k_kv_store");
 }
 
+/* The attention inputs of n_tok tokens in one launch: CTA (head, token) over n_heads q heads, then n_kv k heads, then
+ * n_kv v heads. q and k heads: per-head RMSNorm (double sums, as k_rms_norm) when a norm weight is given, then
+ * rotate-half RoPE with k_rope's arithmetic, in place; k heads are also written to the cache row pos[t], v heads
+ * only copied there. Thread i owns elements i and i + head_dim / 2 (rot_dim == head_dim: the launcher checks). */
+#define AP_THREADS 128
+__global__ void __launch_bounds__(AP_THREADS)
+k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
+            const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
+            const int32_t *__restrict__ pos, float *k_cache, float *v_cache) {
+    __shared__ double part[AP_THREADS / 32];
+    const int hh = blockIdx.x, t = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
+    const int64_t kvd = (int64_t)n_kv * head_dim;
+    const int32_t p = pos[t];
+    if (hh >= n_heads + n_kv) { /* v head: a copy */
+        const int64_t off = (int64_t)(hh - n_heads - n_kv) * head_dim;
+        for (int j = i; j < head_dim; j += blockDim.x) v_cache[(int64_t)p * kvd + off + j] = v[t * kvd + off + j];
+        return;
+    }
+    const int is_q = hh < n_heads;
+    float *row = is_q ? q + ((int64_t)t * n_heads + hh) * head_dim : k + t * kvd + (int64_t)(hh - n_heads) * head_dim;
+    const float *nw = is_q ? q_norm : k_norm;
+    float a = i < half ? row[i] : 0.f, b = i < half ? row[i + half] : 0.f;
+    if (nw) {
+        double ss = (double)a * a + (double)b * b;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if ((i & 31) == 0) part[i >> 5] = ss;
+        __syncthreads();
+        double tot = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) tot += part[w];
+        const float inv = (float)(1.0 / sqrt(tot / (double)head_dim + (double)eps));
+        if (i < half) {
+            a = nw[i] * (a * inv);
+            b = nw[i + half] * (b * inv);
+        }
+    }
+    if (i >= half) return;
+    const float inv_freq = (float)(1.0 / pow(theta, (double)(2 * i) / (double)head_dim));
+    const float ang = (float)p * inv_freq;
+    const float co = (float)cos((double)ang), si = (float)sin((double)ang);
+    const float ra = a * co - b * si, rb = b * co + a * si;
+    row[i] = ra;
+    row[i + half] = rb;
+    if (!is_q) {
+        float *cr = k_cache + (int64_t)p * kvd + (int64_t)(hh - n_heads) * head_dim;
+        cr[i] = ra;
+        cr[i + half] = rb;
+    }
+}
+
+extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
+                             int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
+                             int32_t rot_dim, double theta, const int32_t *pos, float *k_cache, float *v_cache) {
+    cu_backend *c = cu_of(be);
+    if (c->err[0] || n_tok <= 0) return;
+    const float *qn = NULL, *kn = NULL;
+    if (q_norm && !(qn = (const float *)cu_weight(c, q_norm, (size_t)head_dim * sizeof(float)))) return;
+    if (k_norm && !(kn = (const float *)cu_weight(c, k_norm, (size_t)head_dim * sizeof(float)))) return;
+    if (rot_dim != head_dim || head_dim > 2 * AP_THREADS || head_dim % 2) { /* the composition */
+        if (q_norm) cu_rms_norm(be, q, q_norm, n_tok * n_heads, head_dim, eps, q);
+        if (k_norm) cu_rms_norm(be, k, k_norm, n_tok * n_kv, head_dim, eps, k);
+        cu_rope(be, q, n_tok, n_heads, head_dim, rot_dim, theta, pos);
+        cu_rope(be, k, n_tok, n_kv, head_dim, rot_dim, theta, pos);
+        cu_kv_store(be, k_cache, k, pos, n_tok, (int64_t)n_kv * head_dim);
+        cu_kv_store(be, v_cache, v, pos, n_tok, (int64_t)n_kv * head_dim);
+        return;
+    }
+    const int threads = ((head_dim / 2 + 31) / 32) * 32;
+    k_attn_prep<<<dim3((unsigned)(n_heads + 2 * n_kv), (unsigned)n_tok), threads, 0, c->stream>>>(
+        q, k, v, n_heads, n_kv, head_dim, qn, kn, eps, theta, pos, k_cache, v_cache);
+    CU_LAUNCHED(c, "k_attn_prep");
+}
+
 __global__ void k_swiglu(float *g, const float *u, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float a = g[i];

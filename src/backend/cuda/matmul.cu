@@ -34,7 +34,7 @@ __device__ __forceinline__ void load_x(float *xs, int stride, const float *x, in
 __global__ void __launch_bounds__(MM_WARPS * 32)
 k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t cols, size_t row_bytes, float qscale,
           float qbeta, int rotated, uint32_t seed, const float *__restrict__ x, int64_t n, int ch, int rpw,
-          float *__restrict__ y) {
+          float *__restrict__ y, int accum) {
     extern __shared__ float xs[];
     const int stride = (int)CU_PAD(cols);
     const int64_t t0 = (int64_t)blockIdx.y * ch;
@@ -66,7 +66,7 @@ k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t col
         for (int t = 0; t < MM_MAX_TOK; t++) {
             if (t >= nt) break;
             float s = cu_warp_sum(acc[t]);
-            if (lane == 0) y[(t0 + t) * rows + r] = s;
+            if (lane == 0) y[(t0 + t) * rows + r] = accum ? y[(t0 + t) * rows + r] + s : s;
         }
     }
 }
@@ -91,29 +91,79 @@ __device__ __forceinline__ void mv16_unpack(uint4 q, float v[8]) {
     }
 }
 
-template <int F16>
+/* Up to MV16_MATS 16-bit matrices of the same width in one launch (q, k, v: one x, three outputs): CTA ranges
+ * [cta0[i], cta0[i+1]) of the grid take matrix i, MM_WARPS rows a CTA. */
+#define MV16_MATS 4
+typedef struct {
+    const uint8_t *w[MV16_MATS];
+    float *y[MV16_MATS];
+    int64_t rows[MV16_MATS];
+    size_t row_bytes[MV16_MATS];
+    int32_t cta0[MV16_MATS + 1];
+    int32_t n;
+} cu_mv16_set;
+
+/* BF16/F16 GEMV of the matrices in set over n tokens of x (chunks of ch a CTA along y).
+ * NORM: x is a raw residual; the CTA stages it, takes each token's sum of squares in double (as the reference
+ * rms_norm) and multiplies the rows in shared memory by inv_rms · norm_w, so the pre-norm costs no launch; CTA x = 0
+ * also writes the normed rows to h. The first MV16_UNROLL chunks of the warp's row are requested before x is staged:
+ * they do not depend on it, so the weight fetch overlaps the staging. acc: y += the product. */
+template <int F16, int NORM>
 __global__ void __launch_bounds__(MM_WARPS * 32)
-k_mul_mat16(const uint8_t *__restrict__ w, int64_t rows, int64_t cols, size_t row_bytes,
-            const float *__restrict__ x, int64_t n, int ch, float *__restrict__ y) {
-    extern __shared__ float xs[];
+k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, int ch, const float *__restrict__ norm_w,
+       float eps, float *__restrict__ h, int acc) {
+    extern __shared__ __align__(16) float xs[];
+    __shared__ double red[MM_WARPS][MM_MAX_TOK];
+    __shared__ float inv[MM_MAX_TOK];
     const int64_t t0 = (int64_t)blockIdx.y * ch;
     const int nt = (int)(n - t0 < ch ? n - t0 : ch);
     const float4 *xs4 = (const float4 *)xs;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int mi = 0;
+    while (mi + 1 < set.n && (int32_t)blockIdx.x >= set.cta0[mi + 1]) mi++;
+    const int64_t rows = set.rows[mi];
+    const int64_t r = (int64_t)(blockIdx.x - set.cta0[mi]) * MM_WARPS + warp;
+    const int64_t U = cols / 8;
+    const uint4 *row = (const uint4 *)(set.w[mi] + (r < rows ? r : 0) * set.row_bytes[mi]);
+    uint4 q[MV16_UNROLL];
+#pragma unroll
+    for (int i = 0; i < MV16_UNROLL; i++)
+        if (r < rows && lane + 32 * i < U) q[i] = __ldg(row + lane + 32 * i);
     cu_stage_f32(xs, x + t0 * cols, nt * cols);
     __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * MM_WARPS + warp;
+    if (NORM) {
+        for (int t = 0; t < nt; t++) {
+            double ss = 0;
+            for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) ss += (double)xs[t * cols + i] * xs[t * cols + i];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) red[warp][t] = ss;
+        }
+        __syncthreads();
+        if (threadIdx.x < nt) {
+            double tot = 0;
+            for (int w = 0; w < MM_WARPS; w++) tot += red[w][threadIdx.x];
+            inv[threadIdx.x] = (float)(1.0 / sqrt(tot / (double)cols + (double)eps));
+        }
+        __syncthreads();
+        for (int64_t i = threadIdx.x; i < (int64_t)nt * cols; i += blockDim.x) {
+            const int64_t c = i % cols;
+            const float v = __ldg(norm_w + c) * (xs[i] * inv[i / cols]);
+            xs[i] = v;
+            if (blockIdx.x == 0) h[t0 * cols + i] = v;
+        }
+        __syncthreads();
+    }
     if (r >= rows) return;
-    const uint4 *row = (const uint4 *)(w + r * row_bytes);
-    const int64_t U = cols / 8;
-    float acc[MM_MAX_TOK];
+    float accv[MM_MAX_TOK];
 #pragma unroll
-    for (int t = 0; t < MM_MAX_TOK; t++) acc[t] = 0.f;
+    for (int t = 0; t < MM_MAX_TOK; t++) accv[t] = 0.f;
     for (int64_t u0 = lane; u0 < U; u0 += 32 * MV16_UNROLL) {
-        uint4 q[MV16_UNROLL];
+        if (u0 != lane) {
 #pragma unroll
-        for (int i = 0; i < MV16_UNROLL; i++)
-            if (u0 + 32 * i < U) q[i] = __ldg(row + u0 + 32 * i);
+            for (int i = 0; i < MV16_UNROLL; i++)
+                if (u0 + 32 * i < U) q[i] = __ldg(row + u0 + 32 * i);
+        }
 #pragma unroll
         for (int i = 0; i < MV16_UNROLL; i++) {
             const int64_t u = u0 + 32 * i;
@@ -124,24 +174,69 @@ k_mul_mat16(const uint8_t *__restrict__ w, int64_t rows, int64_t cols, size_t ro
             for (int t = 0; t < MM_MAX_TOK; t++) {
                 if (t >= nt) break;
                 const float4 a = xs4[(t * cols + 8 * u) / 4], b = xs4[(t * cols + 8 * u) / 4 + 1];
-                float s = acc[t];
+                float s = accv[t];
                 s = fmaf(v[0], a.x, s); s = fmaf(v[1], a.y, s); s = fmaf(v[2], a.z, s); s = fmaf(v[3], a.w, s);
                 s = fmaf(v[4], b.x, s); s = fmaf(v[5], b.y, s); s = fmaf(v[6], b.z, s); s = fmaf(v[7], b.w, s);
-                acc[t] = s;
+                accv[t] = s;
             }
         }
     }
+    float *y = set.y[mi];
 #pragma unroll
     for (int t = 0; t < MM_MAX_TOK; t++) {
         if (t >= nt) break;
-        const float s = cu_warp_sum(acc[t]);
-        if (lane == 0) y[(t0 + t) * rows + r] = s;
+        const float s = cu_warp_sum(accv[t]);
+        if (lane == 0) {
+            float *yp = y + (t0 + t) * rows + r;
+            *yp = acc ? *yp + s : s;
+        }
     }
 }
 
 static int g_mm_attr_set = -1;
 
-extern "C" void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
+static int mm_attrs(cu_backend *c) {
+    if (g_mm_attr_set == c->device) return 0;
+    if (CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_mv16<0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_mv16<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_mv16<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_mv16<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)))
+        return -1;
+    g_mm_attr_set = c->device;
+    return 0;
+}
+
+/* Whether w takes k_mv16: 16-bit, not rotated, rows and data 16-byte aligned, x 16-byte aligned. */
+static int mv16_ok(const moet_weight *w, const uint8_t *d, const float *x) {
+    return (w->type == MOET_TYPE_BF16 || w->type == MOET_TYPE_F16) && !w->rotated && !((uintptr_t)d & 15) &&
+           !(w->row_bytes & 15) && !((uintptr_t)x & 15);
+}
+
+/* Tokens a CTA stages (x of ch tokens in shared memory), 0 when one row does not fit. */
+static int mv16_chunk(int64_t cols, int64_t n) {
+    int ch = (int)(MM_SMEM_MAX / ((size_t)cols * sizeof(float)));
+    if (ch > MM_MAX_TOK) ch = MM_MAX_TOK;
+    if (ch > n) ch = (int)n;
+    return ch;
+}
+
+static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int64_t cols, const float *x, int64_t n,
+                        int ch, const float *norm_w, float eps, float *h, int acc) {
+    dim3 grid((unsigned)set->cta0[set->n], (unsigned)((n + ch - 1) / ch));
+    const size_t sm = (size_t)ch * cols * sizeof(float);
+    const int f16 = type == MOET_TYPE_F16;
+    if (norm_w) {
+        if (f16) k_mv16<1, 1><<<grid, MM_WARPS * 32, sm, c->stream>>>(*set, cols, x, n, ch, norm_w, eps, h, acc);
+        else k_mv16<0, 1><<<grid, MM_WARPS * 32, sm, c->stream>>>(*set, cols, x, n, ch, norm_w, eps, h, acc);
+    } else {
+        if (f16) k_mv16<1, 0><<<grid, MM_WARPS * 32, sm, c->stream>>>(*set, cols, x, n, ch, NULL, 0.f, NULL, acc);
+        else k_mv16<0, 0><<<grid, MM_WARPS * 32, sm, c->stream>>>(*set, cols, x, n, ch, NULL, 0.f, NULL, acc);
+    }
+    CU_LAUNCHED(c, "k_mv16");
+}
+
+static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y, int acc) {
     cu_backend *c = cu_of(be);
     if (n <= 0 || w->rows <= 0 || c->err[0]) return;
     if (w->cols % 32) {
@@ -149,33 +244,21 @@ extern "C" void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *
         return;
     }
     const uint8_t *d = cu_weight_mat(c, w);
-    if (!d) return;
-    if (g_mm_attr_set != c->device) {
-        if (CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
-            CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat16<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
-            CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat16<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)))
-            return;
-        g_mm_attr_set = c->device;
-    }
-    const int w16 = (w->type == MOET_TYPE_BF16 || w->type == MOET_TYPE_F16) && !w->rotated &&
-                    !((uintptr_t)d & 15) && !(w->row_bytes & 15) && !((uintptr_t)x & 15);
-    if (w16) {
-        int ch = (int)(MM_SMEM_MAX / ((size_t)w->cols * sizeof(float)));
-        if (ch > MM_MAX_TOK) ch = MM_MAX_TOK;
-        if (ch >= 1) {
-            if (ch > n) ch = (int)n;
-            dim3 grid((unsigned)((w->rows + MM_WARPS - 1) / MM_WARPS), (unsigned)((n + ch - 1) / ch));
-            const size_t sm = (size_t)ch * w->cols * sizeof(float);
-            if (w->type == MOET_TYPE_BF16)
-                k_mul_mat16<0><<<grid, MM_WARPS * 32, sm, c->stream>>>(d, w->rows, w->cols, w->row_bytes, x, n, ch, y);
-            else
-                k_mul_mat16<1><<<grid, MM_WARPS * 32, sm, c->stream>>>(d, w->rows, w->cols, w->row_bytes, x, n, ch, y);
-            CU_LAUNCHED(c, "k_mul_mat16");
-            return;
-        }
+    if (!d || mm_attrs(c)) return;
+    int ch;
+    if (mv16_ok(w, d, x) && (ch = mv16_chunk(w->cols, n)) >= 1) {
+        cu_mv16_set set = {};
+        set.w[0] = d;
+        set.y[0] = y;
+        set.rows[0] = w->rows;
+        set.row_bytes[0] = w->row_bytes;
+        set.cta0[1] = (int32_t)((w->rows + MM_WARPS - 1) / MM_WARPS);
+        set.n = 1;
+        mv16_launch(c, &set, w->type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);
+        return;
     }
     const size_t row_f = (size_t)CU_PAD(w->cols);
-    int ch = (int)(MM_SMEM_MAX / (row_f * sizeof(float)));
+    ch = (int)(MM_SMEM_MAX / (row_f * sizeof(float)));
     if (ch > MM_MAX_TOK) ch = MM_MAX_TOK;
     if (ch < 1) {
         cu_fail(c, cudaErrorInvalidValue, "mul_mat: row too wide for shared memory", __FILE__, __LINE__);
@@ -188,8 +271,46 @@ extern "C" void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *
     const int64_t per_cta = (int64_t)MM_WARPS * rpw;
     dim3 grid((unsigned)((w->rows + per_cta - 1) / per_cta), (unsigned)((n + ch - 1) / ch));
     k_mul_mat<<<grid, MM_WARPS * 32, (size_t)ch * row_f * sizeof(float), c->stream>>>(
-        d, w->type, w->rows, w->cols, w->row_bytes, w->qscale, w->qbeta, w->rotated, w->rot_seed, x, n, ch, rpw, y);
+        d, w->type, w->rows, w->cols, w->row_bytes, w->qscale, w->qbeta, w->rotated, w->rot_seed, x, n, ch, rpw, y,
+        acc);
     CU_LAUNCHED(c, "k_mul_mat");
+}
+
+extern "C" void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
+    mul_mat_impl(be, w, x, n, y, 0);
+}
+
+extern "C" void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
+    mul_mat_impl(be, w, x, n, y, 1);
+}
+
+/* Pre-norm + projections: one k_mv16<., 1> launch over all matrices when they are 16-bit of one type and width;
+ * otherwise the composition (rms_norm, then mul_mat each). */
+extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n,
+                                int64_t dim, float *h, int32_t nw, const moet_weight *const *w, float *const *y) {
+    cu_backend *c = cu_of(be);
+    if (n <= 0 || c->err[0]) return;
+    const float *nwd = (const float *)cu_weight(c, norm_w, (size_t)dim * sizeof(float));
+    if (!nwd || mm_attrs(c)) return;
+    int fused = nw >= 1 && nw <= MV16_MATS && !(dim % 32) && mv16_chunk(dim, n) >= 1;
+    cu_mv16_set set = {};
+    for (int32_t i = 0; fused && i < nw; i++) {
+        const uint8_t *d = cu_weight_mat(c, w[i]);
+        if (!d) return;
+        fused = mv16_ok(w[i], d, x) && w[i]->type == w[0]->type && w[i]->cols == dim && w[i]->rows > 0;
+        set.w[i] = d;
+        set.y[i] = y[i];
+        set.rows[i] = w[i]->rows;
+        set.row_bytes[i] = w[i]->row_bytes;
+        set.cta0[i + 1] = set.cta0[i] + (int32_t)((w[i]->rows + MM_WARPS - 1) / MM_WARPS);
+    }
+    if (!fused) {
+        cu_rms_norm(be, x, norm_w, n, dim, eps, h);
+        for (int32_t i = 0; i < nw; i++) cu_mul_mat(be, w[i], h, n, y[i]);
+        return;
+    }
+    set.n = nw;
+    mv16_launch(c, &set, w[0]->type, dim, x, n, mv16_chunk(dim, n), nwd, eps, h, 0);
 }
 
 __global__ void k_get_rows(const uint8_t *__restrict__ w, int32_t type, int64_t cols, size_t row_bytes, float qscale,

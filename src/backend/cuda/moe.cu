@@ -130,7 +130,7 @@ template <int Q2>
 __global__ void __launch_bounds__(MOE_THREADS)
 k_moe_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
            int32_t type, size_t row_bytes, const int32_t *__restrict__ topk_ids, const float *__restrict__ topk_w,
-           float *__restrict__ y) {
+           float *__restrict__ y, int accum) {
     extern __shared__ float as[];
     __shared__ cu_mat dmk[MOE_MAX_K];
     __shared__ float wk[MOE_MAX_K], lvk[MOE_MAX_K][4];
@@ -189,7 +189,7 @@ k_moe_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const
     for (int r = 0; r < DN_RPW; r++) {
         if (r >= nr) break;
         const float s = cu_warp_sum(acc[r]);
-        if (lane == 0) y[(int64_t)t * H + r0 + r] = s;
+        if (lane == 0) y[(int64_t)t * H + r0 + r] = accum ? y[(int64_t)t * H + r0 + r] + s : s;
     }
 }
 
@@ -406,12 +406,13 @@ k_moe_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, c
 }
 
 __global__ void __launch_bounds__(MOE_THREADS)
-k_moe_combine(const float *__restrict__ ydn, const float *__restrict__ topk_w, int64_t H, int32_t K, float *__restrict__ y) {
+k_moe_combine(const float *__restrict__ ydn, const float *__restrict__ topk_w, int64_t H, int32_t K, float *__restrict__ y,
+              int accum) {
     const int64_t t = blockIdx.x;
     for (int64_t i = threadIdx.x; i < H; i += MOE_THREADS) {
         float s = 0.f;
         for (int32_t j = 0; j < K; j++) s = fmaf(topk_w[t * K + j], ydn[(t * K + j) * H + i], s);
-        y[t * H + i] = s;
+        y[t * H + i] = accum ? y[t * H + i] + s : s;
     }
 }
 
@@ -452,9 +453,11 @@ static int set_attrs(cu_backend *c) {
     return 0;
 }
 
-extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
+extern "C" void cu_moe(moet_backend *be, const moet_moe_args *args) {
     cu_backend *c = cu_of(be);
-    if (c->err[0] || a->n_tok <= 0) return;
+    if (c->err[0] || args->n_tok <= 0) return;
+    moet_moe_args na = *args;
+    const moet_moe_args *a = &na;
     const int64_t T = a->n_tok, H = a->hidden, F = a->ffn;
     const int32_t E = a->n_experts, K = a->n_used;
     if (E > MOE_MAX_E || K > MOE_MAX_K || K > E || H % 32 || F % 32) {
@@ -474,9 +477,14 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
     const size_t rb_gu = moet_type_row_bytes(tab->type, H), rb_dn = moet_type_row_bytes(tab->type, F);
 
     const int pre = tab->gu_uniform;
-    if (tab->tiled && T < MOE_GROUP_MIN) {
+    if (tab->tiled && T < MOE_GROUP_MIN) { /* the router kernel applies the pre-norm itself */
         cu_moe_tc_decode(c, a, tab, logits, act);
         return;
+    }
+    if (a->norm_w) { /* the pre-norm as its own launch on the other paths */
+        cu_rms_norm(be, a->x, a->norm_w, T, H, a->eps, a->h);
+        na.x = a->h;
+        na.norm_w = NULL;
     }
     cu_mul_mat(be, a->router, a->x, T, logits);
     const size_t sm_gr = (size_t)GR_TB * CU_PAD(H) * sizeof(float), sm_gd = (size_t)GR_TB * CU_PAD(F) * sizeof(float);
@@ -496,7 +504,7 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
             cu_moe_tc_gate_up_grp(c, tab, xr, T, H, F, K, count, n_items, items, list, ny, act);
             cu_moe_tc_down_grp(c, tab, act, T, H, F, count, n_items, items, list, ny, ydn);
             if (c->err[0]) return;
-            k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y);
+            k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y, a->accumulate);
             CU_LAUNCHED(c, "k_moe_combine");
             return;
         }
@@ -515,7 +523,7 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
             k_moe_down_grp<0><<<gd, MOE_THREADS, sm_gd, c->stream>>>(act, T, H, F, tab->table, tab->type, rb_dn, count,
                                                                      n_items, items, list, ydn);
         if (CU_LAUNCHED(c, "k_moe_down_grp")) return;
-        k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y);
+        k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y, a->accumulate);
         CU_LAUNCHED(c, "k_moe_combine");
         return;
     }
@@ -534,8 +542,8 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
                                                                 a->topk_ids, a->topk_w, act);
     if (CU_LAUNCHED(c, "k_moe_gate_up")) return;
     dim3 g2((unsigned)((H + DN_ROWS - 1) / DN_ROWS), (unsigned)T);
-    if (q2) k_moe_down<1><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y);
-    else k_moe_down<0><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y);
+    if (q2) k_moe_down<1><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y, a->accumulate);
+    else k_moe_down<0><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y, a->accumulate);
     CU_LAUNCHED(c, "k_moe_down");
 }
 

@@ -234,13 +234,37 @@ __global__ void __launch_bounds__(TC_RT_W * 32)
 k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
             const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
             float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
-            float *__restrict__ topk_w) {
+            float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h) {
     extern __shared__ __align__(16) float rsm[];
     __shared__ int last;
+    __shared__ double nred[TC_RT_W][TC_RT_T];
+    __shared__ float ninv[TC_RT_T];
     float *xs = rsm, *lg = xs + T * H, *p = lg + T * E;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     cu_stage_f32(xs, x, T * H);
     __syncthreads();
+    if (norm_w) { /* the block's pre-norm (double sums, as k_rms_norm); CTA 0 writes h for the expert kernels */
+        for (int t = 0; t < T; t++) {
+            double ss = 0;
+            for (int64_t i = threadIdx.x; i < H; i += blockDim.x) ss += (double)xs[t * H + i] * xs[t * H + i];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0) nred[warp][t] = ss;
+        }
+        __syncthreads();
+        if (threadIdx.x < T) {
+            double tot = 0;
+            for (int w = 0; w < TC_RT_W; w++) tot += nred[w][threadIdx.x];
+            ninv[threadIdx.x] = (float)(1.0 / sqrt(tot / (double)H + (double)eps));
+        }
+        __syncthreads();
+        for (int64_t i = threadIdx.x; i < T * H; i += blockDim.x) {
+            const float v = __ldg(norm_w + i % H) * (xs[i] * ninv[i / H]);
+            xs[i] = v;
+            if (blockIdx.x == 0) h[i] = v;
+        }
+        __syncthreads();
+    }
     const int64_t e = (int64_t)blockIdx.x * TC_RT_W + warp;
     if (e < E) {
         float acc[TC_RT_T] = {0.f, 0.f, 0.f, 0.f};
@@ -362,7 +386,8 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
 template <int M>
 __global__ void __launch_bounds__(TC_MAXW * 32)
 k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
-          int32_t type, const int32_t *__restrict__ topk_ids, const float *__restrict__ topk_w, float *__restrict__ y) {
+          int32_t type, const int32_t *__restrict__ topk_ids, const float *__restrict__ topk_w, float *__restrict__ y,
+          int accum) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok = blockIdx.y;
@@ -406,7 +431,8 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
         const int r = threadIdx.x;
         float s = 0.f;
         for (int w = 0; w < nw; w++) s += red[w * 16 + r];
-        y[(int64_t)tok * H + ti * 16 + r] = s;
+        float *yp = y + (int64_t)tok * H + ti * 16 + r;
+        *yp = accum ? *yp + s : s;
     }
 }
 
@@ -641,20 +667,23 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     const moet_weight *rw = a->router;
     const uint8_t *rd = cu_weight_mat(c, rw);
     if (!rd || tc_attrs(c)) return;
+    const float *nrm = NULL; /* the fused pre-norm: the router kernel normalises x and writes h */
+    if (a->norm_w && !(nrm = (const float *)cu_weight(c, a->norm_w, (size_t)H * sizeof(float)))) return;
+    const float *xin = a->norm_w ? a->h : a->x;
     if (T > TC_RT_T) { cu_fail(c, cudaErrorInvalidValue, "moe tc decode: too many tokens", __FILE__, __LINE__); return; }
     const size_t rsm = ((size_t)T * H + 2 * (size_t)T * E) * sizeof(float);
     if (rsm > 160 * 1024) { cu_fail(c, cudaErrorInvalidValue, "moe tc decode: router input exceeds shared memory", __FILE__, __LINE__); return; }
     k_tc_router<<<(unsigned)((E + TC_RT_W - 1) / TC_RT_W), TC_RT_W * 32, rsm, c->stream>>>(
         a->x, T, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, rw->qscale, rw->qbeta, logits, c->ticket,
-        a->topk_ids, a->topk_w);
+        a->topk_ids, a->topk_w, nrm, a->eps, a->h);
     if (CU_LAUNCHED(c, "k_tc_router")) return;
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
     const int nwg = tc_warps(H / bh, TC_MAXW), nwd = tc_warps(K * (F / bf), TC_MAXW);
     TC_DISPATCH(bh, k_tc_gate_up, dim3((unsigned)(F / 16), (unsigned)(T * K)), nwg * 32, tc_smem_dec(nwg, 32, bh),
-                a->x, H, F, K, tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act);
+                xin, H, F, K, tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act);
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     TC_DISPATCH(bf, k_tc_down, dim3((unsigned)(H / 16), (unsigned)T), nwd * 32, tc_smem_dec(nwd, 16, bf),
-                act, H, F, K, tab->table, tab->type, a->topk_ids, a->topk_w, a->y);
+                act, H, F, K, tab->table, tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate);
     CU_LAUNCHED(c, "k_tc_down");
 }
 

@@ -20,6 +20,8 @@ k_attention(const float *__restrict__ q, const float *__restrict__ kc, const flo
             const int32_t *__restrict__ pos, int32_t n_heads, int32_t n_kv, int32_t head_dim, float scale,
             float *__restrict__ out) {
     __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
+    cu_pdl_trigger();
+    cu_pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kvh = h / (n_heads / n_kv), nd = (head_dim + 31) / 32;
     const int64_t kv_stride = (int64_t)n_kv * head_dim;
@@ -89,7 +91,7 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
         return;
     }
     dim3 grid((unsigned)a->n_heads, (unsigned)a->n_tok);
-    k_attention<<<grid, AT_WARPS * 32, 0, c->stream>>>(a->q, a->k_cache, a->v_cache, a->pos, a->n_heads, a->n_kv,
-                                                        a->head_dim, a->scale, a->out);
+    cu_launch_pdl(c, k_attention, grid, dim3(AT_WARPS * 32), 0, a->q, a->k_cache, a->v_cache, a->pos, a->n_heads,
+                  a->n_kv, a->head_dim, a->scale, a->out);
     CU_LAUNCHED(c, "k_attention");
 }

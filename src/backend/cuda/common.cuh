@@ -19,6 +19,22 @@
 
 #define CU_PAD(i) ((i) + ((i) >> 5))
 
+/* Programmatic dependent launch (sm_90+; no-ops below). A kernel launched with cu_launch_pdl may start while the
+ * kernel before it in the stream is still running: before cu_pdl_wait() it may only read what no earlier kernel
+ * writes (weights), after it everything earlier kernels wrote is visible. cu_pdl_trigger() lets the next kernel's
+ * CTAs launch (they then sit in their own wait, their weight loads in flight). Every kernel launched with
+ * cu_launch_pdl calls cu_pdl_wait() before it reads or writes activations. */
+__device__ __forceinline__ void cu_pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cu_pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 __device__ __forceinline__ float cu_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ float cu_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 

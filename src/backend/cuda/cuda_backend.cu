@@ -432,6 +432,10 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
         free(c);
         return NULL;
     }
+    {
+        const char *pe = getenv("MOET_PDL");
+        c->pdl = c->prop.major >= 9 && !(pe && !strcmp(pe, "0"));
+    }
     snprintf(c->desc, sizeof c->desc, "%s (sm_%d%d, %d SMs, %.0f GiB)", c->prop.name, c->prop.major, c->prop.minor,
              c->prop.multiProcessorCount, (double)c->prop.totalGlobalMem / (1u << 30));
     return &c->base;

@@ -68,6 +68,7 @@ typedef struct {
     int n_graphs;
     int capturing;
     int32_t *ticket;       /* device int, 0 between launches: moe_tc.cu's router counts its finished CTAs on it */
+    int pdl;               /* launch the decode kernels with programmatic dependent launch (sm_90+, MOET_PDL != 0) */
 } cu_backend;
 
 static inline cu_backend *cu_of(moet_backend *be) { return (cu_backend *)be; }
@@ -114,6 +115,27 @@ size_t cu_moe_scratch_bytes(moet_backend *be, int64_t n_tok, int64_t hidden, int
                             int32_t n_used);
 
 #ifdef __cplusplus
+}
+#endif
+
+#ifdef __cplusplus
+/* Launches kernel k like <<<grid, block, smem, c->stream>>>, with programmatic stream serialization when c->pdl:
+ * the kernel must follow the cu_pdl_wait() rule of common.cuh. The launch error is left for CU_LAUNCHED. */
+template <typename... KArgs, typename... Args>
+static inline void cu_launch_pdl(cu_backend *c, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                 Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
+    if (e != cudaSuccess) cu_fail(c, e, "cudaLaunchKernelEx", __FILE__, __LINE__);
 }
 #endif
 

@@ -110,6 +110,8 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
     __shared__ double part[AP_THREADS / 32];
     const int hh = blockIdx.x, t = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
     const int64_t kvd = (int64_t)n_kv * head_dim;
+    cu_pdl_trigger();
+    cu_pdl_wait();
     const int32_t p = pos[t];
     if (hh >= n_heads + n_kv) { /* v head: a copy */
         const int64_t off = (int64_t)(hh - n_heads - n_kv) * head_dim;
@@ -166,8 +168,8 @@ extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *
         return;
     }
     const int threads = ((head_dim / 2 + 31) / 32) * 32;
-    k_attn_prep<<<dim3((unsigned)(n_heads + 2 * n_kv), (unsigned)n_tok), threads, 0, c->stream>>>(
-        q, k, v, n_heads, n_kv, head_dim, qn, kn, eps, theta, pos, k_cache, v_cache);
+    cu_launch_pdl(c, k_attn_prep, dim3((unsigned)(n_heads + 2 * n_kv), (unsigned)n_tok), dim3(threads), 0, q, k, v,
+                  n_heads, n_kv, head_dim, qn, kn, eps, theta, pos, k_cache, v_cache);
     CU_LAUNCHED(c, "k_attn_prep");
 }
 

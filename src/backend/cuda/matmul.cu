@@ -108,7 +108,7 @@ typedef struct {
  * rms_norm) and multiplies the rows in shared memory by inv_rms · norm_w, so the pre-norm costs no launch; CTA x = 0
  * also writes the normed rows to h. The first MV16_UNROLL chunks of the warp's row are requested before x is staged:
  * they do not depend on it, so the weight fetch overlaps the staging. acc: y += the product. */
-template <int F16, int NORM>
+template <int F16, int NORM, int MT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, int ch, const float *__restrict__ norm_w,
        float eps, float *__restrict__ h, int acc) {
@@ -129,12 +129,13 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, in
 #pragma unroll
     for (int i = 0; i < MV16_UNROLL; i++)
         if (r < rows && lane + 32 * i < U) q[i] = __ldg(row + lane + 32 * i);
+    cu_pdl_wait();
     cu_stage_f32(xs, x + t0 * cols, nt * cols);
     __syncthreads();
     if (NORM) {
         for (int t = 0; t < nt; t++) {
             double ss = 0;
-            for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) ss += (double)xs[t * cols + i] * xs[t * cols + i];
+            for (int i = threadIdx.x; i < (int)cols; i += blockDim.x) ss += (double)xs[t * cols + i] * xs[t * cols + i];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
             if (lane == 0) red[warp][t] = ss;
@@ -146,18 +147,20 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, in
             inv[threadIdx.x] = (float)(1.0 / sqrt(tot / (double)cols + (double)eps));
         }
         __syncthreads();
-        for (int64_t i = threadIdx.x; i < (int64_t)nt * cols; i += blockDim.x) {
-            const int64_t c = i % cols;
-            const float v = __ldg(norm_w + c) * (xs[i] * inv[i / cols]);
-            xs[i] = v;
-            if (blockIdx.x == 0) h[t0 * cols + i] = v;
+        for (int c = threadIdx.x; c < (int)cols; c += blockDim.x) {
+            const float g = __ldg(norm_w + c);
+            for (int t = 0; t < nt; t++) {
+                const float v = g * (xs[t * cols + c] * inv[t]);
+                xs[t * cols + c] = v;
+                if (blockIdx.x == 0) h[(t0 + t) * cols + c] = v;
+            }
         }
         __syncthreads();
     }
     if (r >= rows) return;
-    float accv[MM_MAX_TOK];
+    float accv[MT];
 #pragma unroll
-    for (int t = 0; t < MM_MAX_TOK; t++) accv[t] = 0.f;
+    for (int t = 0; t < MT; t++) accv[t] = 0.f;
     for (int64_t u0 = lane; u0 < U; u0 += 32 * MV16_UNROLL) {
         if (u0 != lane) {
 #pragma unroll
@@ -171,7 +174,7 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, in
             float v[8];
             mv16_unpack<F16>(q[i], v);
 #pragma unroll
-            for (int t = 0; t < MM_MAX_TOK; t++) {
+            for (int t = 0; t < MT; t++) {
                 if (t >= nt) break;
                 const float4 a = xs4[(t * cols + 8 * u) / 4], b = xs4[(t * cols + 8 * u) / 4 + 1];
                 float s = accv[t];
@@ -181,9 +184,10 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, in
             }
         }
     }
+    cu_pdl_trigger(); /* late: the next kernel's CTAs fill the SMs this one's tail leaves idle */
     float *y = set.y[mi];
 #pragma unroll
-    for (int t = 0; t < MM_MAX_TOK; t++) {
+    for (int t = 0; t < MT; t++) {
         if (t >= nt) break;
         const float s = cu_warp_sum(accv[t]);
         if (lane == 0) {
@@ -195,13 +199,17 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, in
 
 static int g_mm_attr_set = -1;
 
+template <int MT> static int mv16_attrs(cu_backend *c) {
+    return CU_CHECK(c, cudaFuncSetAttribute(k_mv16<0, 0, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_mv16<1, 0, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_mv16<0, 1, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_mv16<1, 1, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX));
+}
+
 static int mm_attrs(cu_backend *c) {
     if (g_mm_attr_set == c->device) return 0;
     if (CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_mv16<0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_mv16<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_mv16<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_mv16<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)))
+        mv16_attrs<1>(c) || mv16_attrs<MM_MAX_TOK>(c))
         return -1;
     g_mm_attr_set = c->device;
     return 0;
@@ -226,13 +234,20 @@ static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int
     dim3 grid((unsigned)set->cta0[set->n], (unsigned)((n + ch - 1) / ch));
     const size_t sm = (size_t)ch * cols * sizeof(float);
     const int f16 = type == MOET_TYPE_F16;
-    if (norm_w) {
-        if (f16) k_mv16<1, 1><<<grid, MM_WARPS * 32, sm, c->stream>>>(*set, cols, x, n, ch, norm_w, eps, h, acc);
-        else k_mv16<0, 1><<<grid, MM_WARPS * 32, sm, c->stream>>>(*set, cols, x, n, ch, norm_w, eps, h, acc);
-    } else {
-        if (f16) k_mv16<1, 0><<<grid, MM_WARPS * 32, sm, c->stream>>>(*set, cols, x, n, ch, NULL, 0.f, NULL, acc);
-        else k_mv16<0, 0><<<grid, MM_WARPS * 32, sm, c->stream>>>(*set, cols, x, n, ch, NULL, 0.f, NULL, acc);
+    const dim3 block(MM_WARPS * 32);
+    const float *nul = NULL;
+    float *nulh = NULL;
+    /* one token (decode): the single-accumulator instance, fewer registers, more CTAs resident */
+#define MV16_GO(MT)                                                                                                  \
+    if (norm_w) {                                                                                                    \
+        if (f16) cu_launch_pdl(c, k_mv16<1, 1, MT>, grid, block, sm, *set, cols, x, n, ch, norm_w, eps, h, acc);      \
+        else cu_launch_pdl(c, k_mv16<0, 1, MT>, grid, block, sm, *set, cols, x, n, ch, norm_w, eps, h, acc);         \
+    } else {                                                                                                         \
+        if (f16) cu_launch_pdl(c, k_mv16<1, 0, MT>, grid, block, sm, *set, cols, x, n, ch, nul, 0.f, nulh, acc);      \
+        else cu_launch_pdl(c, k_mv16<0, 0, MT>, grid, block, sm, *set, cols, x, n, ch, nul, 0.f, nulh, acc);         \
     }
+    if (ch == 1) { MV16_GO(1) } else { MV16_GO(MM_MAX_TOK) }
+#undef MV16_GO
     CU_LAUNCHED(c, "k_mv16");
 }
 

@@ -214,6 +214,12 @@ __device__ __forceinline__ void tc_route_cta(const float *l, int32_t E, int32_t 
     __syncthreads();
 }
 
+__device__ __forceinline__ void tc_bf16x8(uint4 q, float w[8]) {
+    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) { w[2 * i] = __uint_as_float(u[i] << 16); w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
+}
+
 /* 8 router weights from k on (bf16 or f32 row), widened. */
 __device__ __forceinline__ void tc_row8(int32_t type, const uint8_t *row, int64_t k, float w[8]) {
     if (type == MOET_TYPE_BF16) {
@@ -241,12 +247,24 @@ k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_
     __shared__ float ninv[TC_RT_T];
     float *xs = rsm, *lg = xs + T * H, *p = lg + T * E;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t e = (int64_t)blockIdx.x * TC_RT_W + warp;
+    const uint8_t *row = rw + (e < E ? e : 0) * rrow;
+    const int vec = (rtype == MOET_TYPE_BF16 || rtype == MOET_TYPE_F32) && H % 256 == 0 && !((uintptr_t)row & 15);
+    /* bf16 rows: the lane's first 8 chunks are requested before waiting on the previous kernel (weights only) */
+    const int pre = e < E && vec && rtype == MOET_TYPE_BF16;
+    uint4 wpre[8];
+    if (pre) {
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (8 * lane + 256 * u < H) wpre[u] = __ldg((const uint4 *)(row + 2 * (8 * lane + 256 * u)));
+    }
+    cu_pdl_wait();
     cu_stage_f32(xs, x, T * H);
     __syncthreads();
     if (norm_w) { /* the block's pre-norm (double sums, as k_rms_norm); CTA 0 writes h for the expert kernels */
         for (int t = 0; t < T; t++) {
             double ss = 0;
-            for (int64_t i = threadIdx.x; i < H; i += blockDim.x) ss += (double)xs[t * H + i] * xs[t * H + i];
+            for (int i = threadIdx.x; i < (int)H; i += blockDim.x) ss += (double)xs[t * H + i] * xs[t * H + i];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
             if (lane == 0) nred[warp][t] = ss;
@@ -258,33 +276,41 @@ k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_
             ninv[threadIdx.x] = (float)(1.0 / sqrt(tot / (double)H + (double)eps));
         }
         __syncthreads();
-        for (int64_t i = threadIdx.x; i < T * H; i += blockDim.x) {
-            const float v = __ldg(norm_w + i % H) * (xs[i] * ninv[i / H]);
-            xs[i] = v;
-            if (blockIdx.x == 0) h[i] = v;
+        for (int c = threadIdx.x; c < (int)H; c += blockDim.x) {
+            const float g = __ldg(norm_w + c);
+            for (int t = 0; t < (int)T; t++) {
+                const float v = g * (xs[t * H + c] * ninv[t]);
+                xs[t * H + c] = v;
+                if (blockIdx.x == 0) h[t * H + c] = v;
+            }
         }
         __syncthreads();
     }
-    const int64_t e = (int64_t)blockIdx.x * TC_RT_W + warp;
     if (e < E) {
         float acc[TC_RT_T] = {0.f, 0.f, 0.f, 0.f};
-        const uint8_t *row = rw + e * rrow;
-        const int vec = (rtype == MOET_TYPE_BF16 || rtype == MOET_TYPE_F32) && H % 256 == 0 && !((uintptr_t)row & 15);
         if (vec) {
             for (int64_t k0 = 8 * lane; k0 < H; k0 += 8 * 256) {
                 float w[8][8];
 #pragma unroll
                 for (int u = 0; u < 8; u++)
-                    if (k0 + 256 * u < H) tc_row8(rtype, row, k0 + 256 * u, w[u]);
+                    if (k0 + 256 * u < H) {
+                        if (pre && k0 == 8 * lane) tc_bf16x8(wpre[u], w[u]);
+                        else tc_row8(rtype, row, k0 + 256 * u, w[u]);
+                    }
 #pragma unroll
                 for (int u = 0; u < 8; u++) {
                     if (k0 + 256 * u >= H) break;
 #pragma unroll
                     for (int t = 0; t < TC_RT_T; t++)
                         if (t < T) {
-                            const float *xp = xs + t * H + k0 + 256 * u;
-#pragma unroll
-                            for (int i = 0; i < 8; i++) acc[t] = fmaf(w[u][i], xp[i], acc[t]);
+                            /* two 16-byte reads (xs is 16-byte aligned, H % 256 == 0): 2-way, not 8-way, conflicts */
+                            const float4 *xp = (const float4 *)(xs + t * H + k0 + 256 * u);
+                            const float4 a = xp[0], b = xp[1];
+                            float s = acc[t];
+                            s = fmaf(w[u][0], a.x, s); s = fmaf(w[u][1], a.y, s); s = fmaf(w[u][2], a.z, s);
+                            s = fmaf(w[u][3], a.w, s); s = fmaf(w[u][4], b.x, s); s = fmaf(w[u][5], b.y, s);
+                            s = fmaf(w[u][6], b.z, s); s = fmaf(w[u][7], b.w, s);
+                            acc[t] = s;
                         }
                 }
             }
@@ -307,6 +333,7 @@ k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_
                 if (lane == 0) logits[t * E + e] = s;
             }
     }
+    cu_pdl_trigger();
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
@@ -340,6 +367,7 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
     float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][2][16] */
     __half *X = (__half *)(red + (size_t)nw * 32) + (size_t)warp * 2 * b;
     tc_lut_fill(lut);
+    cu_pdl_wait();
     __syncthreads();
     const int32_t e = topk_ids[slot];
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
@@ -366,6 +394,7 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
         }
         __syncwarp();
     }
+    cu_pdl_trigger();
     if (t == 0) {
         red[(warp * 2 + 0) * 16 + g] = ag[0][0];
         red[(warp * 2 + 0) * 16 + g + 8] = ag[0][1];
@@ -397,6 +426,7 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
     float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][16] */
     __half *X = (__half *)(red + (size_t)nw * 16) + (size_t)warp * 2 * b;
     tc_lut_fill(lut);
+    cu_pdl_wait();
     __syncthreads();
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     float acc[1][2] = {{0.f, 0.f}};
@@ -422,6 +452,7 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
         }
         __syncwarp();
     }
+    cu_pdl_trigger();
     if (t == 0) {
         red[warp * 16 + g] = acc[0][0];
         red[warp * 16 + g + 8] = acc[0][1];
@@ -644,6 +675,15 @@ static size_t tc_smem_dec(int nw, int per_warp_red, int b) {
     default: KERNEL<8><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                     \
     }
 
+/* The same through cu_launch_pdl (kernels that follow the cu_pdl_wait rule). */
+#define TC_DISPATCH_PDL(b, KERNEL, GRID, BLOCK, SMEM, ...)                                                        \
+    switch (b) {                                                                                                  \
+    case 32: cu_launch_pdl(c, KERNEL<1>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                            \
+    case 64: cu_launch_pdl(c, KERNEL<2>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                            \
+    case 128: cu_launch_pdl(c, KERNEL<4>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                           \
+    default: cu_launch_pdl(c, KERNEL<8>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                            \
+    }
+
 static int g_tc_attr_dev = -1;
 
 template <int M> static int tc_attrs_m(cu_backend *c, int big) {
@@ -673,16 +713,16 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (T > TC_RT_T) { cu_fail(c, cudaErrorInvalidValue, "moe tc decode: too many tokens", __FILE__, __LINE__); return; }
     const size_t rsm = ((size_t)T * H + 2 * (size_t)T * E) * sizeof(float);
     if (rsm > 160 * 1024) { cu_fail(c, cudaErrorInvalidValue, "moe tc decode: router input exceeds shared memory", __FILE__, __LINE__); return; }
-    k_tc_router<<<(unsigned)((E + TC_RT_W - 1) / TC_RT_W), TC_RT_W * 32, rsm, c->stream>>>(
-        a->x, T, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, rw->qscale, rw->qbeta, logits, c->ticket,
-        a->topk_ids, a->topk_w, nrm, a->eps, a->h);
+    cu_launch_pdl(c, k_tc_router, dim3((unsigned)((E + TC_RT_W - 1) / TC_RT_W)), dim3(TC_RT_W * 32), rsm, a->x, T, H,
+                  E, K, a->norm_topk, rd, rw->type, rw->row_bytes, rw->qscale, rw->qbeta, logits, c->ticket,
+                  a->topk_ids, a->topk_w, nrm, a->eps, a->h);
     if (CU_LAUNCHED(c, "k_tc_router")) return;
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
     const int nwg = tc_warps(H / bh, TC_MAXW), nwd = tc_warps(K * (F / bf), TC_MAXW);
-    TC_DISPATCH(bh, k_tc_gate_up, dim3((unsigned)(F / 16), (unsigned)(T * K)), nwg * 32, tc_smem_dec(nwg, 32, bh),
+    TC_DISPATCH_PDL(bh, k_tc_gate_up, dim3((unsigned)(F / 16), (unsigned)(T * K)), nwg * 32, tc_smem_dec(nwg, 32, bh),
                 xin, H, F, K, tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act);
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
-    TC_DISPATCH(bf, k_tc_down, dim3((unsigned)(H / 16), (unsigned)T), nwd * 32, tc_smem_dec(nwd, 16, bf),
+    TC_DISPATCH_PDL(bf, k_tc_down, dim3((unsigned)(H / 16), (unsigned)T), nwd * 32, tc_smem_dec(nwd, 16, bf),
                 act, H, F, K, tab->table, tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate);
     CU_LAUNCHED(c, "k_tc_down");
 }

@@ -433,8 +433,12 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
         return NULL;
     }
     {
+        /* Programmatic dependent launch is off unless MOET_PDL=1: measured on the H200 it gained nothing for
+         * qwen3-30b-a3b decode (242.0 vs 243.5 t/s) and the op harness's repeated single-token MoE calls at
+         * hidden 256 came out wrong with it (docs/performance.md). The kernels keep their cu_pdl_wait() points. */
         const char *pe = getenv("MOET_PDL");
-        c->pdl = c->prop.major >= 9 && !(pe && !strcmp(pe, "0"));
+        c->pdl = c->prop.major >= 9 && pe && !strcmp(pe, "1");
+        if (c->pdl) fprintf(stderr, "moet: MOET_PDL=1: programmatic dependent launch on (experimental, known wrong in tests/test_ops)\n");
     }
     snprintf(c->desc, sizeof c->desc, "%s (sm_%d%d, %d SMs, %.0f GiB)", c->prop.name, c->prop.major, c->prop.minor,
              c->prop.multiProcessorCount, (double)c->prop.totalGlobalMem / (1u << 30));

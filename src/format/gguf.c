@@ -160,8 +160,9 @@ static int parse(const char *label, const uint8_t *data, size_t size, moet_gguf 
         if (t->offset % g->alignment)
             return moet_err(err, errlen, MOET_EFORMAT, "%s: tensor '%s': offset %llu not aligned to %u", label, t->name,
                             (unsigned long long)t->offset, g->alignment);
-        for (uint64_t j = 0; j < i; j++)
-            if (!strcmp(g->tensors[j].name, t->name)) return moet_err(err, errlen, MOET_EFORMAT, "%s: tensor '%s' appears twice", label, t->name);
+        const int put = moet_strmap_put(&g->index, t->name, strlen(t->name), (int32_t)i);
+        if (put < 0) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+        if (put > 0) return moet_err(err, errlen, MOET_EFORMAT, "%s: tensor '%s' appears twice", label, t->name);
     }
     size_t hdr = (size_t)(c.p - data);
     size_t data_start = (hdr + g->alignment - 1) / g->alignment * g->alignment;
@@ -203,6 +204,7 @@ static void free_parsed(moet_gguf *g) {
     if (g->tensors) for (uint64_t i = 0; i < g->n_tensors; i++) free(g->tensors[i].name);
     free(g->kv);
     free(g->tensors);
+    moet_strmap_free(&g->index);
     g->kv = NULL;
     g->tensors = NULL;
 }
@@ -239,9 +241,8 @@ const moet_gguf_kv *moet_gguf_find_kv(const moet_gguf *g, const char *key) {
 }
 
 const moet_gguf_tensor *moet_gguf_find_tensor(const moet_gguf *g, const char *name) {
-    for (uint64_t i = 0; i < g->n_tensors; i++)
-        if (!strcmp(g->tensors[i].name, name)) return &g->tensors[i];
-    return NULL;
+    const int32_t i = g->n_tensors ? moet_strmap_get(&g->index, name, strlen(name)) : -1;
+    return i >= 0 && (uint64_t)i < g->n_tensors ? &g->tensors[i] : NULL;
 }
 
 static int is_int(uint32_t t) {

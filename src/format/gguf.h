@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/strmap.h"
 #include "core/util.h"
 
 enum {
@@ -55,6 +56,7 @@ typedef struct {
     uint64_t n_kv, n_tensors;
     moet_gguf_kv *kv;
     moet_gguf_tensor *tensors;
+    moet_strmap index;   /* tensor name -> index: packs hold tens of thousands of expert tensors */
 } moet_gguf;
 
 /* Opens and validates; on error *g is left empty. */

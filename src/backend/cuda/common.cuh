@@ -68,6 +68,47 @@ __host__ __device__ __forceinline__ int cu_is_q2(int32_t type) {
     return type == MOET_TYPE_W2 || type == MOET_TYPE_INT2 || type == MOET_TYPE_SYM2;
 }
 
+/* A block's pre-norm of nt rows of cols floats staged in shared memory (row t at xs + t * cols), in place, with the
+ * reference rms_norm's arithmetic: sums of squares in double, inv = (f32)(1 / sqrt(ss / cols + eps)), then
+ * norm_w[c] * (x * inv) in f32. h != NULL also receives the normed rows. Shared scratch: red [warps][max_t] doubles,
+ * inv [max_t] floats (nt <= max_t). Every thread of the CTA calls it; it synchronises. */
+__device__ __forceinline__ void cu_prenorm_smem(float *xs, int nt, int cols, const float *__restrict__ norm_w, float eps,
+                                                double *red, int max_t, float *inv, float *h) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int t = 0; t < nt; t++) {
+        double ss = 0;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += (double)xs[t * cols + i] * xs[t * cols + i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) red[warp * max_t + t] = ss;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < nt) {
+        double tot = 0;
+        for (int w = 0; w < nw; w++) tot += red[w * max_t + threadIdx.x];
+        inv[threadIdx.x] = (float)(1.0 / sqrt(tot / (double)cols + (double)eps));
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float g = __ldg(norm_w + c);
+        for (int t = 0; t < nt; t++) {
+            const float v = g * (xs[t * cols + c] * inv[t]);
+            xs[t * cols + c] = v;
+            if (h) h[t * cols + c] = v;
+        }
+    }
+    __syncthreads();
+}
+
+/* RoPE's cos and sin for pair i of rot_dim at position p, as transformers computes them: inv_freq =
+ * (f32)(1 / theta^(2i / rot_dim)), angle = f32(p) * inv_freq in f32, cos and sin of it rounded to f32. */
+__device__ __forceinline__ void cu_rope_cs(double theta, int i, int rot_dim, int32_t p, float *co, float *si) {
+    const float inv_freq = (float)(1.0 / pow(theta, (double)(2 * i) / (double)rot_dim));
+    const float ang = (float)p * inv_freq;
+    *co = (float)cos((double)ang);
+    *si = (float)sin((double)ang);
+}
+
 /* Decodes group g (elements 32g .. 32g+31) of one row of any supported type into v. */
 __device__ __forceinline__ void cu_decode32(int32_t type, const uint8_t *row, int64_t g, float qscale, float qbeta,
                                             float v[32]) {

@@ -64,9 +64,8 @@ __global__ void k_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_di
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (int64_t)gridDim.x * blockDim.x) {
         const int i = (int)(k % half);
         const int64_t th = k / half, t = th / n_heads;
-        const float inv_freq = (float)(1.0 / pow(theta, (double)(2 * i) / (double)rot_dim));
-        const float ang = (float)pos[t] * inv_freq;
-        const float co = (float)cos((double)ang), si = (float)sin((double)ang);
+        float co, si;
+        cu_rope_cs(theta, i, rot_dim, pos[t], &co, &si);
         float *v = x + th * head_dim;
         const float a = v[i], b = v[i + half];
         v[i] = a * co - b * si;
@@ -137,9 +136,8 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
         }
     }
     if (i >= half) return;
-    const float inv_freq = (float)(1.0 / pow(theta, (double)(2 * i) / (double)head_dim));
-    const float ang = (float)p * inv_freq;
-    const float co = (float)cos((double)ang), si = (float)sin((double)ang);
+    float co, si;
+    cu_rope_cs(theta, i, head_dim, p, &co, &si);
     const float ra = a * co - b * si, rb = b * co + a * si;
     row[i] = ra;
     row[i + half] = rb;

@@ -132,31 +132,8 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, in
     cu_pdl_wait();
     cu_stage_f32(xs, x + t0 * cols, nt * cols);
     __syncthreads();
-    if (NORM) {
-        for (int t = 0; t < nt; t++) {
-            double ss = 0;
-            for (int i = threadIdx.x; i < (int)cols; i += blockDim.x) ss += (double)xs[t * cols + i] * xs[t * cols + i];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (lane == 0) red[warp][t] = ss;
-        }
-        __syncthreads();
-        if (threadIdx.x < nt) {
-            double tot = 0;
-            for (int w = 0; w < MM_WARPS; w++) tot += red[w][threadIdx.x];
-            inv[threadIdx.x] = (float)(1.0 / sqrt(tot / (double)cols + (double)eps));
-        }
-        __syncthreads();
-        for (int c = threadIdx.x; c < (int)cols; c += blockDim.x) {
-            const float g = __ldg(norm_w + c);
-            for (int t = 0; t < nt; t++) {
-                const float v = g * (xs[t * cols + c] * inv[t]);
-                xs[t * cols + c] = v;
-                if (blockIdx.x == 0) h[(t0 + t) * cols + c] = v;
-            }
-        }
-        __syncthreads();
-    }
+    if (NORM) cu_prenorm_smem(xs, nt, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv,
+                              blockIdx.x == 0 ? h + t0 * cols : NULL);
     if (r >= rows) return;
     float accv[MT];
 #pragma unroll
@@ -305,8 +282,7 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
                                 int64_t dim, float *h, int32_t nw, const moet_weight *const *w, float *const *y) {
     cu_backend *c = cu_of(be);
     if (n <= 0 || c->err[0]) return;
-    const float *nwd = (const float *)cu_weight(c, norm_w, (size_t)dim * sizeof(float));
-    if (!nwd || mm_attrs(c)) return;
+    if (mm_attrs(c)) return;
     /* More tokens than one CTA stages (prefill): every CTA column would redo the norm of its chunk, so the norm runs
      * once (rms_norm) and the matrices take the plain kernel. */
     int fused = nw >= 1 && nw <= MV16_MATS && !(dim % 32) && mv16_chunk(dim, n) >= 1 && n <= mv16_chunk(dim, n);
@@ -327,6 +303,8 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
         return;
     }
     set.n = nw;
+    const float *nwd = (const float *)cu_weight(c, norm_w, (size_t)dim * sizeof(float));
+    if (!nwd) return;
     mv16_launch(c, &set, w[0]->type, dim, x, n, mv16_chunk(dim, n), nwd, eps, h, 0);
 }
 

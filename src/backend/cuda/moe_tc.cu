@@ -261,31 +261,8 @@ k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_
     cu_pdl_wait();
     cu_stage_f32(xs, x, T * H);
     __syncthreads();
-    if (norm_w) { /* the block's pre-norm (double sums, as k_rms_norm); CTA 0 writes h for the expert kernels */
-        for (int t = 0; t < T; t++) {
-            double ss = 0;
-            for (int i = threadIdx.x; i < (int)H; i += blockDim.x) ss += (double)xs[t * H + i] * xs[t * H + i];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (lane == 0) nred[warp][t] = ss;
-        }
-        __syncthreads();
-        if (threadIdx.x < T) {
-            double tot = 0;
-            for (int w = 0; w < TC_RT_W; w++) tot += nred[w][threadIdx.x];
-            ninv[threadIdx.x] = (float)(1.0 / sqrt(tot / (double)H + (double)eps));
-        }
-        __syncthreads();
-        for (int c = threadIdx.x; c < (int)H; c += blockDim.x) {
-            const float g = __ldg(norm_w + c);
-            for (int t = 0; t < (int)T; t++) {
-                const float v = g * (xs[t * H + c] * ninv[t]);
-                xs[t * H + c] = v;
-                if (blockIdx.x == 0) h[t * H + c] = v;
-            }
-        }
-        __syncthreads();
-    }
+    if (norm_w) /* the block's pre-norm; CTA 0 writes h for the expert kernels */
+        cu_prenorm_smem(xs, (int)T, (int)H, norm_w, eps, &nred[0][0], TC_RT_T, ninv, blockIdx.x == 0 ? h : NULL);
     if (e < E) {
         float acc[TC_RT_T] = {0.f, 0.f, 0.f, 0.f};
         if (vec) {

@@ -71,30 +71,45 @@ __host__ __device__ __forceinline__ int cu_is_q2(int32_t type) {
 /* A block's pre-norm of nt rows of cols floats staged in shared memory (row t at xs + t * cols), in place, with the
  * reference rms_norm's arithmetic: sums of squares in double, inv = (f32)(1 / sqrt(ss / cols + eps)), then
  * norm_w[c] * (x * inv) in f32. h != NULL also receives the normed rows. Shared scratch: red [warps][max_t] doubles,
- * inv [max_t] floats (nt <= max_t). Every thread of the CTA calls it; it synchronises. */
+ * inv [max_t] floats (nt <= max_t). Every thread of the CTA calls it; it synchronises.
+ * norm_w is read CU_PN_U elements a thread at a time, the first ones before the sums of squares: a loop of one
+ * dependent global load an element was 8-16 round trips a CTA (most of the router's 20 us at the 30b shape). Not
+ * fetched before the caller stages x: live across the staging, those registers push k_mv16 past 64. */
+#define CU_PN_U 8
 __device__ __forceinline__ void cu_prenorm_smem(float *xs, int nt, int cols, const float *__restrict__ norm_w, float eps,
                                                 double *red, int max_t, float *inv, float *h) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, tid = threadIdx.x, nth = blockDim.x;
+    float g[CU_PN_U];
+#pragma unroll
+    for (int u = 0; u < CU_PN_U; u++) g[u] = tid + u * nth < cols ? __ldg(norm_w + tid + u * nth) : 0.f;
     for (int t = 0; t < nt; t++) {
         double ss = 0;
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += (double)xs[t * cols + i] * xs[t * cols + i];
+        for (int i = tid; i < cols; i += nth) ss += (double)xs[t * cols + i] * xs[t * cols + i];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (lane == 0) red[warp * max_t + t] = ss;
     }
     __syncthreads();
-    if ((int)threadIdx.x < nt) {
+    if (tid < nt) {
         double tot = 0;
-        for (int w = 0; w < nw; w++) tot += red[w * max_t + threadIdx.x];
-        inv[threadIdx.x] = (float)(1.0 / sqrt(tot / (double)cols + (double)eps));
+        for (int w = 0; w < nw; w++) tot += red[w * max_t + tid];
+        inv[tid] = (float)(1.0 / sqrt(tot / (double)cols + (double)eps));
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        const float g = __ldg(norm_w + c);
-        for (int t = 0; t < nt; t++) {
-            const float v = g * (xs[t * cols + c] * inv[t]);
-            xs[t * cols + c] = v;
-            if (h) h[t * cols + c] = v;
+    for (int c0 = tid; c0 < cols; c0 += CU_PN_U * nth) {
+        if (c0 != tid) {
+#pragma unroll
+            for (int u = 0; u < CU_PN_U; u++) g[u] = c0 + u * nth < cols ? __ldg(norm_w + c0 + u * nth) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < CU_PN_U; u++) {
+            const int c = c0 + u * nth;
+            if (c >= cols) break;
+            for (int t = 0; t < nt; t++) {
+                const float v = g[u] * (xs[t * cols + c] * inv[t]);
+                xs[t * cols + c] = v;
+                if (h) h[t * cols + c] = v;
+            }
         }
     }
     __syncthreads();

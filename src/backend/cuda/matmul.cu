@@ -109,7 +109,7 @@ typedef struct {
  * also writes the normed rows to h. The first MV16_UNROLL chunks of the warp's row are requested before x is staged:
  * they do not depend on it, so the weight fetch overlaps the staging. acc: y += the product. */
 template <int F16, int NORM, int MT>
-__global__ void __launch_bounds__(MM_WARPS * 32)
+__global__ void __launch_bounds__(MM_WARPS * 32, MT == 1 ? 4 : 3)
 k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, int ch, const float *__restrict__ norm_w,
        float eps, float *__restrict__ h, int acc) {
     extern __shared__ __align__(16) float xs[];

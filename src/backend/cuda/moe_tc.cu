@@ -34,7 +34,7 @@
 
 #define TC_MAXW 16            /* warps a CTA at most */
 #define TC_GRP_W 8            /* warps of the grouped kernels (8 tokens staged a warp: 8 KiB of shared memory) */
-#define TC_RT_W 4             /* router: rows (warps) a CTA */
+#define TC_RT_W 16            /* router: rows (warps) a CTA */
 #define TC_RT_T 4             /* router: tokens at most (decode) */
 
 /* ---- fragments ----------------------------------------------------------------------------------------------- */
@@ -220,24 +220,38 @@ __device__ __forceinline__ void tc_bf16x8(uint4 q, float w[8]) {
     for (int i = 0; i < 4; i++) { w[2 * i] = __uint_as_float(u[i] << 16); w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
 }
 
-/* 8 router weights from k on (bf16 or f32 row), widened. */
-__device__ __forceinline__ void tc_row8(int32_t type, const uint8_t *row, int64_t k, float w[8]) {
-    if (type == MOET_TYPE_BF16) {
-        const uint4 q = __ldg((const uint4 *)(row + 2 * k));
-        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+/* acc[t] += w[0..N) . xs[t][0..N) for the NT staged tokens (row stride H; xs 16-byte aligned; N = 4 or 8). */
+template <int NT, int N>
+__device__ __forceinline__ void tc_dot_smem(const float w[N], const float *xs, int64_t H, float acc[NT]) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) { w[2 * i] = __uint_as_float(u[i] << 16); w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
-    } else {
-        const float4 a = __ldg((const float4 *)(row + 4 * k)), b = __ldg((const float4 *)(row + 4 * k) + 1);
-        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    for (int t = 0; t < NT; t++) {
+        const float4 *xp = (const float4 *)(xs + t * H);
+        float s = acc[t];
+#pragma unroll
+        for (int j = 0; j < N / 4; j++) {
+            const float4 a = xp[j];
+            s = fmaf(w[4 * j], a.x, s); s = fmaf(w[4 * j + 1], a.y, s);
+            s = fmaf(w[4 * j + 2], a.z, s); s = fmaf(w[4 * j + 3], a.w, s);
+        }
+        acc[t] = s;
     }
 }
 
-/* Router GEMV for T <= TC_RT_T tokens, a warp a row (x staged in shared memory once a CTA); bf16/f32 rows whose
- * width is a multiple of 256 read 16 bytes a lane (4 loads in flight), any other type block by block. The last CTA
- * to finish routes every token. Dynamic shared memory: x [T][H] | logits [T][E] | softmax scratch [T][E]. */
+/* Router GEMV for NT <= TC_RT_T tokens, a warp a row, TC_RT_W rows a CTA (x staged and pre-normed in shared memory
+ * once a CTA); the last CTA to finish routes every token. Dynamic shared memory: x [NT][H] | logits [NT][E] |
+ * softmax scratch [NT][E].
+ * Why this shape: at the 30b shape the previous kernel (4 warps a CTA, every token count and weight type in one
+ * unrolled body, 164 registers) took 21 us for 0.5 MB, and ncu's samples said where: a CTA's time is a chain of
+ * latencies. 16 warps a CTA make the pre-norm 4 elements a thread (it was 16, each waiting on its own load of
+ * norm_w); weights stay 16-byte words in registers until used (64 widened floats a lane before); the token count is a
+ * template parameter and the loop over 16-byte chunks stays rolled, so a cold SM fetches little straight-line code
+ * ("no instruction" was a third of the stall samples).
+ * bf16 rows (H % 256 == 0) and f32 rows (H % 128 == 0) read 16 bytes a lane, TC_RT_U chunks in flight, the first
+ * bf16 ones requested before the previous kernel's x is waited for; other types go block by block. */
+#define TC_RT_U 8
+template <int NT>
 __global__ void __launch_bounds__(TC_RT_W * 32)
-k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
+k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
             const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
             float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
             float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h) {
@@ -245,50 +259,50 @@ k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_
     __shared__ int last;
     __shared__ double nred[TC_RT_W][TC_RT_T];
     __shared__ float ninv[TC_RT_T];
-    float *xs = rsm, *lg = xs + T * H, *p = lg + T * E;
+    float *xs = rsm, *lg = xs + NT * H, *p = lg + NT * E;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t e = (int64_t)blockIdx.x * TC_RT_W + warp;
     const uint8_t *row = rw + (e < E ? e : 0) * rrow;
-    const int vec = (rtype == MOET_TYPE_BF16 || rtype == MOET_TYPE_F32) && H % 256 == 0 && !((uintptr_t)row & 15);
-    /* bf16 rows: the lane's first 8 chunks are requested before waiting on the previous kernel (weights only) */
-    const int pre = e < E && vec && rtype == MOET_TYPE_BF16;
-    uint4 wpre[8];
-    if (pre) {
+    const int aligned = !((uintptr_t)row & 15);
+    const int bf = rtype == MOET_TYPE_BF16 && H % 256 == 0 && aligned;
+    const int fv = rtype == MOET_TYPE_F32 && H % 128 == 0 && aligned;
+    const uint4 *row4 = (const uint4 *)row;
+    const int64_t U = bf ? H / 8 : H / 4; /* 16-byte chunks of the row */
+    uint4 q[TC_RT_U];
+    if (e < E && bf) {
 #pragma unroll
-        for (int u = 0; u < 8; u++)
-            if (8 * lane + 256 * u < H) wpre[u] = __ldg((const uint4 *)(row + 2 * (8 * lane + 256 * u)));
+        for (int i = 0; i < TC_RT_U; i++)
+            if (lane + 32 * i < U) q[i] = __ldg(row4 + lane + 32 * i);
     }
     cu_pdl_wait();
-    cu_stage_f32(xs, x, T * H);
+    cu_stage_f32(xs, x, NT * H);
     __syncthreads();
     if (norm_w) /* the block's pre-norm; CTA 0 writes h for the expert kernels */
-        cu_prenorm_smem(xs, (int)T, (int)H, norm_w, eps, &nred[0][0], TC_RT_T, ninv, blockIdx.x == 0 ? h : NULL);
+        cu_prenorm_smem(xs, NT, (int)H, norm_w, eps, &nred[0][0], TC_RT_T, ninv, blockIdx.x == 0 ? h : NULL);
     if (e < E) {
-        float acc[TC_RT_T] = {0.f, 0.f, 0.f, 0.f};
-        if (vec) {
-            for (int64_t k0 = 8 * lane; k0 < H; k0 += 8 * 256) {
-                float w[8][8];
+        float acc[NT];
 #pragma unroll
-                for (int u = 0; u < 8; u++)
-                    if (k0 + 256 * u < H) {
-                        if (pre && k0 == 8 * lane) tc_bf16x8(wpre[u], w[u]);
-                        else tc_row8(rtype, row, k0 + 256 * u, w[u]);
+        for (int t = 0; t < NT; t++) acc[t] = 0.f;
+        if (bf || fv) {
+            for (int64_t u0 = lane; u0 < U; u0 += 32 * TC_RT_U) {
+                if (u0 != lane || !bf) {
+#pragma unroll
+                    for (int i = 0; i < TC_RT_U; i++)
+                        if (u0 + 32 * i < U) q[i] = __ldg(row4 + u0 + 32 * i);
+                }
+#pragma unroll
+                for (int i = 0; i < TC_RT_U; i++) {
+                    const int64_t u = u0 + 32 * i;
+                    if (u >= U) break;
+                    if (bf) {
+                        float w[8];
+                        tc_bf16x8(q[i], w);
+                        tc_dot_smem<NT, 8>(w, xs + 8 * u, H, acc);
+                    } else {
+                        const float w[4] = {__uint_as_float(q[i].x), __uint_as_float(q[i].y),
+                                            __uint_as_float(q[i].z), __uint_as_float(q[i].w)};
+                        tc_dot_smem<NT, 4>(w, xs + 4 * u, H, acc);
                     }
-#pragma unroll
-                for (int u = 0; u < 8; u++) {
-                    if (k0 + 256 * u >= H) break;
-#pragma unroll
-                    for (int t = 0; t < TC_RT_T; t++)
-                        if (t < T) {
-                            /* two 16-byte reads (xs is 16-byte aligned, H % 256 == 0): 2-way, not 8-way, conflicts */
-                            const float4 *xp = (const float4 *)(xs + t * H + k0 + 256 * u);
-                            const float4 a = xp[0], b = xp[1];
-                            float s = acc[t];
-                            s = fmaf(w[u][0], a.x, s); s = fmaf(w[u][1], a.y, s); s = fmaf(w[u][2], a.z, s);
-                            s = fmaf(w[u][3], a.w, s); s = fmaf(w[u][4], b.x, s); s = fmaf(w[u][5], b.y, s);
-                            s = fmaf(w[u][6], b.z, s); s = fmaf(w[u][7], b.w, s);
-                            acc[t] = s;
-                        }
                 }
             }
         } else {
@@ -296,19 +310,16 @@ k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_
                 float v[32];
                 cu_decode32(rtype, row, b, rqs, rqb, v);
 #pragma unroll
-                for (int t = 0; t < TC_RT_T; t++)
-                    if (t < T) {
+                for (int t = 0; t < NT; t++)
 #pragma unroll
-                        for (int q = 0; q < 32; q++) acc[t] = fmaf(v[q], xs[t * H + 32 * b + q], acc[t]);
-                    }
+                    for (int j = 0; j < 32; j++) acc[t] = fmaf(v[j], xs[t * H + 32 * b + j], acc[t]);
             }
         }
 #pragma unroll
-        for (int t = 0; t < TC_RT_T; t++)
-            if (t < T) {
-                const float s = cu_warp_sum(acc[t]);
-                if (lane == 0) logits[t * E + e] = s;
-            }
+        for (int t = 0; t < NT; t++) {
+            const float s = cu_warp_sum(acc[t]);
+            if (lane == 0) logits[t * E + e] = s;
+        }
     }
     cu_pdl_trigger();
     __threadfence();
@@ -319,9 +330,9 @@ k_tc_router(const float *__restrict__ x, int64_t T, int64_t H, int32_t E, int32_
     __threadfence();
     __shared__ float red[TC_MAXW], pk[MOE_MAX_K], wk[MOE_MAX_K];
     __shared__ int32_t ik[MOE_MAX_K];
-    for (int64_t i = threadIdx.x; i < T * E; i += blockDim.x) lg[i] = __ldcg(logits + i);
+    for (int64_t i = threadIdx.x; i < NT * E; i += blockDim.x) lg[i] = __ldcg(logits + i);
     __syncthreads();
-    for (int t = 0; t < T; t++) {
+    for (int t = 0; t < NT; t++) {
         tc_route_cta(lg + t * E, E, K, norm_topk, p + t * E, red, ik, pk, wk);
         if (threadIdx.x < K) { topk_ids[t * K + threadIdx.x] = ik[threadIdx.x]; topk_w[t * K + threadIdx.x] = wk[threadIdx.x]; }
         __syncthreads();
@@ -671,7 +682,10 @@ template <int M> static int tc_attrs_m(cu_backend *c, int big) {
 static int tc_attrs(cu_backend *c) {
     if (g_tc_attr_dev == c->device) return 0;
     const int big = 96 * 1024;
-    if (CU_CHECK(c, cudaFuncSetAttribute(k_tc_router, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
+    if (CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
         tc_attrs_m<1>(c, big) || tc_attrs_m<2>(c, big) || tc_attrs_m<4>(c, big) || tc_attrs_m<8>(c, big))
         return -1;
     g_tc_attr_dev = c->device;
@@ -690,9 +704,17 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (T > TC_RT_T) { cu_fail(c, cudaErrorInvalidValue, "moe tc decode: too many tokens", __FILE__, __LINE__); return; }
     const size_t rsm = ((size_t)T * H + 2 * (size_t)T * E) * sizeof(float);
     if (rsm > 160 * 1024) { cu_fail(c, cudaErrorInvalidValue, "moe tc decode: router input exceeds shared memory", __FILE__, __LINE__); return; }
-    cu_launch_pdl(c, k_tc_router, dim3((unsigned)((E + TC_RT_W - 1) / TC_RT_W)), dim3(TC_RT_W * 32), rsm, a->x, T, H,
-                  E, K, a->norm_topk, rd, rw->type, rw->row_bytes, rw->qscale, rw->qbeta, logits, c->ticket,
-                  a->topk_ids, a->topk_w, nrm, a->eps, a->h);
+    const dim3 rgrid((unsigned)((E + TC_RT_W - 1) / TC_RT_W)), rblock(TC_RT_W * 32);
+#define TC_ROUTER_GO(NT)                                                                                             \
+    cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
+                  rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h)
+    switch (T) {
+    case 1: TC_ROUTER_GO(1); break;
+    case 2: TC_ROUTER_GO(2); break;
+    case 3: TC_ROUTER_GO(3); break;
+    default: TC_ROUTER_GO(4); break;
+    }
+#undef TC_ROUTER_GO
     if (CU_LAUNCHED(c, "k_tc_router")) return;
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
     const int nwg = tc_warps(H / bh, TC_MAXW), nwd = tc_warps(K * (F / bf), TC_MAXW);

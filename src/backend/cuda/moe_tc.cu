@@ -32,9 +32,10 @@
 #include "backend/cuda/cuda_int.h"
 #include "backend/cuda/moe.cuh"
 
-#define TC_MAXW 16            /* warps a CTA at most */
+#define TC_GU_W 8             /* decode gate/up: warps a CTA at most (3 CTAs an SM: one wave at the 30b shape) */
+#define TC_DN_W 24            /* decode down: warps a CTA at most (one (pick, chunk) item a warp at the 30b shape) */
 #define TC_GRP_W 8            /* warps of the grouped kernels (8 tokens staged a warp: 8 KiB of shared memory) */
-#define TC_RT_W 16            /* router: rows (warps) a CTA */
+#define TC_RT_W 16            /* router: rows (warps) a CTA at most */
 #define TC_RT_T 4             /* router: tokens at most (decode) */
 
 /* ---- fragments ----------------------------------------------------------------------------------------------- */
@@ -149,21 +150,25 @@ __device__ __forceinline__ const uint8_t *tc_scales(const cu_mat &m, int64_t row
     return m.w + (size_t)rows * nb * 8;
 }
 
-/* The loads of one chunk (nb <= 8 blocks from block blk0) of tile ti of one matrix: each lane's code word and the
- * scale codes of its rows g and g + 8. */
+/* The loads of one chunk (NBK <= 8 blocks from block blk0) of tile ti of one matrix: each lane's code word of every
+ * block, and one 32-bit word of the chunk's NBK x 16 scale codes (lanes < 4 NBK; contiguous in the tiled layout), which
+ * tc_sc hands round by shuffle: 16 scale bytes a lane held in 16 registers took k_tc_gate_up to 128 registers, two
+ * CTAs an SM, 1.45 waves at the 30b shape. */
 template <int NBK>
 __device__ __forceinline__ void tc_fetch(const cu_mat &m, int64_t rows, int64_t NB, int64_t ti, int64_t blk0,
-                                         uint32_t wd[8], uint32_t sc[8][2]) {
-    const int lane = threadIdx.x & 31, g = lane >> 2;
+                                         uint32_t wd[8], uint32_t &sw) {
+    const int lane = threadIdx.x & 31;
     const int64_t tb = ti * NB + blk0;
     const uint32_t *cw = tc_codes(m) + tb * 32 + lane;
-    const uint8_t *sw = tc_scales(m, rows, NB) + tb * 16 + g;
 #pragma unroll
-    for (int bi = 0; bi < NBK; bi++) {
-        wd[bi] = __ldg(cw + 32 * bi);
-        sc[bi][0] = __ldg(sw + 16 * bi);
-        sc[bi][1] = __ldg(sw + 16 * bi + 8);
-    }
+    for (int bi = 0; bi < NBK; bi++) wd[bi] = __ldg(cw + 32 * bi);
+    sw = lane < 4 * NBK ? __ldg((const uint32_t *)(tc_scales(m, rows, NB) + tb * 16) + lane) : 0u;
+}
+
+/* Scale code of row r (0..15) of block bi from tc_fetch's word (every lane of the warp calls it). */
+__device__ __forceinline__ uint32_t tc_sc(uint32_t sw, int bi, int r) {
+    const int i = 16 * bi + r;
+    return (__shfl_sync(0xffffffffu, sw, i >> 2) >> (8 * (i & 3))) & 0xffu;
 }
 
 /* ---- decode: router + top-k ---------------------------------------------------------------------------------- */
@@ -261,7 +266,7 @@ k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_
     __shared__ float ninv[TC_RT_T];
     float *xs = rsm, *lg = xs + NT * H, *p = lg + NT * E;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t e = (int64_t)blockIdx.x * TC_RT_W + warp;
+    const int64_t e = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
     const uint8_t *row = rw + (e < E ? e : 0) * rrow;
     const int aligned = !((uintptr_t)row & 15);
     const int bf = rtype == MOET_TYPE_BF16 && H % 256 == 0 && aligned;
@@ -328,7 +333,7 @@ k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_
     __syncthreads();
     if (!last) return;
     __threadfence();
-    __shared__ float red[TC_MAXW], pk[MOE_MAX_K], wk[MOE_MAX_K];
+    __shared__ float red[TC_RT_W], pk[MOE_MAX_K], wk[MOE_MAX_K];
     __shared__ int32_t ik[MOE_MAX_K];
     for (int64_t i = threadIdx.x; i < NT * E; i += blockDim.x) lg[i] = __ldcg(logits + i);
     __syncthreads();
@@ -343,7 +348,7 @@ k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_
 /* ---- decode: gate/up ----------------------------------------------------------------------------------------- */
 
 template <int M>
-__global__ void __launch_bounds__(TC_MAXW * 32)
+__global__ void __launch_bounds__(TC_GU_W * 32, 3)
 k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, const int32_t *__restrict__ topk_ids, float *__restrict__ act) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -366,7 +371,7 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
     float ag[1][2] = {{0.f, 0.f}}, au[1][2] = {{0.f, 0.f}};
     const float one[1] = {1.0f};
     for (int c = warp; c < nch; c += nw) {
-        uint32_t wg[8], wu[8], sg[8][2], su[8][2];
+        uint32_t wg[8], wu[8], sg, su;
         tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
         tc_fetch<M>(um, F, NB, ti, (int64_t)c * nb, wu, su);
         float v[8];
@@ -377,8 +382,8 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
         for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][1][2];
             tc_bfrags<1>(bs, bi, bf);
-            tc_mac<1>(wg[bi], bf, Ag, Bg, lut[sg[bi][0]] * qg, lut[sg[bi][1]] * qg, one, ag);
-            tc_mac<1>(wu[bi], bf, Au, Bu, lut[su[bi][0]] * qu, lut[su[bi][1]] * qu, one, au);
+            tc_mac<1>(wg[bi], bf, Ag, Bg, lut[tc_sc(sg, bi, g)] * qg, lut[tc_sc(sg, bi, g + 8)] * qg, one, ag);
+            tc_mac<1>(wu[bi], bf, Au, Bu, lut[tc_sc(su, bi, g)] * qu, lut[tc_sc(su, bi, g + 8)] * qu, one, au);
         }
         __syncwarp();
     }
@@ -401,7 +406,7 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
 /* ---- decode: down + combine ---------------------------------------------------------------------------------- */
 
 template <int M>
-__global__ void __launch_bounds__(TC_MAXW * 32)
+__global__ void __launch_bounds__(TC_DN_W * 32)
 k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *__restrict__ topk_ids, const float *__restrict__ topk_w, float *__restrict__ y,
           int accum) {
@@ -424,7 +429,7 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
         const int32_t e = topk_ids[tok * K + k];
         const float wk = topk_w[tok * K + k];
         const cu_mat dm = table[e * 3 + 2];
-        uint32_t wd[8], sd[8][2];
+        uint32_t wd[8], sd;
         tc_fetch<M>(dm, H, NB, ti, (int64_t)c * nb, wd, sd);
         float A, B;
         tc_ab(type, dm.qbeta, &A, &B);
@@ -436,7 +441,7 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
         for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][1][2];
             tc_bfrags<1>(bs, bi, bf);
-            tc_mac<1>(wd[bi], bf, A, B, lut[sd[bi][0]] * qd, lut[sd[bi][1]] * qd, one, acc);
+            tc_mac<1>(wd[bi], bf, A, B, lut[tc_sc(sd, bi, g)] * qd, lut[tc_sc(sd, bi, g + 8)] * qd, one, acc);
         }
         __syncwarp();
     }
@@ -499,7 +504,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
     tc_ab(type, um.qbeta, &Au, &Bu);
     float ag[2][2] = {{0.f, 0.f}, {0.f, 0.f}}, au[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     for (int c = warp; c < nch; c += nw) {
-        uint32_t wg[8], wu[8], sg[8][2], su[8][2];
+        uint32_t wg[8], wu[8], sg, su;
         tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
         tc_fetch<M>(um, F, NB, ti, (int64_t)c * nb, wu, su);
         float p2[GR_TB];
@@ -520,8 +525,8 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
         for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][2][2];
             tc_bfrags<2>(bs, bi, bf);
-            tc_mac<2>(wg[bi], bf, Ag, Bg, gm.qscale * lut[sg[bi][0]], gm.qscale * lut[sg[bi][1]], q, ag);
-            tc_mac<2>(wu[bi], bf, Au, Bu, um.qscale * lut[su[bi][0]], um.qscale * lut[su[bi][1]], q, au);
+            tc_mac<2>(wg[bi], bf, Ag, Bg, gm.qscale * lut[tc_sc(sg, bi, g)], gm.qscale * lut[tc_sc(sg, bi, g + 8)], q, ag);
+            tc_mac<2>(wu[bi], bf, Au, Bu, um.qscale * lut[tc_sc(su, bi, g)], um.qscale * lut[tc_sc(su, bi, g + 8)], q, au);
         }
         __syncwarp();
     }
@@ -567,7 +572,7 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
     tc_ab(type, dm.qbeta, &A, &B);
     float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
     for (int c = warp; c < nch; c += nw) {
-        uint32_t wd[8], sd[8][2];
+        uint32_t wd[8], sd;
         tc_fetch<M>(dm, H, NB, ti, (int64_t)c * nb, wd, sd);
         float p2[GR_TB];
 #pragma unroll
@@ -585,7 +590,7 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
         for (int bi = 0; bi < nb; bi++) {
             uint32_t bf[2][2][2];
             tc_bfrags<2>(bs, bi, bf);
-            tc_mac<2>(wd[bi], bf, A, B, dm.qscale * lut[sd[bi][0]], dm.qscale * lut[sd[bi][1]], q, acc);
+            tc_mac<2>(wd[bi], bf, A, B, dm.qscale * lut[tc_sc(sd, bi, g)], dm.qscale * lut[tc_sc(sd, bi, g + 8)], q, acc);
         }
         __syncwarp();
     }
@@ -704,7 +709,10 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (T > TC_RT_T) { cu_fail(c, cudaErrorInvalidValue, "moe tc decode: too many tokens", __FILE__, __LINE__); return; }
     const size_t rsm = ((size_t)T * H + 2 * (size_t)T * E) * sizeof(float);
     if (rsm > 160 * 1024) { cu_fail(c, cudaErrorInvalidValue, "moe tc decode: router input exceeds shared memory", __FILE__, __LINE__); return; }
-    const dim3 rgrid((unsigned)((E + TC_RT_W - 1) / TC_RT_W)), rblock(TC_RT_W * 32);
+    /* 16 warps a CTA for wide rows (the pre-norm's elements a thread are the CTA's latency chain), 4 for narrow ones
+     * (moe-mini-a, width 256: a 512-thread CTA's barriers cost more than the 2 elements a thread they save) */
+    const int rnw = H >= 1024 ? TC_RT_W : 4;
+    const dim3 rgrid((unsigned)((E + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
                   rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h)
@@ -717,7 +725,7 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
 #undef TC_ROUTER_GO
     if (CU_LAUNCHED(c, "k_tc_router")) return;
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
-    const int nwg = tc_warps(H / bh, TC_MAXW), nwd = tc_warps(K * (F / bf), TC_MAXW);
+    const int nwg = tc_warps(H / bh, TC_GU_W), nwd = tc_warps(K * (F / bf), TC_DN_W);
     TC_DISPATCH_PDL(bh, k_tc_gate_up, dim3((unsigned)(F / 16), (unsigned)(T * K)), nwg * 32, tc_smem_dec(nwg, 32, bh),
                 xin, H, F, K, tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act);
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ncu_layer.sh — the kernels of one synthetic decode step, each timed alone under Nsight Compute (graph nodes
 # profiled one by one, clocks and caches as they run), averaged per kernel over the step's layers: which kernel of a
-# decode layer costs what (ALL=1 BENCH_ARGS="-p 512 -n 0 --reps 1": every kernel of a prefill, totalled).
-# NCU_EXTRA="-s 3000 -c 400" samples a long run. Usage on the device machine after tools/gpu_carry.sh:
+# decode layer costs what (ALL=1 BENCH_ARGS="-p 512 -n 0 --reps 1": every kernel of a prefill, totalled; a 512-token
+# prefill is one chunk, ~12 kernels a layer). NCU_EXTRA="-c 400" caps a long run. Usage on the device machine after
+# tools/gpu_carry.sh:
 #   bash tools/ncu_layer.sh [SHAPE]
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -15,6 +16,8 @@ timeout ${NCU_TIMEOUT:-240} ncu --graph-profiling node ${NCU_EXTRA:-} -k 'regex:
 python3 - "$out/ncu-layer-$shape.csv" "${ALL:-0}" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit("ncu_layer: no kernel was profiled (timed out, or NCU_EXTRA skipped past the run's kernels)")
 hdr = rows[0]; ix = {k: i for i, k in enumerate(hdr)}
 recs = collections.OrderedDict()
 for r in rows[1:]:

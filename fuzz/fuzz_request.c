@@ -1,6 +1,8 @@
 /* fuzz_request.c — libFuzzer target: arbitrary bytes as a /v1/completions and a /v1/chat/completions body, parsed
  * against the embedded model's tokenizer and chat template. Must never crash or leak; an accepted request must be
- * one the scheduler can run (every prompt within the context, max_tokens resolved, ids inside the vocabulary). */
+ * one the scheduler can run (every prompt within the context, max_tokens resolved, ids inside the vocabulary).
+ * The same bytes as a model's reply go through the tool-call parser: calls found must be well-formed and the content
+ * before them inside the text. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +27,25 @@ static void setup(void) {
                       .vocab = moet_tokenizer_vocab_size(g_tok), .bos_token = "", .eos_token = "<|endoftext|>"};
 }
 
+static void tool_calls(const uint8_t *data, size_t size) {
+    size_t cl = (size_t)-1;
+    json_t *calls = oai_tool_calls_parse((const char *)data, size, "fuzz", &cl);
+    if (!calls) return;
+    if (cl > size || !json_is_array(calls) || !json_array_size(calls)) abort();
+    size_t k;
+    json_t *c;
+    json_array_foreach(calls, k, c) {
+        json_t *fn = json_object_get(c, "function");
+        if (!json_is_string(json_object_get(c, "id")) || !json_is_string(json_object_get(fn, "name")) ||
+            !json_is_string(json_object_get(fn, "arguments")))
+            abort();
+    }
+    json_decref(calls);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_tok) setup();
+    tool_calls(data, size);
     for (int ep = 0; ep < 2; ep++) {
         oai_request r;
         oai_error e;

@@ -312,12 +312,39 @@ static json_t *chunk_base(sched *s, srv_req *q) {
                      (json_int_t)q->created, "model", s->o.model_name, "choices");
 }
 
-/* Streams what is final of choice c (all of it once c finished). */
+/* The length of the longest tail of g that is a proper prefix of OAI_TOOL_OPEN (a tool call may be starting). */
+static size_t tool_open_tail(const char *g, size_t gl) {
+    const size_t ml = strlen(OAI_TOOL_OPEN);
+    for (size_t k = ml - 1; k > 0; k--)
+        if (k <= gl && !memcmp(g + gl - k, OAI_TOOL_OPEN, k)) return k;
+    return 0;
+}
+
+/* A chat choice's finish reason: "tool_calls" when it stopped on its own after calling tools. */
+static const char *chat_finish(const srv_choice *c, const json_t *calls) {
+    return calls && c->finish == FIN_STOP ? "tool_calls" : finish_name(c->finish);
+}
+
+/* Streams what is final of choice c (all of it once c finished). With tools, content stops where a tool call
+ * starts; once c finished, its calls go out as one delta.tool_calls chunk, then the finish reason. */
 static void stream_choice(sched *s, srv_choice *c) {
     srv_req *q = c->q;
     size_t upto = c->finish ? c->tlen : c->tlen - holdback(c);
-    if (upto < c->sent) upto = c->sent;
     int chat = q->r.endpoint == OAI_CHAT;
+    json_t *calls = NULL;
+    if (chat && q->r.tools && c->tlen > c->gen_start) {
+        const char *g = c->text + c->gen_start;
+        const size_t gl = c->tlen - c->gen_start;
+        const char *mk = memmem(g, gl, OAI_TOOL_OPEN, strlen(OAI_TOOL_OPEN));
+        size_t cl;
+        if (c->finish) {
+            if (mk && (calls = oai_tool_calls_parse(g, gl, q->id, &cl))) upto = c->gen_start + cl;
+        } else {
+            const size_t lim = mk ? (size_t)(mk - c->text) : c->tlen - tool_open_tail(g, gl);
+            if (upto > lim) upto = lim;
+        }
+    }
+    if (upto < c->sent) upto = c->sent;
     if (chat && !c->role_sent) {
         json_t *j = chunk_base(s, q);
         json_array_append_new(json_object_get(j, "choices"),
@@ -328,12 +355,33 @@ static void stream_choice(sched *s, srv_choice *c) {
         c->role_sent = 1;
     }
     if (upto == c->sent && !c->finish) return;
+    json_t *lp = c->lp ? c->lp : json_null();
+    c->lp = NULL;
+    if (calls) { /* content left (if any), the calls, then the finish reason */
+        size_t k;
+        json_t *tc;
+        json_array_foreach(calls, k, tc) json_object_set_new(tc, "index", json_integer((json_int_t)k));
+        json_t *delta = json_pack("{s:O}", "tool_calls", calls);
+        if (upto > c->sent) json_object_set_new(delta, "content", oai_json_text(c->text + c->sent, upto - c->sent));
+        json_t *j = chunk_base(s, q);
+        json_array_append_new(json_object_get(j, "choices"),
+                              json_pack("{s:i,s:o,s:o,s:n}", "index", c->index, "delta", delta, "logprobs", lp, "finish_reason"));
+        if (q->r.include_usage) json_object_set_new(j, "usage", json_null());
+        emit_json(q, j, 1);
+        j = chunk_base(s, q);
+        json_array_append_new(json_object_get(j, "choices"),
+                              json_pack("{s:i,s:{},s:n,s:s}", "index", c->index, "delta", "logprobs", "finish_reason",
+                                        chat_finish(c, calls)));
+        if (q->r.include_usage) json_object_set_new(j, "usage", json_null());
+        emit_json(q, j, 1);
+        json_decref(calls);
+        c->sent = c->tlen;
+        return;
+    }
     json_t *j = chunk_base(s, q);
     json_t *text = oai_json_text(c->text + c->sent, upto - c->sent);
     json_t *ch;
     const char *fin = finish_name(c->finish);
-    json_t *lp = c->lp ? c->lp : json_null();
-    c->lp = NULL;
     if (chat)
         ch = json_pack("{s:i,s:o,s:o,s:o}", "index", c->index, "delta",
                        upto > c->sent ? json_pack("{s:o}", "content", text) : (json_decref(text), json_object()),
@@ -361,7 +409,19 @@ static void respond_whole(sched *s, srv_req *q) {
         json_t *lp = c->lp ? c->lp : json_null();
         c->lp = NULL;
         const char *fin = finish_name(c->finish);
-        if (chat)
+        size_t cl = 0;
+        json_t *calls = chat && q->r.tools && c->tlen > c->gen_start
+                            ? oai_tool_calls_parse(c->text + c->gen_start, c->tlen - c->gen_start, q->id, &cl) : NULL;
+        if (calls) { /* content: what came before the calls, or null */
+            json_decref(text);
+            text = cl ? oai_json_text(c->text + c->gen_start, cl) : json_null();
+            fin = chat_finish(c, calls);
+        }
+        if (calls)
+            json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o,s:o},s:o,s:s?}", "index", c->index, "message",
+                                                     "role", "assistant", "content", text, "tool_calls", calls,
+                                                     "logprobs", lp, "finish_reason", fin));
+        else if (chat)
             json_array_append_new(choices, json_pack("{s:i,s:{s:s,s:o},s:o,s:s?}", "index", c->index, "message", "role",
                                                      "assistant", "content", text, "logprobs", lp, "finish_reason", fin));
         else

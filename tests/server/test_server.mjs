@@ -123,6 +123,23 @@ try {
   check(role === "assistant" && ctext === chat.choices[0].message.content, "openai chat stream: same content as the whole response");
   check(cusage && cusage.total_tokens === chat.usage.total_tokens, "openai chat stream: usage equals the whole response's");
 
+  // tools reach the template and switch on reply parsing: the test model does not call tools, so the reply must
+  // come back as the same plain content whole and streamed (the parser itself: tests/test_tools.c)
+  const tools = [{ type: "function", function: { name: "get_weather", description: "Weather of a city",
+    parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } } }];
+  const tw = await client.chat.completions.create({ model: "moe-mini-a", messages, tools, max_tokens: N, temperature: 0 });
+  const tm = tw.choices[0].message;
+  check(typeof tm.content === "string" && !tm.tool_calls && ["stop", "length"].includes(tw.choices[0].finish_reason),
+    "openai chat with tools: a plain reply stays content");
+  let ttext = "", tcalls = 0;
+  const tst = await client.chat.completions.create({ model: "moe-mini-a", messages, tools, max_tokens: N, temperature: 0, stream: true });
+  for await (const ch of tst) {
+    if (!ch.choices.length) continue;
+    ttext += ch.choices[0].delta.content || "";
+    if (ch.choices[0].delta.tool_calls) tcalls++;
+  }
+  check(ttext === tm.content && tcalls === 0, "openai chat stream with tools: same content as the whole response");
+
   const lp = await client.chat.completions.create({ model: "moe-mini-a", messages, max_tokens: 3, temperature: 0, logprobs: true, top_logprobs: 2 });
   const lc = lp.choices[0].logprobs.content;
   check(lc.length >= 1 && lc[0].top_logprobs.length === 2 && lc[0].logprob <= 0 && lc[0].logprob === lc[0].top_logprobs[0].logprob,

@@ -320,6 +320,13 @@ static size_t tool_open_tail(const char *g, size_t gl) {
     return 0;
 }
 
+/* Choice c's tool calls from its generated text (NULL: none), ids unique across the request's choices. */
+static json_t *choice_tool_calls(const srv_choice *c, size_t *content_len) {
+    char sfx[96];
+    snprintf(sfx, sizeof sfx, "%s-%d", c->q->id, c->index);
+    return oai_tool_calls_parse(c->text + c->gen_start, c->tlen - c->gen_start, sfx, content_len);
+}
+
 /* A chat choice's finish reason: "tool_calls" when it stopped on its own after calling tools. */
 static const char *chat_finish(const srv_choice *c, const json_t *calls) {
     return calls && c->finish == FIN_STOP ? "tool_calls" : finish_name(c->finish);
@@ -338,7 +345,7 @@ static void stream_choice(sched *s, srv_choice *c) {
         const char *mk = memmem(g, gl, OAI_TOOL_OPEN, strlen(OAI_TOOL_OPEN));
         size_t cl;
         if (c->finish) {
-            if (mk && (calls = oai_tool_calls_parse(g, gl, q->id, &cl))) upto = c->gen_start + cl;
+            if (mk && (calls = choice_tool_calls(c, &cl))) upto = c->gen_start + cl;
         } else {
             const size_t lim = mk ? (size_t)(mk - c->text) : c->tlen - tool_open_tail(g, gl);
             if (upto > lim) upto = lim;
@@ -411,7 +418,7 @@ static void respond_whole(sched *s, srv_req *q) {
         const char *fin = finish_name(c->finish);
         size_t cl = 0;
         json_t *calls = chat && q->r.tools && c->tlen > c->gen_start
-                            ? oai_tool_calls_parse(c->text + c->gen_start, c->tlen - c->gen_start, q->id, &cl) : NULL;
+                            ? choice_tool_calls(c, &cl) : NULL;
         if (calls) { /* content: what came before the calls, or null */
             json_decref(text);
             text = cl ? oai_json_text(c->text + c->gen_start, cl) : json_null();

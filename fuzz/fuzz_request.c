@@ -11,6 +11,7 @@
 
 #include "moet.h"
 #include "server/oai.h"
+#include "server/toolcall.h"
 
 static oai_ctx g_ctx;
 static moet_tokenizer *g_tok;
@@ -29,8 +30,11 @@ static void setup(void) {
 
 static void tool_calls(const uint8_t *data, size_t size) {
     size_t cl = (size_t)-1;
-    json_t *calls = oai_tool_calls_parse((const char *)data, size, "fuzz", &cl);
+    json_t *calls = toolcall_parse((const char *)data, size, "fuzz", &cl);
+    size_t part, first = toolcall_find((const char *)data, size, &part);
+    if (first > size || part > size) abort();
     if (!calls) return;
+    if (cl > first) abort();
     if (cl > size || !json_is_array(calls) || !json_array_size(calls)) abort();
     size_t k;
     json_t *c;

@@ -22,52 +22,6 @@ int oai_fail(oai_error *e, int status, const char *param, const char *code, cons
     return -1;
 }
 
-static const char *mem_find(const char *h, size_t hn, const char *nd) { return memmem(h, hn, nd, strlen(nd)); }
-
-static int is_space(char ch) { return ch == ' ' || ch == '\n' || ch == '\r' || ch == '\t'; }
-
-json_t *oai_tool_calls_parse(const char *text, size_t n, const char *id_suffix, size_t *content_len) {
-    const char *end = text + n, *first = mem_find(text, n, OAI_TOOL_OPEN);
-    if (!first) return NULL;
-    json_t *calls = json_array();
-    const char *p = first;
-    const size_t lo = strlen(OAI_TOOL_OPEN), lc = strlen(OAI_TOOL_CLOSE);
-    while (p) {
-        const char *body = p + lo, *close = mem_find(body, (size_t)(end - body), OAI_TOOL_CLOSE);
-        if (!close) goto fail;
-        json_error_t je;
-        json_t *call = json_loadb(body, (size_t)(close - body), JSON_REJECT_DUPLICATES, &je);
-        json_t *name = json_object_get(call, "name"), *args = json_object_get(call, "arguments");
-        if (!json_is_object(call) || !json_is_string(name) || !json_string_length(name) ||
-            (args && !json_is_object(args) && !json_is_string(args))) {
-            json_decref(call);
-            goto fail;
-        }
-        char *atext = !args ? strdup("{}") : json_is_string(args) ? strdup(json_string_value(args))
-                                                                   : json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        char id[96];
-        snprintf(id, sizeof id, "call_%zu_%s", json_array_size(calls), id_suffix ? id_suffix : "");
-        json_t *fn = atext ? json_pack("{s:O,s:s}", "name", name, "arguments", atext) : NULL;
-        free(atext);
-        json_decref(call);
-        if (!fn) goto fail;
-        json_array_append_new(calls, json_pack("{s:s,s:s,s:o}", "id", id, "type", "function", "function", fn));
-        /* the next block, or only whitespace to the end */
-        const char *q = close + lc;
-        while (q < end && is_space(*q)) q++;
-        if (q == end) break;
-        if ((size_t)(end - q) < lo || memcmp(q, OAI_TOOL_OPEN, lo)) goto fail;
-        p = q;
-    }
-    size_t cl = (size_t)(first - text);
-    while (cl > 0 && is_space(text[cl - 1])) cl--;
-    *content_len = cl;
-    return calls;
-fail:
-    json_decref(calls);
-    return NULL;
-}
-
 json_t *oai_json_text(const char *p, size_t n) {
     json_t *s = json_stringn(p, n);  /* NULL when p is not valid UTF-8 */
     if (s) return s;

@@ -72,16 +72,6 @@ void oai_request_free(oai_request *r);
 int oai_chat_render(const oai_ctx *c, json_t *messages, json_t *tools, json_t *kwargs, int add_generation_prompt,
                     char **text, oai_error *e);
 
-/* Tool calls in a chat reply, in the Hermes form the chat templates of Qwen3, Qwen2.5 and others ask the model
- * for: one block a call, <tool_call>{"name": "...", "arguments": {...}}</tool_call> (whitespace around the JSON
- * allowed). Returns the OpenAI message's tool_calls array ({"id", "type": "function", "function": {"name",
- * "arguments": JSON text}}, ids "call_<k>_<id_suffix>") and sets *content_len to the length of the text before the
- * first block, trailing whitespace left out. NULL when the text holds no block, a block is not such JSON, or
- * anything but whitespace follows the blocks: the whole reply then stays content. */
-#define OAI_TOOL_OPEN "<tool_call>"
-#define OAI_TOOL_CLOSE "</tool_call>"
-json_t *oai_tool_calls_parse(const char *text, size_t n, const char *id_suffix, size_t *content_len);
-
 /* Bytes as a JSON string value: invalid UTF-8 (a token holding part of a character) becomes U+FFFD. */
 json_t *oai_json_text(const char *p, size_t n);
 

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "core/util.h"
+#include "server/toolcall.h"
 
 enum { ST_WAIT, ST_PREFILL, ST_DECODE, ST_DONE };
 enum { FIN_NONE, FIN_STOP, FIN_LENGTH, FIN_CANCEL };
@@ -312,19 +313,11 @@ static json_t *chunk_base(sched *s, srv_req *q) {
                      (json_int_t)q->created, "model", s->o.model_name, "choices");
 }
 
-/* The length of the longest tail of g that is a proper prefix of OAI_TOOL_OPEN (a tool call may be starting). */
-static size_t tool_open_tail(const char *g, size_t gl) {
-    const size_t ml = strlen(OAI_TOOL_OPEN);
-    for (size_t k = ml - 1; k > 0; k--)
-        if (k <= gl && !memcmp(g + gl - k, OAI_TOOL_OPEN, k)) return k;
-    return 0;
-}
-
 /* Choice c's tool calls from its generated text (NULL: none), ids unique across the request's choices. */
 static json_t *choice_tool_calls(const srv_choice *c, size_t *content_len) {
     char sfx[96];
     snprintf(sfx, sizeof sfx, "%s-%d", c->q->id, c->index);
-    return oai_tool_calls_parse(c->text + c->gen_start, c->tlen - c->gen_start, sfx, content_len);
+    return toolcall_parse(c->text + c->gen_start, c->tlen - c->gen_start, sfx, content_len);
 }
 
 /* A chat choice's finish reason: "tool_calls" when it stopped on its own after calling tools. */
@@ -342,12 +335,12 @@ static void stream_choice(sched *s, srv_choice *c) {
     if (chat && q->r.tools && c->tlen > c->gen_start) {
         const char *g = c->text + c->gen_start;
         const size_t gl = c->tlen - c->gen_start;
-        const char *mk = memmem(g, gl, OAI_TOOL_OPEN, strlen(OAI_TOOL_OPEN));
-        size_t cl;
+        size_t part, cl;
+        const size_t mk = toolcall_find(g, gl, &part);
         if (c->finish) {
-            if (mk && (calls = choice_tool_calls(c, &cl))) upto = c->gen_start + cl;
+            if (mk < gl && (calls = choice_tool_calls(c, &cl))) upto = c->gen_start + cl;
         } else {
-            const size_t lim = mk ? (size_t)(mk - c->text) : c->tlen - tool_open_tail(g, gl);
+            const size_t lim = c->gen_start + (mk < part ? mk : part);
             if (upto > lim) upto = lim;
         }
     }

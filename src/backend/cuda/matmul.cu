@@ -11,6 +11,8 @@
  * unpadded in shared memory and is read as float4 (a lane's 8 elements are contiguous).
  * Bytes per call: rows × row_bytes (+ n × cols × 4 of x); FLOPs: 2 × n × rows × cols.
  */
+#include <stdlib.h>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_int.h"
 
@@ -100,6 +102,7 @@ typedef struct {
     int64_t rows[MV16_MATS];
     size_t row_bytes[MV16_MATS];
     int32_t cta0[MV16_MATS + 1];
+    int64_t r0[MV16_MATS + 1]; /* row prefix sums: matrix i holds rows [r0[i], r0[i+1]) of the set */
     int32_t n;
 } cu_mv16_set;
 
@@ -174,16 +177,153 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, in
     }
 }
 
-static int g_mm_attr_set = -1;
+/* The persistent form of k_mv16 for one chunk of tokens (decode, batched decode: n <= ch). k_mv16 gives every
+ * CTA 8 rows: at the 30b QKV shape 640 CTAs, 1.2 waves, and each CTA's chain (stage x, pre-norm, weights, reduce)
+ * runs twice over with the SMs half idle in the second wave; under Nsight Compute the staging and the pre-norm were
+ * 45% of its stall samples and the weight wait 17%. Here one wave of CTAs stages x (and the pre-norm) once and
+ * every warp walks rows gw, gw + stride, ... of the whole set in groups of MV16_UNROLL 16-byte chunks a lane, the
+ * next group's loads issued before the current group's math (two groups in flight, the first two before x is
+ * staged). A lane takes the same chunks in the same order as in k_mv16 and the warp sum is the same, so y is
+ * bit-identical to k_mv16's. */
+template <int F16, int NORM, int MT>
+__device__ __forceinline__ const uint4 *mv16p_row(const cu_mv16_set &set, int64_t R, int &mi, int64_t &r) {
+    mi = 0;
+    while (mi + 1 < set.n && R >= set.r0[mi + 1]) mi++;
+    r = R - set.r0[mi];
+    return (const uint4 *)(set.w[mi] + r * set.row_bytes[mi]);
+}
 
+__device__ __forceinline__ void mv16p_load(const uint4 *row, int64_t u0, int64_t U, uint4 q[MV16_UNROLL]) {
+#pragma unroll
+    for (int i = 0; i < MV16_UNROLL; i++)
+        if (u0 + 32 * i < U) q[i] = __ldg(row + u0 + 32 * i);
+}
+
+template <int F16, int NORM, int MT>
+__global__ void __launch_bounds__(MM_WARPS * 32, 2)
+k_mv16p(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, const float *__restrict__ norm_w,
+        float eps, float *__restrict__ h, int acc) {
+    extern __shared__ __align__(16) float xs[];
+    __shared__ double red[MM_WARPS][MM_MAX_TOK];
+    __shared__ float inv[MM_MAX_TOK];
+    const int nt = (int)n;
+    const float4 *xs4 = (const float4 *)xs;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t total = set.r0[set.n], stride = (int64_t)gridDim.x * MM_WARPS;
+    const int64_t U = cols / 8, G = (U + 32 * MV16_UNROLL - 1) / (32 * MV16_UNROLL); /* groups a row */
+    /* the current item (row R, group g) and the next (Rn, gn), both requested before x is staged */
+    int64_t R = (int64_t)blockIdx.x * MM_WARPS + warp, Rn = R;
+    int64_t g = 0, gn = 0;
+    int mi = 0, min_ = 0;
+    int64_t r = 0, rn = 0;
+    uint4 q[MV16_UNROLL], qn[MV16_UNROLL];
+    const uint4 *row = R < total ? mv16p_row<F16, NORM, MT>(set, R, mi, r) : NULL, *rown = row;
+    if (row) mv16p_load(row, lane, U, q);
+    if (++gn == G) { gn = 0; Rn += stride; rown = Rn < total ? mv16p_row<F16, NORM, MT>(set, Rn, min_, rn) : NULL; }
+    else { min_ = mi; rn = r; }
+    if (rown) mv16p_load(rown, lane + 32 * MV16_UNROLL * gn, U, qn);
+    cu_pdl_wait();
+    cu_stage_f32(xs, x, nt * cols);
+    __syncthreads();
+    if (NORM) cu_prenorm_smem(xs, nt, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
+    float accv[MT];
+#pragma unroll
+    for (int t = 0; t < MT; t++) accv[t] = 0.f;
+    while (row) {
+        const int64_t u0 = lane + 32 * MV16_UNROLL * g;
+#pragma unroll
+        for (int i = 0; i < MV16_UNROLL; i++) {
+            const int64_t u = u0 + 32 * i;
+            if (u >= U) break;
+            float v[8];
+            mv16_unpack<F16>(q[i], v);
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                if (t >= nt) break;
+                const float4 a = xs4[(t * cols + 8 * u) / 4], b = xs4[(t * cols + 8 * u) / 4 + 1];
+                float s = accv[t];
+                s = fmaf(v[0], a.x, s); s = fmaf(v[1], a.y, s); s = fmaf(v[2], a.z, s); s = fmaf(v[3], a.w, s);
+                s = fmaf(v[4], b.x, s); s = fmaf(v[5], b.y, s); s = fmaf(v[6], b.z, s); s = fmaf(v[7], b.w, s);
+                accv[t] = s;
+            }
+        }
+        if (g == G - 1) { /* the row is done: reduce and store */
+            const int64_t rows = set.rows[mi];
+            float *y = set.y[mi];
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                if (t >= nt) break;
+                const float s = cu_warp_sum(accv[t]);
+                accv[t] = 0.f;
+                if (lane == 0) {
+                    float *yp = y + (int64_t)t * rows + r;
+                    *yp = acc ? *yp + s : s;
+                }
+            }
+        }
+        /* the next item becomes current; the one after it is requested */
+        row = rown; R = Rn; g = gn; mi = min_; r = rn;
+#pragma unroll
+        for (int i = 0; i < MV16_UNROLL; i++) q[i] = qn[i];
+        if (!row) break;
+        if (++gn == G) { gn = 0; Rn += stride; rown = Rn < total ? mv16p_row<F16, NORM, MT>(set, Rn, min_, rn) : NULL; }
+        if (rown) mv16p_load(rown, lane + 32 * MV16_UNROLL * gn, U, qn);
+    }
+    cu_pdl_trigger();
+}
+
+static int g_mm_attr_set = -1;
+static int g_mv16p = -1; /* MOET_MV16P=0: k_mv16 for every launch (A/B of the persistent kernel) */
+
+#define MV16_SMEM(k) CU_CHECK(c, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX))
 template <int MT> static int mv16_attrs(cu_backend *c) {
-    return CU_CHECK(c, cudaFuncSetAttribute(k_mv16<0, 0, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
-           CU_CHECK(c, cudaFuncSetAttribute(k_mv16<1, 0, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
-           CU_CHECK(c, cudaFuncSetAttribute(k_mv16<0, 1, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
-           CU_CHECK(c, cudaFuncSetAttribute(k_mv16<1, 1, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX));
+    return MV16_SMEM((k_mv16<0, 0, MT>)) || MV16_SMEM((k_mv16<1, 0, MT>)) || MV16_SMEM((k_mv16<0, 1, MT>)) ||
+           MV16_SMEM((k_mv16<1, 1, MT>)) || MV16_SMEM((k_mv16p<0, 0, MT>)) || MV16_SMEM((k_mv16p<1, 0, MT>)) ||
+           MV16_SMEM((k_mv16p<0, 1, MT>)) || MV16_SMEM((k_mv16p<1, 1, MT>));
+}
+#undef MV16_SMEM
+
+/* CTAs of a k_mv16p instance resident on one SM at `smem` bytes of x, from the occupancy calculator (a few
+ * entries cached: the decode shapes repeat every step). 0 on failure. */
+typedef struct { const void *k; size_t smem; int device, blocks; } mv16p_occ;
+static mv16p_occ g_mv16p_occ[32];
+
+template <typename K> static int mv16p_blocks(cu_backend *c, K k, size_t smem) {
+    for (int i = 0; i < 32; i++)
+        if (g_mv16p_occ[i].k == (const void *)k && g_mv16p_occ[i].smem == smem && g_mv16p_occ[i].device == c->device)
+            return g_mv16p_occ[i].blocks;
+    int nb = 0;
+    if (CU_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, k, MM_WARPS * 32, smem))) return 0;
+    for (int i = 0; i < 32; i++)
+        if (!g_mv16p_occ[i].k) {
+            g_mv16p_occ[i].k = (const void *)k;
+            g_mv16p_occ[i].smem = smem;
+            g_mv16p_occ[i].device = c->device;
+            g_mv16p_occ[i].blocks = nb;
+            break;
+        }
+    return nb;
+}
+
+/* One wave of k_mv16p (at most one CTA a MM_WARPS rows). */
+template <typename K, typename... Args>
+static void mv16p_go(cu_backend *c, K k, const cu_mv16_set *set, size_t sm, Args... args) {
+    const int nb = mv16p_blocks(c, k, sm);
+    if (nb <= 0) {
+        cu_fail(c, cudaErrorInvalidConfiguration, "k_mv16p: no CTA fits an SM", __FILE__, __LINE__);
+        return;
+    }
+    int64_t grid = (int64_t)nb * c->prop.multiProcessorCount;
+    const int64_t need = (set->r0[set->n] + MM_WARPS - 1) / MM_WARPS;
+    if (grid > need) grid = need;
+    cu_launch_pdl(c, k, dim3((unsigned)grid), dim3(MM_WARPS * 32), sm, *set, args...);
 }
 
 static int mm_attrs(cu_backend *c) {
+    if (g_mv16p < 0) {
+        const char *e = getenv("MOET_MV16P");
+        g_mv16p = !(e && e[0] == '0');
+    }
     if (g_mm_attr_set == c->device) return 0;
     if (CU_CHECK(c, cudaFuncSetAttribute(k_mul_mat, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX)) ||
         mv16_attrs<1>(c) || mv16_attrs<MM_MAX_TOK>(c))
@@ -223,8 +363,20 @@ static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int
         if (f16) cu_launch_pdl(c, k_mv16<1, 0, MT>, grid, block, sm, *set, cols, x, n, ch, nul, 0.f, nulh, acc);      \
         else cu_launch_pdl(c, k_mv16<0, 0, MT>, grid, block, sm, *set, cols, x, n, ch, nul, 0.f, nulh, acc);         \
     }
-    if (ch == 1) { MV16_GO(1) } else { MV16_GO(MM_MAX_TOK) }
+    /* one chunk of tokens: the persistent kernel (bit-identical, one wave); MOET_MV16P=0 keeps k_mv16 */
+#define MV16P_GO(MT)                                                                                                 \
+    if (norm_w) {                                                                                                    \
+        if (f16) mv16p_go(c, k_mv16p<1, 1, MT>, set, sm, cols, x, n, norm_w, eps, h, acc);                            \
+        else mv16p_go(c, k_mv16p<0, 1, MT>, set, sm, cols, x, n, norm_w, eps, h, acc);                               \
+    } else {                                                                                                         \
+        if (f16) mv16p_go(c, k_mv16p<1, 0, MT>, set, sm, cols, x, n, nul, 0.f, nulh, acc);                            \
+        else mv16p_go(c, k_mv16p<0, 0, MT>, set, sm, cols, x, n, nul, 0.f, nulh, acc);                               \
+    }
+    if (n <= ch && g_mv16p) {
+        if (n == 1) { MV16P_GO(1) } else { MV16P_GO(MM_MAX_TOK) }
+    } else if (ch == 1) { MV16_GO(1) } else { MV16_GO(MM_MAX_TOK) }
 #undef MV16_GO
+#undef MV16P_GO
     CU_LAUNCHED(c, "k_mv16");
 }
 
@@ -245,6 +397,7 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
         set.rows[0] = w->rows;
         set.row_bytes[0] = w->row_bytes;
         set.cta0[1] = (int32_t)((w->rows + MM_WARPS - 1) / MM_WARPS);
+        set.r0[1] = w->rows;
         set.n = 1;
         mv16_launch(c, &set, w->type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);
         return;
@@ -296,6 +449,7 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
         set.rows[i] = w[i]->rows;
         set.row_bytes[i] = w[i]->row_bytes;
         set.cta0[i + 1] = set.cta0[i] + (int32_t)((w[i]->rows + MM_WARPS - 1) / MM_WARPS);
+        set.r0[i + 1] = set.r0[i] + w[i]->rows;
     }
     if (!fused) {
         cu_rms_norm(be, x, norm_w, n, dim, eps, h);

@@ -173,29 +173,33 @@ __device__ __forceinline__ uint32_t tc_sc(uint32_t sw, int bi, int r) {
 
 /* ---- decode: router + top-k ---------------------------------------------------------------------------------- */
 
-/* Routes one token from its E router logits l, with every thread of the CTA: p = exp(l - max) as moe_route_warp
- * computes it, the rank of e = how many p beat it (ties: the lower id first, the CPU's order), rank < K is pick
- * number rank (a warp picking K maxima one after another is a chain of K x 10 shuffles). Out: ik / wk [K] (shared),
- * weights renormalised in pick order when norm_topk. p: E floats, red: a float per warp, pk: K floats (shared). */
-__device__ __forceinline__ void tc_route_cta(const float *l, int32_t E, int32_t K, int32_t norm_topk, float *p,
-                                             float *red, int32_t *ik, float *pk, float *wk) {
+/* Routes one token from its E router logits l (shared) with the first nr = min(warps, ceil(E / 32)) warps of the
+ * CTA, which synchronise among themselves on named barrier 1 only: every route warp takes the max and the sum of
+ * p = exp(l - max) over all E itself (the same butterfly in each, so the same sum), writes its own p, then the
+ * rank of e = how many p beat it (ties: the lower id first, the CPU's order); rank < K is pick number rank (a warp
+ * picking K maxima one after another is a chain of K x 10 shuffles). Warp 0 then renormalises the K weights in
+ * pick order (norm_topk) and writes ids / weights. Under Nsight Compute the CTA-wide form (every thread, three
+ * __syncthreads and a walk over the warps' partials) was a third of the router's samples. p: E floats, ik / pk: K
+ * (shared). Warps past nr return at once; the caller must not __syncthreads after this. */
+static_assert(MOE_MAX_K <= 32, "tc_route_warps: a lane a pick");
+__device__ __forceinline__ void tc_route_bar(int nthreads) {
+    asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
+}
+
+__device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_t K, int32_t norm_topk, float *p,
+                                               int32_t *ik, float *pk, int32_t *ids, float *wts) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int nr = (E + 31) / 32 < nw ? (E + 31) / 32 : nw, nth = 32 * nr;
+    if (warp >= nr) return;
     float mx = -INFINITY;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, l[e]);
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
     mx = cu_warp_max(mx);
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = red[0];
-    for (int w = 1; w < nw; w++) mx = fmaxf(mx, red[w]);
-    __syncthreads();
     float sum = 0.f;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) { const float v = expf(l[e] - mx); p[e] = v; sum += v; }
-    sum = cu_warp_sum(sum);
-    if (lane == 0) red[warp] = sum;
-    __syncthreads();
-    float tot = 0.f;
-    for (int w = 0; w < nw; w++) tot += red[w];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
+    const float tot = cu_warp_sum(sum);
+    for (int e = threadIdx.x; e < E; e += nth) p[e] = expf(l[e] - mx);
+    tc_route_bar(nth);
+    for (int e = threadIdx.x; e < E; e += nth) {
         const float v = p[e];
         int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
         int j = 0;
@@ -210,13 +214,17 @@ __device__ __forceinline__ void tc_route_cta(const float *l, int32_t E, int32_t 
         const int rank = r0 + r1 + r2 + r3;
         if (rank < K) { ik[rank] = e; pk[rank] = v; }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    tc_route_bar(nth);
+    if (warp == 0) { /* K <= MOE_MAX_K <= 32: a lane a pick */
+        const float q = lane < K ? pk[lane] / tot : 0.f;
         float wsum = 0.f;
-        for (int j = 0; j < K; j++) wsum += pk[j] / tot;
-        for (int j = 0; j < K; j++) wk[j] = norm_topk ? pk[j] / tot / wsum : pk[j] / tot;
+        for (int i = 0; i < K; i++) wsum += __shfl_sync(0xffffffffu, q, i);
+        if (lane < K) {
+            ids[lane] = ik[lane];
+            wts[lane] = norm_topk ? q / wsum : q;
+        }
     }
-    __syncthreads();
+    tc_route_bar(nth); /* ik / pk are reused by the next token */
 }
 
 __device__ __forceinline__ void tc_bf16x8(uint4 q, float w[8]) {
@@ -333,16 +341,13 @@ k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_
     __syncthreads();
     if (!last) return;
     __threadfence();
-    __shared__ float red[TC_RT_W], pk[MOE_MAX_K], wk[MOE_MAX_K];
+    __shared__ float pk[MOE_MAX_K];
     __shared__ int32_t ik[MOE_MAX_K];
+    if (threadIdx.x == 0) *ticket = 0;
     for (int64_t i = threadIdx.x; i < NT * E; i += blockDim.x) lg[i] = __ldcg(logits + i);
     __syncthreads();
-    for (int t = 0; t < NT; t++) {
-        tc_route_cta(lg + t * E, E, K, norm_topk, p + t * E, red, ik, pk, wk);
-        if (threadIdx.x < K) { topk_ids[t * K + threadIdx.x] = ik[threadIdx.x]; topk_w[t * K + threadIdx.x] = wk[threadIdx.x]; }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) *ticket = 0;
+    for (int t = 0; t < NT; t++)
+        tc_route_warps(lg + t * E, E, K, norm_topk, p + t * E, ik, pk, topk_ids + t * K, topk_w + t * K);
 }
 
 /* ---- decode: gate/up ----------------------------------------------------------------------------------------- */

@@ -436,6 +436,61 @@ int main(int argc, char **argv) {
         op->release(be, scr);
         free(q); free(kc); free(vc); free(o); free(rr);
     }
+    /* attn_fused (backends that have it): one decode token, against attn_prep then attention on the same backend,
+     * bit for bit (output, q, both cache rows), with and without q/k norms, at head_dim 128 and 64 */
+    if (op->attn_fused) {
+        for (int variant = 0; variant < 4; variant++) {
+            const int with_norm = variant & 1, hd = variant & 2 ? 64 : 128, nh = 8, nkv = 2, ctx = 80;
+            const int32_t p = variant & 2 ? 0 : 57;
+            const int64_t Dq = (int64_t)nh * hd, Dk = (int64_t)nkv * hd;
+            float *qa = malloc(sizeof(float) * Dq), *ka = malloc(sizeof(float) * Dk), *va = malloc(sizeof(float) * Dk);
+            float *kc0 = malloc(sizeof(float) * ctx * Dk), *vc0 = malloc(sizeof(float) * ctx * Dk);
+            float *qn = malloc(sizeof(float) * hd), *kn = malloc(sizeof(float) * hd);
+            float *r1 = malloc(sizeof(float) * ctx * Dk), *r2 = malloc(sizeof(float) * ctx * Dk);
+            double *rd = malloc(sizeof(double) * ctx * Dk);
+            for (int i = 0; i < Dq; i++) qa[i] = gauss() * 2;
+            for (int i = 0; i < Dk; i++) { ka[i] = gauss() * 2; va[i] = gauss(); }
+            for (int i = 0; i < ctx * Dk; i++) { kc0[i] = gauss(); vc0[i] = gauss(); }
+            for (int i = 0; i < hd; i++) { qn[i] = 1 + 0.3f * gauss(); kn[i] = 1 + 0.3f * gauss(); }
+            float *qd[2], *kd[2], *vd[2], *kcd[2], *vcd[2], *od[2];
+            int32_t *pd = dev(&p, sizeof p);
+            void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
+            for (int f = 0; f < 2; f++) {
+                qd[f] = dev(qa, sizeof(float) * Dq); kd[f] = dev(ka, sizeof(float) * Dk); vd[f] = dev(va, sizeof(float) * Dk);
+                kcd[f] = dev(kc0, sizeof(float) * ctx * Dk); vcd[f] = dev(vc0, sizeof(float) * ctx * Dk);
+                od[f] = dev_poisoned((size_t)Dq);
+                moet_attn_args aa = {.q = qd[f], .k_cache = kcd[f], .v_cache = vcd[f], .pos = pd, .n_tok = 1,
+                                     .n_heads = nh, .n_kv = nkv, .head_dim = hd, .n_ctx = ctx,
+                                     .scale = 1.0f / sqrtf((float)hd), .out = od[f], .scratch = scr};
+                const float *qnn = with_norm ? qn : NULL, *knn = with_norm ? kn : NULL;
+                if (f) {
+                    op->attn_fused(be, qd[f], kd[f], vd[f], qnn, knn, 1e-6f, hd, 1e6, kcd[f], vcd[f], &aa);
+                } else {
+                    op->attn_prep(be, qd[f], kd[f], vd[f], 1, nh, nkv, hd, qnn, knn, 1e-6f, hd, 1e6, pd, kcd[f], vcd[f]);
+                    op->attention(be, &aa);
+                }
+            }
+            const struct { const char *name; float **d; size_t n; } cmp[4] = {
+                {"out", od, (size_t)Dq}, {"q", qd, (size_t)Dq}, {"k cache", kcd, (size_t)(ctx * Dk)},
+                {"v cache", vcd, (size_t)(ctx * Dk)}};
+            for (int c = 0; c < 4; c++) {
+                pull(r1, cmp[c].d[0], cmp[c].n);
+                pull(r2, cmp[c].d[1], cmp[c].n);
+                for (size_t i = 0; i < cmp[c].n; i++) rd[i] = r1[i];
+                char vname[48];
+                snprintf(vname, sizeof vname, "%s d%d %s", cmp[c].name, hd, with_norm ? "norm" : "-");
+                report("attn_fused", vname, nmse(r2, rd, cmp[c].n), 0);
+                CHECK(!memcmp(r1, r2, cmp[c].n * sizeof(float)), "attn_fused %s: not bit-identical to the composition",
+                      vname);
+            }
+            for (int f = 0; f < 2; f++) { drop(qd[f]); drop(kd[f]); drop(vd[f]); drop(kcd[f]); drop(vcd[f]); drop(od[f]); }
+            drop(pd);
+            op->release(be, scr);
+            op->forget(be, qn);
+            op->forget(be, kn);
+            free(qa); free(ka); free(va); free(kc0); free(vc0); free(qn); free(kn); free(r1); free(r2); free(rd);
+        }
+    }
     /* moe: route (softmax, top-k, renormalise) + SwiGLU experts + weighted combine, on W2 experts */
     /* (hidden, ffn, tokens): 5 and 3 blocks a row in the second; 40 tokens put 15 on an expert on average, more
      * than one chunk of the CUDA grouped path; the last two: rotation chunks of 256 / 128 / 64 (the CUDA

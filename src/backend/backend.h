@@ -131,6 +131,14 @@ typedef struct {
                       int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
                       int32_t rot_dim, double theta, const int32_t *pos, float *k_cache, float *v_cache);
     void (*attention)(moet_backend *be, const moet_attn_args *a);
+    /* Optional (NULL: the caller composes). attn_prep(q, k, v, a->n_tok, a->n_heads, a->n_kv, a->head_dim, q_norm,
+     * k_norm, eps, rot_dim, theta, a->pos, k_cache, v_cache) then attention(a), where a->q == q and a->k_cache /
+     * a->v_cache are k_cache / v_cache: exactly that composition, except that k's contents afterwards are
+     * unspecified (the cache holds the rotated keys). A backend may run it as one kernel (the CUDA
+     * backend does for one token: each decode kernel costs a few microseconds of latency however little it moves). */
+    void (*attn_fused)(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
+                       float eps, int32_t rot_dim, double theta, float *k_cache, float *v_cache,
+                       const moet_attn_args *a);
     size_t (*attn_scratch_bytes)(moet_backend *be, int32_t n_ctx);
     /* Dense SwiGLU MLP: y = down(silu(gate x) * up x); scratch: 2 * n * ffn floats. */
     void (*mlp)(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,

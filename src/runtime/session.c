@@ -214,14 +214,19 @@ static void forward_chunk(void *vctx) {
         for (int32_t r = 0; r < (ca->rows ? n : 1); r++) {
             const moet_session *o = ca->rows ? ca->rows[r] : s;
             const int32_t nr = ca->rows ? 1 : n;
-            op->attn_prep(be, s->q + r * Dq, s->k + r * Dkv, s->v + r * Dkv, nr, (int32_t)nh, (int32_t)nkv,
-                          (int32_t)hd, L->q_norm, L->k_norm, hp->rms_eps, hp->rope_dim, hp->rope_theta,
-                          s->pos_dev + r, o->k_cache[il], o->v_cache[il]);
             moet_attn_args aa = {.q = s->q + r * Dq, .k_cache = o->k_cache[il], .v_cache = o->v_cache[il],
                                  .pos = s->pos_dev + r, .n_tok = nr, .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv,
                                  .head_dim = (int32_t)hd, .n_ctx = o->n_ctx, .scale = (float)(1.0 / sqrt((double)hd)),
                                  .out = s->att + r * Dq, .scratch = s->att_scr};
-            op->attention(be, &aa);
+            if (op->attn_fused) {
+                op->attn_fused(be, s->q + r * Dq, s->k + r * Dkv, s->v + r * Dkv, L->q_norm, L->k_norm, hp->rms_eps,
+                               hp->rope_dim, hp->rope_theta, o->k_cache[il], o->v_cache[il], &aa);
+            } else {
+                op->attn_prep(be, s->q + r * Dq, s->k + r * Dkv, s->v + r * Dkv, nr, (int32_t)nh, (int32_t)nkv,
+                              (int32_t)hd, L->q_norm, L->k_norm, hp->rms_eps, hp->rope_dim, hp->rope_theta,
+                              s->pos_dev + r, o->k_cache[il], o->v_cache[il]);
+                op->attention(be, &aa);
+            }
         }
         if (L->bo) { /* (o + bias) then the residual, in the order of the unfused reference */
             op->mul_mat(be, &L->wo, s->att, n, s->tmp);

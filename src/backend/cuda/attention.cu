@@ -18,17 +18,14 @@
 #define AT_MAX_D 8 /* head_dim <= 256 */
 #define AT_G 4     /* keys a warp takes at once: their K and V rows are all requested before any math */
 
-__global__ void __launch_bounds__(AT_WARPS * 32)
-k_attention(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
-            const int32_t *__restrict__ pos, int32_t n_heads, int32_t n_kv, int32_t head_dim, float scale,
-            float *__restrict__ out) {
-    cu_pdl_trigger();
-    cu_pdl_wait();
-    __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
-    const int h = blockIdx.x, t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int kvh = h / (n_heads / n_kv), nd = (head_dim + 31) / 32;
-    const int64_t kv_stride = (int64_t)n_kv * head_dim;
-    const float *qr = q + ((int64_t)t * n_heads + h) * head_dim;
+/* One query row against keys 0 .. n_keys - 1 of one kv head (kp0 / vp0: row 0 of that head, rows kv_stride apart),
+ * the CTA's warps over groups of AT_G keys, merged in warp order; key `cur` (>= 0) is read from ks / vs instead
+ * (the fused decode kernel's own rows, bit-equal to what it wrote to the cache). Writes the head's output row. */
+__device__ __forceinline__ void at_heads(const float *qr, const float *kp0, const float *vp0, int64_t kv_stride,
+                                         int32_t n_keys, int32_t cur, const float *ks, const float *vs, int head_dim,
+                                         float scale, float *orow, float *sm_m, float *sm_l,
+                                         float (*sm_o)[AT_MAX_D * 32]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nd = (head_dim + 31) / 32;
     float qv[AT_MAX_D], o[AT_MAX_D];
 #pragma unroll
     for (int d = 0; d < AT_MAX_D; d++) {
@@ -37,7 +34,6 @@ k_attention(const float *__restrict__ q, const float *__restrict__ kc, const flo
         o[d] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    const int32_t n_keys = pos[t] + 1;
     /* Each step a warp takes keys j0 .. j0 + AT_G - 1 (those < n_keys): one memory round trip for all of them,
      * not two per key, then the online-softmax update with the group's maximum. */
     for (int32_t j0 = warp * AT_G; j0 < n_keys; j0 += AT_WARPS * AT_G) {
@@ -45,8 +41,8 @@ k_attention(const float *__restrict__ q, const float *__restrict__ kc, const flo
 #pragma unroll
         for (int g = 0; g < AT_G; g++) {
             const int32_t j = j0 + g < n_keys ? j0 + g : j0;
-            const float *kp = kc + (int64_t)j * kv_stride + (int64_t)kvh * head_dim;
-            const float *vp = vc + (int64_t)j * kv_stride + (int64_t)kvh * head_dim;
+            const float *kp = j == cur ? ks : kp0 + (int64_t)j * kv_stride;
+            const float *vp = j == cur ? vs : vp0 + (int64_t)j * kv_stride;
 #pragma unroll
             for (int d = 0; d < AT_MAX_D; d++) {
                 int i = lane + 32 * d;
@@ -104,7 +100,6 @@ k_attention(const float *__restrict__ q, const float *__restrict__ kc, const flo
 #pragma unroll
             for (int d = 0; d < AT_MAX_D; d++) acc[d] += sm_o[w][lane + 32 * d] * f;
         }
-        float *orow = out + ((int64_t)t * n_heads + h) * head_dim;
         const float inv = 1.0f / L;
 #pragma unroll
         for (int d = 0; d < AT_MAX_D; d++) {
@@ -112,6 +107,21 @@ k_attention(const float *__restrict__ q, const float *__restrict__ kc, const flo
             if (d < nd && i < head_dim) orow[i] = acc[d] * inv;
         }
     }
+}
+
+__global__ void __launch_bounds__(AT_WARPS * 32)
+k_attention(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
+            const int32_t *__restrict__ pos, int32_t n_heads, int32_t n_kv, int32_t head_dim, float scale,
+            float *__restrict__ out) {
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int kvh = h / (n_heads / n_kv);
+    const int64_t kv_stride = (int64_t)n_kv * head_dim;
+    const float *qr = q + ((int64_t)t * n_heads + h) * head_dim;
+    at_heads(qr, kc + (int64_t)kvh * head_dim, vc + (int64_t)kvh * head_dim, kv_stride, pos[t] + 1, -1, NULL, NULL,
+             head_dim, scale, out + ((int64_t)t * n_heads + h) * head_dim, sm_m, sm_l, sm_o);
 }
 
 extern "C" size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx) { return 16; }
@@ -127,4 +137,87 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
     cu_launch_pdl(c, k_attention, grid, dim3(AT_WARPS * 32), 0, a->q, a->k_cache, a->v_cache, a->pos, a->n_heads,
                   a->n_kv, a->head_dim, a->scale, a->out);
     CU_LAUNCHED(c, "k_attention");
+}
+
+/* attn_prep + attention for one token (decode), one CTA per query head: the q head and its kv head are normed and
+ * rotated in shared memory with k_attn_prep's arithmetic (threads [0, T) the q row, [T, 2T) the k row, T = the
+ * prep kernel's thread count, the same per-warp partial sums added in the same order), the first q head of each
+ * group writes k, v to the cache row pos (every CTA writes its q in place), and the attention reads
+ * keys 0 .. pos - 1 from the cache and key pos from its own shared rows: the same floats the composition reads, so
+ * the output is bit-identical to attn_prep then attention, one launch and one dependent round trip fewer. */
+__global__ void __launch_bounds__(AT_WARPS * 32)
+k_attn_decode(float *q, float *k, const float *__restrict__ v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
+              const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
+              const int32_t *__restrict__ pos, float *kc, float *vc, float scale, float *__restrict__ out) {
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
+    __shared__ float sq[AT_MAX_D * 32], sk[AT_MAX_D * 32], sv[AT_MAX_D * 32];
+    __shared__ double part[2][AT_WARPS];
+    const int h = blockIdx.x, grp = n_heads / n_kv, kvh = h / grp, leader = h % grp == 0, tid = threadIdx.x;
+    const int half = head_dim / 2, T = ((half + 31) / 32) * 32;
+    const int64_t kvd = (int64_t)n_kv * head_dim;
+    const int32_t p = pos[0];
+    const int role = tid < T ? 0 : tid < 2 * T ? 1 : 2, i = role == 1 ? tid - T : tid;
+    float *row = role == 0 ? q + (int64_t)h * head_dim : k + (int64_t)kvh * head_dim;
+    const float *nw = role == 0 ? q_norm : k_norm;
+    float a = 0.f, b = 0.f;
+    if (role < 2 && i < half) { a = row[i]; b = row[i + half]; }
+    double ss = (double)a * a + (double)b * b;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (role < 2 && (i & 31) == 0) part[role][i >> 5] = ss;
+    for (int j = tid; j < head_dim; j += blockDim.x) { /* v row: shared copy, the cache by the group's leader */
+        const float x = v[(int64_t)kvh * head_dim + j];
+        sv[j] = x;
+        if (leader) vc[(int64_t)p * kvd + (int64_t)kvh * head_dim + j] = x;
+    }
+    __syncthreads();
+    if (role < 2 && i < half) {
+        if (nw) {
+            double tot = 0;
+            for (int w = 0; w < T / 32; w++) tot += part[role][w];
+            const float inv = (float)(1.0 / sqrt(tot / (double)head_dim + (double)eps));
+            a = nw[i] * (a * inv);
+            b = nw[i + half] * (b * inv);
+        }
+        float co, si;
+        cu_rope_cs(theta, i, head_dim, p, &co, &si);
+        const float ra = a * co - b * si, rb = b * co + a * si;
+        float *dst = role == 0 ? sq : sk;
+        dst[i] = ra;
+        dst[i + half] = rb;
+        if (role == 0) { row[i] = ra; row[i + half] = rb; } /* k is not rewritten: other CTAs read it (backend.h) */
+        if (role == 1 && leader) {
+            float *cr = kc + (int64_t)p * kvd + (int64_t)kvh * head_dim;
+            cr[i] = ra;
+            cr[i + half] = rb;
+        }
+    }
+    __syncthreads();
+    at_heads(sq, kc + (int64_t)kvh * head_dim, vc + (int64_t)kvh * head_dim, kvd, p + 1, p, sk, sv, head_dim, scale,
+             out + (int64_t)h * head_dim, sm_m, sm_l, sm_o);
+}
+
+extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float *v, const float *q_norm,
+                              const float *k_norm, float eps, int32_t rot_dim, double theta, float *k_cache,
+                              float *v_cache, const moet_attn_args *a) {
+    cu_backend *c = cu_of(be);
+    if (c->err[0] || a->n_tok <= 0) return;
+    const int hd = a->head_dim;
+    /* one token whose rows fit the fused kernel (2 x the prep's threads <= the CTA); otherwise the composition */
+    if (a->n_tok != 1 || rot_dim != hd || hd % 2 || hd > AT_MAX_D * 32 || a->n_kv <= 0 || a->n_heads % a->n_kv ||
+        2 * (((hd / 2 + 31) / 32) * 32) > AT_WARPS * 32 || a->q != q || a->k_cache != k_cache ||
+        a->v_cache != v_cache) {
+        cu_attn_prep(be, q, k, v, a->n_tok, a->n_heads, a->n_kv, hd, q_norm, k_norm, eps, rot_dim, theta, a->pos,
+                     k_cache, v_cache);
+        cu_attention(be, a);
+        return;
+    }
+    const float *qn = NULL, *kn = NULL;
+    if (q_norm && !(qn = (const float *)cu_weight(c, q_norm, (size_t)hd * sizeof(float)))) return;
+    if (k_norm && !(kn = (const float *)cu_weight(c, k_norm, (size_t)hd * sizeof(float)))) return;
+    cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv,
+                  hd, qn, kn, eps, theta, a->pos, k_cache, v_cache, a->scale, a->out);
+    CU_LAUNCHED(c, "k_attn_decode");
 }

@@ -422,6 +422,7 @@ static const moet_backend_ops k_cuda_ops = {
     /* .kv_store = */ cu_kv_store,
     /* .attn_prep = */ cu_attn_prep,
     /* .attention = */ cu_attention,
+    /* .attn_fused = */ cu_attn_fused,
     /* .attn_scratch_bytes = */ cu_attn_scratch_bytes,
     /* .mlp = */ cu_mlp,
     /* .moe = */ cu_moe,
@@ -464,7 +465,7 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
         c->pdl = c->prop.major >= 9 && pe && !strcmp(pe, "1");
         if (c->pdl) fprintf(stderr, "moet: MOET_PDL=1: programmatic dependent launch on (experimental, known wrong in tests/test_ops)\n");
         const char *pf = getenv("MOET_PREFETCH");
-        c->pf_on = c->prop.major >= 9 && !(pf && pf[0] == '0');
+        c->pf_on = c->prop.major >= 9 && pf && pf[0] == '1'; /* off: measured slower (docs/performance.md) */
     }
     snprintf(c->desc, sizeof c->desc, "%s (sm_%d%d, %d SMs, %.0f GiB)", c->prop.name, c->prop.major, c->prop.minor,
              c->prop.multiProcessorCount, (double)c->prop.totalGlobalMem / (1u << 30));

@@ -93,6 +93,28 @@ __device__ __forceinline__ void mv16_unpack(uint4 q, float v[8]) {
     }
 }
 
+/* accv[t] += the lane's MV16_UNROLL chunks u0, u0 + 32, ... (< U) of a row . x row t, for the nt staged tokens. */
+template <int F16, int MT>
+__device__ __forceinline__ void mv16_group(const uint4 q[MV16_UNROLL], int64_t u0, int64_t U, const float4 *xs4,
+                                           int64_t cols, int nt, float accv[MT]) {
+#pragma unroll
+    for (int i = 0; i < MV16_UNROLL; i++) {
+        const int64_t u = u0 + 32 * i;
+        if (u >= U) break;
+        float v[8];
+        mv16_unpack<F16>(q[i], v);
+#pragma unroll
+        for (int t = 0; t < MT; t++) {
+            if (t >= nt) break;
+            const float4 a = xs4[(t * cols + 8 * u) / 4], b = xs4[(t * cols + 8 * u) / 4 + 1];
+            float s = accv[t];
+            s = fmaf(v[0], a.x, s); s = fmaf(v[1], a.y, s); s = fmaf(v[2], a.z, s); s = fmaf(v[3], a.w, s);
+            s = fmaf(v[4], b.x, s); s = fmaf(v[5], b.y, s); s = fmaf(v[6], b.z, s); s = fmaf(v[7], b.w, s);
+            accv[t] = s;
+        }
+    }
+}
+
 /* Up to MV16_MATS 16-bit matrices of the same width in one launch (q, k, v: one x, three outputs): CTA ranges
  * [cta0[i], cta0[i+1]) of the grid take matrix i, MM_WARPS rows a CTA. */
 #define MV16_MATS 4
@@ -147,22 +169,7 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, in
             for (int i = 0; i < MV16_UNROLL; i++)
                 if (u0 + 32 * i < U) q[i] = __ldg(row + u0 + 32 * i);
         }
-#pragma unroll
-        for (int i = 0; i < MV16_UNROLL; i++) {
-            const int64_t u = u0 + 32 * i;
-            if (u >= U) break;
-            float v[8];
-            mv16_unpack<F16>(q[i], v);
-#pragma unroll
-            for (int t = 0; t < MT; t++) {
-                if (t >= nt) break;
-                const float4 a = xs4[(t * cols + 8 * u) / 4], b = xs4[(t * cols + 8 * u) / 4 + 1];
-                float s = accv[t];
-                s = fmaf(v[0], a.x, s); s = fmaf(v[1], a.y, s); s = fmaf(v[2], a.z, s); s = fmaf(v[3], a.w, s);
-                s = fmaf(v[4], b.x, s); s = fmaf(v[5], b.y, s); s = fmaf(v[6], b.z, s); s = fmaf(v[7], b.w, s);
-                accv[t] = s;
-            }
-        }
+        mv16_group<F16, MT>(q, u0, U, xs4, cols, nt, accv);
     }
     cu_pdl_trigger(); /* late: the next kernel's CTAs fill the SMs this one's tail leaves idle */
     float *y = set.y[mi];
@@ -231,22 +238,7 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, c
     for (int t = 0; t < MT; t++) accv[t] = 0.f;
     while (row) {
         const int64_t u0 = lane + 32 * MV16_UNROLL * g;
-#pragma unroll
-        for (int i = 0; i < MV16_UNROLL; i++) {
-            const int64_t u = u0 + 32 * i;
-            if (u >= U) break;
-            float v[8];
-            mv16_unpack<F16>(q[i], v);
-#pragma unroll
-            for (int t = 0; t < MT; t++) {
-                if (t >= nt) break;
-                const float4 a = xs4[(t * cols + 8 * u) / 4], b = xs4[(t * cols + 8 * u) / 4 + 1];
-                float s = accv[t];
-                s = fmaf(v[0], a.x, s); s = fmaf(v[1], a.y, s); s = fmaf(v[2], a.z, s); s = fmaf(v[3], a.w, s);
-                s = fmaf(v[4], b.x, s); s = fmaf(v[5], b.y, s); s = fmaf(v[6], b.z, s); s = fmaf(v[7], b.w, s);
-                accv[t] = s;
-            }
-        }
+        mv16_group<F16, MT>(q, u0, U, xs4, cols, nt, accv);
         if (g == G - 1) { /* the row is done: reduce and store */
             const int64_t rows = set.rows[mi];
             float *y = set.y[mi];

@@ -146,10 +146,6 @@ typedef struct {
     void (*moe)(moet_backend *be, const moet_moe_args *a);
     size_t (*moe_scratch_bytes)(moet_backend *be, int64_t n_tok, int64_t hidden, int64_t ffn, int32_t n_experts,
                                 int32_t n_used);
-    /* Optional (NULL: none). A hint that the n weights w will be read a few ops from now: a backend may start
-     * bringing them into a cache (the CUDA backend: the next kernel that can carry it issues L2 prefetches of them,
-     * so a latency-bound kernel's idle memory time fetches the next one's weights). Never changes a result. */
-    void (*prefetch)(moet_backend *be, const moet_weight *const *w, int32_t n);
 } moet_backend_ops;
 
 struct moet_backend {

@@ -201,12 +201,6 @@ static void forward_chunk(void *vctx) {
         const moet_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
         float *qkv_y[3] = {s->q, s->k, s->v};
         op->norm_mul_mat(be, s->x, L->attn_norm, hp->rms_eps, n, H, s->h, 3, qkv_w, qkv_y);
-        /* hints (backend.h prefetch): the attention kernels fetch o_proj's and the router's weights; the routed
-         * block fetches the next layer's q/k/v */
-        if (op->prefetch) {
-            const moet_weight *pw[2] = {&L->wo, L->is_moe ? &L->router : NULL};
-            op->prefetch(be, pw, 2);
-        }
         if (L->bq) op->add(be, s->q, NULL, L->bq, n, Dq);
         if (L->bk) op->add(be, s->k, NULL, L->bk, n, Dkv);
         if (L->bv) op->add(be, s->v, NULL, L->bv, n, Dkv);
@@ -249,11 +243,6 @@ static void forward_chunk(void *vctx) {
                 ma.calib_in = s->calib->h_in[il];
                 ma.calib_down = s->calib->h_down[il];
                 ma.calib_count = s->calib->count[il];
-            }
-            if (op->prefetch && il + 1 < hp->n_layers) {
-                const moet_layer *N = &m->layers[il + 1];
-                const moet_weight *pw[3] = {&N->wq, &N->wk, &N->wv};
-                op->prefetch(be, pw, 3);
             }
             op->moe(be, &ma);
         } else {

@@ -16,7 +16,6 @@
 
 #include "quant/blocks.h"
 #include "quant/types.h"
-#include "backend/cuda/cuda_int.h"
 
 #define CU_PAD(i) ((i) + ((i) >> 5))
 
@@ -33,27 +32,6 @@ __device__ __forceinline__ void cu_pdl_wait(void) {
 __device__ __forceinline__ void cu_pdl_trigger(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
-/* Issues a prefetch hint (cuda_int.h cu_pf) into L2 from warp 0 of every CTA: 64 KiB pieces spread over the grid's
- * lanes, one cp.async.bulk.prefetch each (sm_90+; nothing below). Read-only weights: callable before cu_pdl_wait. */
-#define CU_PF_PIECE (64u * 1024u)
-__device__ __forceinline__ void cu_pf_issue(const cu_pf &pf) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x >= 32) return;
-    const uint32_t lanes = gridDim.x * gridDim.y * 32u, me = (blockIdx.y * gridDim.x + blockIdx.x) * 32u + threadIdx.x;
-    uint32_t base = 0; /* pieces are numbered across the regions, so the work spreads evenly */
-    for (int i = 0; i < pf.n && i < CU_PF_MAX; i++) {
-        const uint32_t np = (pf.bytes[i] + CU_PF_PIECE - 1) / CU_PF_PIECE;
-        for (uint32_t k = (me + lanes - base % lanes) % lanes; k < np; k += lanes) {
-            const uint32_t off = k * CU_PF_PIECE, sz = pf.bytes[i] - off < CU_PF_PIECE ? pf.bytes[i] - off : CU_PF_PIECE;
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.p[i] + off), "r"(sz) : "memory");
-        }
-        base += np;
-    }
-#else
-    (void)pf;
 #endif
 }
 

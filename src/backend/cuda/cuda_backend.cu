@@ -375,29 +375,6 @@ static void cu_destroy(moet_backend *be) {
     free(c);
 }
 
-/* The prefetch hint: the weights' device regions become the pending hint (replacing any unconsumed one), whole
- * 16-byte units, at most half the L2 in all (more would evict itself before it is read). Weights not mirrored yet
- * are skipped (the first, eager run of a step mirrors them; a graph being recorded must not upload). */
-static void cu_prefetch(moet_backend *be, const moet_weight *const *w, int32_t n) {
-    cu_backend *c = cu_of(be);
-    c->pf.n = 0;
-    if (!c->pf_on || c->err[0]) return;
-    size_t total = 0, cap = (size_t)c->prop.l2CacheSize / 2;
-    for (int32_t i = 0; i < n && c->pf.n < CU_PF_MAX; i++) {
-        if (!w[i] || w[i]->rows <= 0) continue;
-        const size_t bytes = (size_t)w[i]->rows * w[i]->row_bytes;
-        const cu_mirror *mr = cu_mirror_of(c, w[i]->data); /* only what is on the device already: a hint uploads nothing */
-        if (!mr || mr->bytes < bytes || mr->tiled) continue;
-        const uint8_t *d = (const uint8_t *)mr->dev;
-        const uintptr_t a0 = ((uintptr_t)d + 15) & ~(uintptr_t)15, a1 = ((uintptr_t)d + bytes) & ~(uintptr_t)15;
-        if (a1 <= a0 || total + (a1 - a0) > cap || a1 - a0 > 0xffffffffu) continue;
-        c->pf.p[c->pf.n] = (const uint8_t *)a0;
-        c->pf.bytes[c->pf.n] = (uint32_t)(a1 - a0);
-        c->pf.n++;
-        total += a1 - a0;
-    }
-}
-
 static const moet_backend_ops k_cuda_ops = {
     /* .name = */ "cuda",
     /* .destroy = */ cu_destroy,
@@ -427,7 +404,6 @@ static const moet_backend_ops k_cuda_ops = {
     /* .mlp = */ cu_mlp,
     /* .moe = */ cu_moe,
     /* .moe_scratch_bytes = */ cu_moe_scratch_bytes,
-    /* .prefetch = */ cu_prefetch,
 };
 
 extern "C" int moet_backend_cuda_device_count(void) {
@@ -464,8 +440,6 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
         const char *pe = getenv("MOET_PDL");
         c->pdl = c->prop.major >= 9 && pe && !strcmp(pe, "1");
         if (c->pdl) fprintf(stderr, "moet: MOET_PDL=1: programmatic dependent launch on (experimental, known wrong in tests/test_ops)\n");
-        const char *pf = getenv("MOET_PREFETCH");
-        c->pf_on = c->prop.major >= 9 && pf && pf[0] == '1'; /* off: measured slower (docs/performance.md) */
     }
     snprintf(c->desc, sizeof c->desc, "%s (sm_%d%d, %d SMs, %.0f GiB)", c->prop.name, c->prop.major, c->prop.minor,
              c->prop.multiProcessorCount, (double)c->prop.totalGlobalMem / (1u << 30));

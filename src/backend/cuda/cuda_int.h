@@ -51,15 +51,6 @@ typedef struct {
     cudaGraphExec_t exec;
 } cu_graph;
 
-/* Weights to prefetch into L2 (cu_prefetch's pending hint, handed to the next kernel that carries it by value):
- * up to CU_PF_MAX regions, 16-byte aligned, sizes multiples of 16. */
-#define CU_PF_MAX 4
-typedef struct {
-    const uint8_t *p[CU_PF_MAX];
-    uint32_t bytes[CU_PF_MAX];
-    int32_t n;
-} cu_pf;
-
 #define CU_MAX_GRAPHS 64
 
 typedef struct {
@@ -78,8 +69,6 @@ typedef struct {
     int capturing;
     int32_t *ticket;       /* device int, 0 between launches: moe_tc.cu's router counts its finished CTAs on it */
     int pdl;               /* launch the decode kernels with programmatic dependent launch (sm_90+, MOET_PDL != 0) */
-    int pf_on;             /* honour prefetch hints (sm_90+, MOET_PREFETCH != 0) */
-    cu_pf pf;              /* the pending prefetch hint (n == 0: none) */
 } cu_backend;
 
 static inline cu_backend *cu_of(moet_backend *be) { return (cu_backend *)be; }
@@ -151,13 +140,6 @@ static inline void cu_launch_pdl(cu_backend *c, void (*k)(KArgs...), dim3 grid, 
     if (e != cudaSuccess) cu_fail(c, e, "cudaLaunchKernelEx", __FILE__, __LINE__);
 }
 #endif
-
-/* The pending prefetch hint, cleared: what a carrying kernel issues at its start. */
-static inline cu_pf cu_pf_take(cu_backend *c) {
-    cu_pf p = c->pf;
-    c->pf.n = 0;
-    return p;
-}
 
 #define CU_CHECK(c, call) cu_fail((c), (call), #call, __FILE__, __LINE__)
 #define CU_LAUNCHED(c, name) cu_fail((c), cudaGetLastError(), name, __FILE__, __LINE__)

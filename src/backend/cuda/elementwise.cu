@@ -105,11 +105,10 @@ extern "C" void cu_kv_store(moet_backend *be, float *cache, const float *src, co
 __global__ void __launch_bounds__(AP_THREADS)
 k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
             const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
-            const int32_t *__restrict__ pos, float *k_cache, float *v_cache, cu_pf pf) {
+            const int32_t *__restrict__ pos, float *k_cache, float *v_cache) {
     __shared__ double part[AP_THREADS / 32];
     const int hh = blockIdx.x, t = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
     const int64_t kvd = (int64_t)n_kv * head_dim;
-    cu_pf_issue(pf); /* o_proj's weights (session.c's hint): this kernel and attention leave the memory idle */
     cu_pdl_trigger();
     cu_pdl_wait();
     const int32_t p = pos[t];
@@ -168,7 +167,7 @@ extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *
     }
     const int threads = ((head_dim / 2 + 31) / 32) * 32;
     cu_launch_pdl(c, k_attn_prep, dim3((unsigned)(n_heads + 2 * n_kv), (unsigned)n_tok), dim3(threads), 0, q, k, v,
-                  n_heads, n_kv, head_dim, qn, kn, eps, theta, pos, k_cache, v_cache, cu_pf_take(c));
+                  n_heads, n_kv, head_dim, qn, kn, eps, theta, pos, k_cache, v_cache);
     CU_LAUNCHED(c, "k_attn_prep");
 }
 

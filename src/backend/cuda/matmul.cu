@@ -192,7 +192,6 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, in
  * next group's loads issued before the current group's math (two groups in flight, the first two before x is
  * staged). A lane takes the same chunks in the same order as in k_mv16 and the warp sum is the same, so y is
  * bit-identical to k_mv16's. */
-template <int F16, int NORM, int MT>
 __device__ __forceinline__ const uint4 *mv16p_row(const cu_mv16_set &set, int64_t R, int &mi, int64_t &r) {
     mi = 0;
     while (mi + 1 < set.n && R >= set.r0[mi + 1]) mi++;
@@ -224,9 +223,9 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, c
     int mi = 0, min_ = 0;
     int64_t r = 0, rn = 0;
     uint4 q[MV16_UNROLL], qn[MV16_UNROLL];
-    const uint4 *row = R < total ? mv16p_row<F16, NORM, MT>(set, R, mi, r) : NULL, *rown = row;
+    const uint4 *row = R < total ? mv16p_row(set, R, mi, r) : NULL, *rown = row;
     if (row) mv16p_load(row, lane, U, q);
-    if (++gn == G) { gn = 0; Rn += stride; rown = Rn < total ? mv16p_row<F16, NORM, MT>(set, Rn, min_, rn) : NULL; }
+    if (++gn == G) { gn = 0; Rn += stride; rown = Rn < total ? mv16p_row(set, Rn, min_, rn) : NULL; }
     else { min_ = mi; rn = r; }
     if (rown) mv16p_load(rown, lane + 32 * MV16_UNROLL * gn, U, qn);
     cu_pdl_wait();
@@ -258,7 +257,7 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, c
 #pragma unroll
         for (int i = 0; i < MV16_UNROLL; i++) q[i] = qn[i];
         if (!row) break;
-        if (++gn == G) { gn = 0; Rn += stride; rown = Rn < total ? mv16p_row<F16, NORM, MT>(set, Rn, min_, rn) : NULL; }
+        if (++gn == G) { gn = 0; Rn += stride; rown = Rn < total ? mv16p_row(set, Rn, min_, rn) : NULL; }
         if (rown) mv16p_load(rown, lane + 32 * MV16_UNROLL * gn, U, qn);
     }
     cu_pdl_trigger();

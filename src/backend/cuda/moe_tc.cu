@@ -178,8 +178,9 @@ __device__ __forceinline__ uint32_t tc_sc(uint32_t sw, int bi, int r) {
  * p = exp(l - max) over all E itself (the same butterfly in each, so the same sum), writes its own p, then the
  * rank of e = how many p beat it (ties: the lower id first, the CPU's order); rank < K is pick number rank (a warp
  * picking K maxima one after another is a chain of K x 10 shuffles). Warp 0 then renormalises the K weights in
- * pick order (norm_topk) and writes ids / weights. Under Nsight Compute the CTA-wide form (every thread, three
- * __syncthreads and a walk over the warps' partials) was a third of the router's samples. p: E floats, ik / pk: K
+ * pick order (norm_topk) and writes ids / weights. The CTA-wide form (every thread, three __syncthreads and a walk
+ * over the warps' partials) held a third of the router's stall samples, yet this one measured the same 14.3-14.7
+ * us: the router's time is its whole chain, not this step. p: E floats, ik / pk: K
  * (shared). Warps past nr return at once; the caller must not __syncthreads after this. */
 static_assert(MOE_MAX_K <= 32, "tc_route_warps: a lane a pick");
 __device__ __forceinline__ void tc_route_bar(int nthreads) {
@@ -267,7 +268,7 @@ __global__ void __launch_bounds__(TC_RT_W * 32)
 k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
             const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
             float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
-            float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h, cu_pf pf) {
+            float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h) {
     extern __shared__ __align__(16) float rsm[];
     __shared__ int last;
     __shared__ double nred[TC_RT_W][TC_RT_T];
@@ -281,7 +282,6 @@ k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_
     const int fv = rtype == MOET_TYPE_F32 && H % 128 == 0 && aligned;
     const uint4 *row4 = (const uint4 *)row;
     const int64_t U = bf ? H / 8 : H / 4; /* 16-byte chunks of the row */
-    cu_pf_issue(pf); /* the next layer's q/k/v (session.c's hint): the routed block leaves the memory mostly idle */
     uint4 q[TC_RT_U];
     if (e < E && bf) {
 #pragma unroll
@@ -719,10 +719,9 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * (moe-mini-a, width 256: a 512-thread CTA's barriers cost more than the 2 elements a thread they save) */
     const int rnw = H >= 1024 ? TC_RT_W : 4;
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw)), rblock(rnw * 32);
-    const cu_pf pf = cu_pf_take(c);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
-                  rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h, pf)
+                  rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;

@@ -6,6 +6,8 @@
  * download(), weights stay host memory as the model's do. `test_ops cuda --perf` also times each op at real model
  * shapes and prints GB/s and TFLOP/s.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv: the CUDA fused-block A/B */
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -495,8 +497,12 @@ int main(int argc, char **argv) {
     /* (hidden, ffn, tokens): 5 and 3 blocks a row in the second; 40 tokens put 15 on an expert on average, more
      * than one chunk of the CUDA grouped path; the last two: rotation chunks of 256 / 128 / 64 (the CUDA
      * tensor-core path's 8-, 4- and 2-block chunks), 3 tokens through the decode kernels at once */
-    static const int moe_shapes[5][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12}};
-    for (int ms = 0; ms < 5; ms++) {
+    /* the last: hidden 1024, where CUDA's single-token block (moe_fused.cu) must equal the three decode launches bit
+     * for bit with the pre-norm fused too */
+    static const int moe_shapes[6][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12},
+                                         {1024, 64, 2}};
+    const int is_cuda = !strcmp(be->ops->name, "cuda");
+    for (int ms = 0; ms < 6; ms++) {
         const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = moe_shapes[ms][2];
         float *xr = malloc(sizeof(float) * T * H), *rw = malloc(sizeof(float) * E * H), *o = malloc(sizeof(float) * T * H);
         float *dq[3][8];
@@ -546,7 +552,7 @@ int main(int argc, char **argv) {
             }
             for (int j = 0; j < K; j++) {
                 int e = ids[j];
-                double g[128];
+                double g[256];
                 for (int f = 0; f < F; f++) {
                     double a = 0, u = 0;
                     for (int i = 0; i < H; i++) { a += (double)dq[0][e][f * H + i] * xr[t * H + i]; u += (double)dq[1][e][f * H + i] * xr[t * H + i]; }
@@ -582,6 +588,22 @@ int main(int argc, char **argv) {
         pull(o, od, (size_t)(T * H));
         snprintf(mv, sizeof mv, "w2 decode n=1 %dx%d", H, F);
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+        /* CUDA: the single-token block (where it takes the shape) against the three launches, bit for bit */
+        float *o3 = malloc(sizeof(float) * T * H);
+        if (is_cuda) {
+            setenv("MOET_MOE_FUSED", "0", 1);
+            for (int t = 0; t < T; t++) {
+                moet_moe_args m1 = ma;
+                m1.x = xd + t * H;
+                m1.n_tok = 1;
+                m1.y = od + t * H;
+                op->moe(be, &m1);
+            }
+            unsetenv("MOET_MOE_FUSED");
+            pull(o3, od, (size_t)(T * H));
+            CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the fused block differs from the three launches",
+                  H, F);
+        }
         /* fused: pre-norm of the raw residual and y += block (y == x, the residual stream), all T and one by one */
         {
             float *hd = dev_poisoned((size_t)(T * H)), *hh = malloc(sizeof(float) * T * H);
@@ -600,6 +622,24 @@ int main(int argc, char **argv) {
                     op->moe(be, &mf);
                 }
                 pull(o, xd, (size_t)(T * H));
+                if (is_cuda && pass && H >= 1024) { /* the same with MOET_MOE_FUSED=0 (its router runs 16 warps here) */
+                    op->upload(be, xd, xraw, sizeof(float) * T * H);
+                    setenv("MOET_MOE_FUSED", "0", 1);
+                    for (int t0 = 0; t0 < T; t0++) {
+                        moet_moe_args mf = ma;
+                        mf.x = mf.y = xd + t0 * H;
+                        mf.n_tok = 1;
+                        mf.norm_w = gn;
+                        mf.eps = 1e-6f;
+                        mf.h = hd + t0 * H;
+                        mf.accumulate = 1;
+                        op->moe(be, &mf);
+                    }
+                    unsetenv("MOET_MOE_FUSED");
+                    pull(o3, xd, (size_t)(T * H));
+                    CHECK(!memcmp(o, o3, sizeof(float) * T * H),
+                          "moe %dx%d fused pre-norm n=1: the fused block differs from the three launches", H, F);
+                }
                 for (int i = 0; i < T * H; i++) dr[i] = (double)o[i] - xraw[i];
                 float *df = malloc(sizeof(float) * T * H);
                 for (int i = 0; i < T * H; i++) df[i] = (float)dr[i];
@@ -614,6 +654,7 @@ int main(int argc, char **argv) {
             free(hh); free(dr); free(xrd);
             op->forget(be, gn);
         }
+        free(o3);
         drop(xd); drop(od); drop(twd); drop(tidd);
         op->release(be, scr);
         op->forget(be, gw);

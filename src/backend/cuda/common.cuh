@@ -35,6 +35,74 @@ __device__ __forceinline__ void cu_pdl_trigger(void) {
 #endif
 }
 
+/* sm_90 bulk copies and cross-CTA flags (moe_fused.cu). A bulk copy (cp.async.bulk, the TMA's 1-D form) moves a
+ * contiguous global range (16-byte aligned, a multiple of 16 bytes) into shared memory and counts its bytes down on
+ * an mbarrier; the consumer waits on the barrier's phase parity. Flags: writers store, __threadfence, then
+ * cu_flag_add (a release add at GPU scope); readers poll with cu_flag_read (an acquire load) and read what the
+ * writers stored with __ldcg (L2: another SM's stores are not in this SM's L1). Compiled to nothing below sm_90:
+ * the host never launches their users there. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CU_HAS_BULK 1
+#endif
+__device__ __forceinline__ uint32_t cu_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cu_mbar_init(uint64_t *bar, uint32_t count) {
+#ifdef CU_HAS_BULK
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(cu_smem_u32(bar)), "r"(count) : "memory");
+#endif
+}
+/* after cu_mbar_init, before any thread or the async proxy uses the barriers (then __syncthreads) */
+__device__ __forceinline__ void cu_mbar_init_fence(void) {
+#ifdef CU_HAS_BULK
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+/* one arrival that also expects `bytes` of bulk copies in the barrier's current phase */
+__device__ __forceinline__ void cu_mbar_expect(uint64_t *bar, uint32_t bytes) {
+#ifdef CU_HAS_BULK
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(cu_smem_u32(bar)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void cu_mbar_wait(uint64_t *bar, uint32_t parity) {
+#ifdef CU_HAS_BULK
+    uint32_t done = 0;
+    while (!done)
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(cu_smem_u32(bar)), "r"(parity)
+                     : "memory");
+#endif
+}
+__device__ __forceinline__ void cu_bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+#ifdef CU_HAS_BULK
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     cu_smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(cu_smem_u32(bar))
+                 : "memory");
+#endif
+}
+/* shared memory the generic proxy read is about to be overwritten by bulk copies (after a __syncthreads) */
+__device__ __forceinline__ void cu_fence_proxy_async(void) {
+#ifdef CU_HAS_BULK
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ int32_t cu_flag_read(const int32_t *p) {
+    int32_t v = 0;
+#ifdef CU_HAS_BULK
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+    v = *(const volatile int32_t *)p;
+#endif
+    return v;
+}
+__device__ __forceinline__ void cu_flag_add(int32_t *p, int32_t v) {
+#ifdef CU_HAS_BULK
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+    atomicAdd(p, v);
+#endif
+}
+
 __device__ __forceinline__ float cu_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ float cu_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
@@ -318,23 +386,13 @@ __device__ __forceinline__ void cu_rotate_smem(float *xs, int nv, int stride, in
         for (int j = tid; j < n; j += nt) xs[v * stride + CU_PAD(j)] *= sc;
 }
 
-/* Chunk c (b = 32 M elements, b = cu_hadamard_block(n), M known at compile time) of a row x into registers (lane l:
- * elements l*M .. l*M + M - 1 of the chunk in v[0 .. M-1]), rotated (x R, the same butterflies in the same order as
- * cu_rotate_smem, so bit-identical to it) when `rotated`, the signs from a bit table (set: -1) or, NULL, from the
- * hash. Warp-local: R is block-diagonal with blocks of b <= 256 (a power of two >= 32 for any row a multiple of 32
- * wide), so one warp owns a whole chunk: the butterflies of span < M in registers, the rest through shuffles; a
- * lane's loads are issued before any math. The caller hands chunks to warps. */
+/* The rotation of cu_rot_chunk_t on a lane's M loaded values v of a chunk whose first element is column base of the
+ * row (every lane of the warp calls it): the caller loads, so sources other than read-only global memory (shared
+ * memory, activations another CTA of the same launch wrote) share one arithmetic. */
 template <int M>
-__device__ __forceinline__ void cu_rot_chunk_t(float v[8], const float *__restrict__ x, int rotated, uint64_t seed,
-                                               int c, const uint32_t *__restrict__ signs) {
-    const int lane = threadIdx.x & 31, base = c * 32 * M + lane * M;
-    if (M == 8 && !((uintptr_t)(x + base) & 15)) {
-        const float4 a = __ldg((const float4 *)(x + base)), d = __ldg((const float4 *)(x + base) + 1);
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = d.x; v[5] = d.y; v[6] = d.z; v[7] = d.w;
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = i < M ? __ldg(x + base + i) : 0.f;
-    }
+__device__ __forceinline__ void cu_rot_regs(float v[8], int rotated, uint64_t seed, int base,
+                                            const uint32_t *__restrict__ signs) {
+    const int lane = threadIdx.x & 31;
     if (!rotated) return;
     if (signs) {
         const uint32_t sw = __ldg(signs + (base >> 5)) >> (base & 31);
@@ -359,6 +417,26 @@ __device__ __forceinline__ void cu_rot_chunk_t(float v[8], const float *__restri
     const float sc = M == 1 ? 0.17677669529663687f : M == 2 ? 0.125f : M == 4 ? 0.08838834764831845f : 0.0625f;
 #pragma unroll
     for (int i = 0; i < M; i++) v[i] *= sc;
+}
+
+/* Chunk c (b = 32 M elements, b = cu_hadamard_block(n), M known at compile time) of a row x into registers (lane l:
+ * elements l*M .. l*M + M - 1 of the chunk in v[0 .. M-1]), rotated (x R, the same butterflies in the same order as
+ * cu_rotate_smem, so bit-identical to it) when `rotated`, the signs from a bit table (set: -1) or, NULL, from the
+ * hash. Warp-local: R is block-diagonal with blocks of b <= 256 (a power of two >= 32 for any row a multiple of 32
+ * wide), so one warp owns a whole chunk: the butterflies of span < M in registers, the rest through shuffles; a
+ * lane's loads are issued before any math. The caller hands chunks to warps. x: read-only for this kernel. */
+template <int M>
+__device__ __forceinline__ void cu_rot_chunk_t(float v[8], const float *__restrict__ x, int rotated, uint64_t seed,
+                                               int c, const uint32_t *__restrict__ signs) {
+    const int lane = threadIdx.x & 31, base = c * 32 * M + lane * M;
+    if (M == 8 && !((uintptr_t)(x + base) & 15)) {
+        const float4 a = __ldg((const float4 *)(x + base)), d = __ldg((const float4 *)(x + base) + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = d.x; v[5] = d.y; v[6] = d.z; v[7] = d.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = i < M ? __ldg(x + base + i) : 0.f;
+    }
+    cu_rot_regs<M>(v, rotated, seed, base, signs);
 }
 
 /* The chunk size known at run time: dispatches to cu_rot_chunk_t (b = 32, 64, 128 or 256). */

@@ -143,7 +143,7 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
     cu_mat *host = (cu_mat *)calloc((size_t)E * 3, sizeof(cu_mat));
     if (!host) { cu_fail(c, cudaErrorMemoryAllocation, "expert table", __FILE__, __LINE__); return NULL; }
     const int32_t type = a->gate[0].type;
-    int32_t down_uniform = 1, gu_uniform = 1, aligned4 = 1;
+    int32_t down_uniform = 1, gu_uniform = 1, aligned4 = 1, aligned16 = 1;
     for (int32_t e = 0; e < E; e++) {
         if (a->gate[e].rotated != a->up[e].rotated || (a->gate[e].rotated && a->gate[e].rot_seed != a->up[e].rot_seed)) {
             free(host);
@@ -162,11 +162,12 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
             const uint8_t *d = cu_weight_mat(c, ws[k]);
             if (!d) { free(host); return NULL; }
             if (((uintptr_t)d & 3) || (ws[k]->row_bytes & 3)) aligned4 = 0;
+            if ((uintptr_t)d & 15) aligned16 = 0;
             host[e * 3 + k] = (cu_mat){d, ws[k]->qscale, ws[k]->qbeta, ws[k]->rot_seed, ws[k]->rotated, NULL};
         }
     }
     cu_expert_table t = {a->gate, E, NULL, type, down_uniform, gu_uniform, a->gate[0].rotated, a->down[0].rotated,
-                         a->gate[0].rot_seed, a->down[0].rot_seed, aligned4, 0, NULL};
+                         a->gate[0].rot_seed, a->down[0].rot_seed, aligned4, aligned16, 0, NULL};
     if (tiled_ok(a, type, gu_uniform, aligned4)) {
         /* rewrite every matrix not yet tiled (a mirror keeps its layout across tables), through one scratch copy */
         size_t big = 0;
@@ -371,6 +372,7 @@ static void cu_destroy(moet_backend *be) {
     free(c->mirrors);
     free(c->etabs);
     cudaFree(c->ticket);
+    cudaFree(c->fsync);
     cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -428,6 +430,8 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaMalloc(&c->ticket, sizeof(int32_t));
     if (e == cudaSuccess) e = cudaMemset(c->ticket, 0, sizeof(int32_t));
+    if (e == cudaSuccess) e = cudaMalloc(&c->fsync, 64 * sizeof(int32_t));
+    if (e == cudaSuccess) e = cudaMemset(c->fsync, 0, 64 * sizeof(int32_t));
     if (e != cudaSuccess) {
         if (err && errlen) snprintf(err, errlen, "cuda:%d: %s", device, cudaGetErrorString(e));
         free(c);

@@ -41,6 +41,7 @@ typedef struct {
     int32_t gu_rotated, down_rotated;
     uint32_t gu_seed, down_seed;
     int32_t aligned4;      /* every matrix and row starts 4-byte aligned: the 2-bit kernels fetch blocks as words */
+    int32_t aligned16;     /* every matrix starts 16-byte aligned: moe_fused.cu bulk-copies tiles */
     int32_t tiled;         /* W2/sym2 in the tiled layout: only moe_tc.cu's kernels may read these matrices */
     uint32_t *signs;       /* device, tiled tables: every rotated matrix's column signs (cu_mat.signs points here) */
 } cu_expert_table;
@@ -68,6 +69,7 @@ typedef struct {
     int n_graphs;
     int capturing;
     int32_t *ticket;       /* device int, 0 between launches: moe_tc.cu's router counts its finished CTAs on it */
+    int32_t *fsync;        /* device ints, 0 between launches: moe_fused.cu's counters (MOE_MAX_K + 2 used) */
     int pdl;               /* launch the decode kernels with programmatic dependent launch (sm_90+, MOET_PDL != 0) */
 } cu_backend;
 

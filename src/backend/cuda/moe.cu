@@ -478,7 +478,7 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *args) {
 
     const int pre = tab->gu_uniform;
     if (tab->tiled && T < MOE_GROUP_MIN) { /* the router kernel applies the pre-norm itself */
-        cu_moe_tc_decode(c, a, tab, logits, act);
+        if (!cu_moe_fused(c, a, tab, logits, act)) cu_moe_tc_decode(c, a, tab, logits, act);
         return;
     }
     if (a->norm_w) { /* the pre-norm as its own launch on the other paths */

@@ -62,4 +62,9 @@ void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const float *
                         const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list,
                         unsigned n_chunks, float *ydn);
 
+/* moe_fused.cu: one token's whole block in one persistent launch (sm_90+, hidden a multiple of 256, ffn of 64);
+ * 1 when it launched (or recorded an error), 0 when the call is not for it (the caller runs cu_moe_tc_decode). */
+extern "C" int cu_moe_fused(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, float *logits,
+                            float *act);
+
 #endif

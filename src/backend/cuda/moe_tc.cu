@@ -28,228 +28,7 @@
  */
 #include <math.h>
 
-#include "backend/cuda/common.cuh"
-#include "backend/cuda/cuda_int.h"
-#include "backend/cuda/moe.cuh"
-
-#define TC_GU_W 8             /* decode gate/up: warps a CTA at most (3 CTAs an SM: one wave at the 30b shape) */
-#define TC_DN_W 24            /* decode down: warps a CTA at most (one (pick, chunk) item a warp at the 30b shape) */
-#define TC_GRP_W 8            /* warps of the grouped kernels (8 tokens staged a warp: 8 KiB of shared memory) */
-#define TC_RT_W 16            /* router: rows (warps) a CTA at most */
-#define TC_RT_T 4             /* router: tokens at most (decode) */
-
-/* ---- fragments ----------------------------------------------------------------------------------------------- */
-
-__device__ __forceinline__ void tc_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-/* f16x2 register r of mma m of a lane's block word (blocks.h): the two sign bits moved to bits 15 and 31 of +-1.0 */
-__device__ __forceinline__ uint32_t tc_sign2(uint32_t w, int x) { return ((w << x) & 0x80008000u) | 0x3C003C00u; }
-
-/* The 2-bit family's levels as A u' + B v' (blocks.h). */
-__device__ __forceinline__ void tc_ab(int32_t type, float beta, float *A, float *B) {
-    if (type == MOET_TYPE_SYM2) { *A = 1.0f; *B = 0.5f; }
-    else { *A = 0.5f * (1.0f + beta); *B = 0.5f * (1.0f - beta); }
-}
-
-/* Stages a lane's m values of a b-wide chunk as hi/lo f16 (X[0..b) hi, X[b..2b) lo) of v 2^-e, e from the warp's
- * largest |v| (largest -> [2^14, 2^15)); returns 2^e. Warp-uniform. */
-__device__ __forceinline__ float tc_stage(const float v[8], int m, int b, __half *X) {
-    const int lane = threadIdx.x & 31;
-    float mx = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (i < m) mx = fmaxf(mx, fabsf(v[i]));
-    mx = cu_warp_max(mx);
-    int e = 0;
-    if (mx > 0.f && mx <= 3.0e38f) e = ilogbf(mx) - 14;
-    e = e < -100 ? -100 : e > 100 ? 100 : e;
-    const float dn = __int_as_float((127 - e) << 23), up = __int_as_float((127 + e) << 23);
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (i < m) {
-            const float s = v[i] * dn;
-            const __half h = __float2half_rn(s);
-            X[lane * m + i] = h;
-            X[b + lane * m + i] = __float2half_rn(s - __half2float(h));
-        }
-    return up;
-}
-
-/* The lane's B operand source in a warp's staged tokens (2b halves each) for column group grp: column g of the
- * group is token 4 grp + g/2, hi (g even) or lo. NULL (zeros) for absent tokens. */
-__device__ __forceinline__ const __half *tc_bsrc(const __half *X, int b, int grp, int ntok) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j = 4 * grp + (g >> 1);
-    return j < ntok ? X + (2 * j + (g & 1)) * b + 2 * t : NULL;
-}
-
-/* B fragment of half-block step s (columns 16s ..) from a tc_bsrc pointer. */
-__device__ __forceinline__ void tc_bfrag(const __half *p, int s, uint32_t bf[2]) {
-    if (p) {
-        bf[0] = *(const uint32_t *)(p + 16 * s);
-        bf[1] = *(const uint32_t *)(p + 16 * s + 8);
-    } else {
-        bf[0] = 0u;
-        bf[1] = 0u;
-    }
-}
-
-/* 2^((sc - 255) / 16) for every scale code, in shared memory (the block scale is qscale x lut[sc], the product
- * cu_q2_scale forms): one load instead of an exp2f per row and block. All threads; the caller synchronises. */
-__device__ __forceinline__ void tc_lut_fill(float *lut) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = exp2f(((float)i - 255.0f) / 16.0f);
-}
-
-/* The B fragments of block bi (both half-blocks) for NG column groups, from their tc_bsrc pointers. */
-template <int NG>
-__device__ __forceinline__ void tc_bfrags(const __half *const bs[NG], int bi, uint32_t bf[2][NG][2]) {
-#pragma unroll
-    for (int s = 0; s < 2; s++)
-#pragma unroll
-        for (int gi = 0; gi < NG; gi++) tc_bfrag(bs[gi], 2 * bi + s, bf[s][gi]);
-}
-
-/* One 16 x 32 block of one matrix against NG column groups: u' and v' accumulators, both half-blocks. */
-template <int NG>
-__device__ __forceinline__ void tc_block(uint32_t w, const uint32_t bf[2][NG][2], float cu[NG][4], float cv[NG][4]) {
-#pragma unroll
-    for (int gi = 0; gi < NG; gi++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) { cu[gi][i] = 0.f; cv[gi][i] = 0.f; }
-#pragma unroll
-    for (int s = 0; s < 2; s++) {
-        uint32_t au[4], av[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) { au[r] = tc_sign2(w, 4 * s + r); av[r] = tc_sign2(w, 8 + 4 * s + r); }
-#pragma unroll
-        for (int gi = 0; gi < NG; gi++) { tc_mma(cu[gi], au, bf[s][gi]); tc_mma(cv[gi], av, bf[s][gi]); }
-    }
-}
-
-/* One block of one matrix into the lane's two row sums per column group: acc[gi][0] (row g) and acc[gi][1] (row
- * g + 8) += s (A u'.x + B v'.x), the block scales s0 / s1 of the two rows times the group's factor q[gi]. */
-template <int NG>
-__device__ __forceinline__ void tc_mac(uint32_t w, const uint32_t bf[2][NG][2], float A, float B, float s0, float s1,
-                                       const float q[NG], float acc[NG][2]) {
-    float cu[NG][4], cv[NG][4];
-    tc_block<NG>(w, bf, cu, cv);
-#pragma unroll
-    for (int gi = 0; gi < NG; gi++) {
-        acc[gi][0] = fmaf(s0 * q[gi], A * (cu[gi][0] + cu[gi][1]) + B * (cv[gi][0] + cv[gi][1]), acc[gi][0]);
-        acc[gi][1] = fmaf(s1 * q[gi], A * (cu[gi][2] + cu[gi][3]) + B * (cv[gi][2] + cv[gi][3]), acc[gi][1]);
-    }
-}
-
-/* Where a matrix's tiled parts lie. */
-__device__ __forceinline__ const uint32_t *tc_codes(const cu_mat &m) { return (const uint32_t *)m.w; }
-__device__ __forceinline__ const uint8_t *tc_scales(const cu_mat &m, int64_t rows, int64_t nb) {
-    return m.w + (size_t)rows * nb * 8;
-}
-
-/* The loads of one chunk (NBK <= 8 blocks from block blk0) of tile ti of one matrix: each lane's code word of every
- * block, and one 32-bit word of the chunk's NBK x 16 scale codes (lanes < 4 NBK; contiguous in the tiled layout), which
- * tc_sc hands round by shuffle: 16 scale bytes a lane held in 16 registers took k_tc_gate_up to 128 registers, two
- * CTAs an SM, 1.45 waves at the 30b shape. */
-template <int NBK>
-__device__ __forceinline__ void tc_fetch(const cu_mat &m, int64_t rows, int64_t NB, int64_t ti, int64_t blk0,
-                                         uint32_t wd[8], uint32_t &sw) {
-    const int lane = threadIdx.x & 31;
-    const int64_t tb = ti * NB + blk0;
-    const uint32_t *cw = tc_codes(m) + tb * 32 + lane;
-#pragma unroll
-    for (int bi = 0; bi < NBK; bi++) wd[bi] = __ldg(cw + 32 * bi);
-    sw = lane < 4 * NBK ? __ldg((const uint32_t *)(tc_scales(m, rows, NB) + tb * 16) + lane) : 0u;
-}
-
-/* Scale code of row r (0..15) of block bi from tc_fetch's word (every lane of the warp calls it). */
-__device__ __forceinline__ uint32_t tc_sc(uint32_t sw, int bi, int r) {
-    const int i = 16 * bi + r;
-    return (__shfl_sync(0xffffffffu, sw, i >> 2) >> (8 * (i & 3))) & 0xffu;
-}
-
-/* ---- decode: router + top-k ---------------------------------------------------------------------------------- */
-
-/* Routes one token from its E router logits l (shared) with the first nr = min(warps, ceil(E / 32)) warps of the
- * CTA, which synchronise among themselves on named barrier 1 only: every route warp takes the max and the sum of
- * p = exp(l - max) over all E itself (the same butterfly in each, so the same sum), writes its own p, then the
- * rank of e = how many p beat it (ties: the lower id first, the CPU's order); rank < K is pick number rank (a warp
- * picking K maxima one after another is a chain of K x 10 shuffles). Warp 0 then renormalises the K weights in
- * pick order (norm_topk) and writes ids / weights. The CTA-wide form (every thread, three __syncthreads and a walk
- * over the warps' partials) held a third of the router's stall samples, yet this one measured the same 14.3-14.7
- * us: the router's time is its whole chain, not this step. p: E floats, ik / pk: K
- * (shared). Warps past nr return at once; the caller must not __syncthreads after this. */
-static_assert(MOE_MAX_K <= 32, "tc_route_warps: a lane a pick");
-__device__ __forceinline__ void tc_route_bar(int nthreads) {
-    asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
-}
-
-__device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_t K, int32_t norm_topk, float *p,
-                                               int32_t *ik, float *pk, int32_t *ids, float *wts) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    const int nr = (E + 31) / 32 < nw ? (E + 31) / 32 : nw, nth = 32 * nr;
-    if (warp >= nr) return;
-    float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-    mx = cu_warp_max(mx);
-    float sum = 0.f;
-    for (int e = lane; e < E; e += 32) sum += expf(l[e] - mx);
-    const float tot = cu_warp_sum(sum);
-    for (int e = threadIdx.x; e < E; e += nth) p[e] = expf(l[e] - mx);
-    tc_route_bar(nth);
-    for (int e = threadIdx.x; e < E; e += nth) {
-        const float v = p[e];
-        int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
-        int j = 0;
-        for (; j + 4 <= E; j += 4) {
-            const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
-            r0 += (o0 > v) | ((o0 == v) & (j < e));
-            r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));
-            r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));
-            r3 += (o3 > v) | ((o3 == v) & (j + 3 < e));
-        }
-        for (; j < E; j++) r0 += (p[j] > v) | ((p[j] == v) & (j < e));
-        const int rank = r0 + r1 + r2 + r3;
-        if (rank < K) { ik[rank] = e; pk[rank] = v; }
-    }
-    tc_route_bar(nth);
-    if (warp == 0) { /* K <= MOE_MAX_K <= 32: a lane a pick */
-        const float q = lane < K ? pk[lane] / tot : 0.f;
-        float wsum = 0.f;
-        for (int i = 0; i < K; i++) wsum += __shfl_sync(0xffffffffu, q, i);
-        if (lane < K) {
-            ids[lane] = ik[lane];
-            wts[lane] = norm_topk ? q / wsum : q;
-        }
-    }
-    tc_route_bar(nth); /* ik / pk are reused by the next token */
-}
-
-__device__ __forceinline__ void tc_bf16x8(uint4 q, float w[8]) {
-    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) { w[2 * i] = __uint_as_float(u[i] << 16); w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u); }
-}
-
-/* acc[t] += w[0..N) . xs[t][0..N) for the NT staged tokens (row stride H; xs 16-byte aligned; N = 4 or 8). */
-template <int NT, int N>
-__device__ __forceinline__ void tc_dot_smem(const float w[N], const float *xs, int64_t H, float acc[NT]) {
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float4 *xp = (const float4 *)(xs + t * H);
-        float s = acc[t];
-#pragma unroll
-        for (int j = 0; j < N / 4; j++) {
-            const float4 a = xp[j];
-            s = fmaf(w[4 * j], a.x, s); s = fmaf(w[4 * j + 1], a.y, s);
-            s = fmaf(w[4 * j + 2], a.z, s); s = fmaf(w[4 * j + 3], a.w, s);
-        }
-        acc[t] = s;
-    }
-}
+#include "backend/cuda/moe_tc.cuh"
 
 /* Router GEMV for NT <= TC_RT_T tokens, a warp a row, TC_RT_W rows a CTA (x staged and pre-normed in shared memory
  * once a CTA); the last CTA to finish routes every token. Dynamic shared memory: x [NT][H] | logits [NT][E] |
@@ -262,7 +41,6 @@ __device__ __forceinline__ void tc_dot_smem(const float w[N], const float *xs, i
  * ("no instruction" was a third of the stall samples).
  * bf16 rows (H % 256 == 0) and f32 rows (H % 128 == 0) read 16 bytes a lane, TC_RT_U chunks in flight, the first
  * bf16 ones requested before the previous kernel's x is waited for; other types go block by block. */
-#define TC_RT_U 8
 template <int NT>
 __global__ void __launch_bounds__(TC_RT_W * 32)
 k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
@@ -276,18 +54,9 @@ k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_
     float *xs = rsm, *lg = xs + NT * H, *p = lg + NT * E;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t e = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
-    const uint8_t *row = rw + (e < E ? e : 0) * rrow;
-    const int aligned = !((uintptr_t)row & 15);
-    const int bf = rtype == MOET_TYPE_BF16 && H % 256 == 0 && aligned;
-    const int fv = rtype == MOET_TYPE_F32 && H % 128 == 0 && aligned;
-    const uint4 *row4 = (const uint4 *)row;
-    const int64_t U = bf ? H / 8 : H / 4; /* 16-byte chunks of the row */
+    const tc_rrow rr = tc_rrow_of(rw, e < E ? e : 0, rrow, rtype, H);
     uint4 q[TC_RT_U];
-    if (e < E && bf) {
-#pragma unroll
-        for (int i = 0; i < TC_RT_U; i++)
-            if (lane + 32 * i < U) q[i] = __ldg(row4 + lane + 32 * i);
-    }
+    if (e < E) tc_rrow_prefetch(rr, q);
     cu_pdl_wait();
     cu_stage_f32(xs, x, NT * H);
     __syncthreads();
@@ -295,40 +64,7 @@ k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_
         cu_prenorm_smem(xs, NT, (int)H, norm_w, eps, &nred[0][0], TC_RT_T, ninv, blockIdx.x == 0 ? h : NULL);
     if (e < E) {
         float acc[NT];
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[t] = 0.f;
-        if (bf || fv) {
-            for (int64_t u0 = lane; u0 < U; u0 += 32 * TC_RT_U) {
-                if (u0 != lane || !bf) {
-#pragma unroll
-                    for (int i = 0; i < TC_RT_U; i++)
-                        if (u0 + 32 * i < U) q[i] = __ldg(row4 + u0 + 32 * i);
-                }
-#pragma unroll
-                for (int i = 0; i < TC_RT_U; i++) {
-                    const int64_t u = u0 + 32 * i;
-                    if (u >= U) break;
-                    if (bf) {
-                        float w[8];
-                        tc_bf16x8(q[i], w);
-                        tc_dot_smem<NT, 8>(w, xs + 8 * u, H, acc);
-                    } else {
-                        const float w[4] = {__uint_as_float(q[i].x), __uint_as_float(q[i].y),
-                                            __uint_as_float(q[i].z), __uint_as_float(q[i].w)};
-                        tc_dot_smem<NT, 4>(w, xs + 4 * u, H, acc);
-                    }
-                }
-            }
-        } else {
-            for (int64_t b = lane; b < H / 32; b += 32) {
-                float v[32];
-                cu_decode32(rtype, row, b, rqs, rqb, v);
-#pragma unroll
-                for (int t = 0; t < NT; t++)
-#pragma unroll
-                    for (int j = 0; j < 32; j++) acc[t] = fmaf(v[j], xs[t * H + 32 * b + j], acc[t]);
-            }
-        }
+        tc_rrow_dot<NT>(rr, q, rtype, rqs, rqb, xs, H, acc);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float s = cu_warp_sum(acc[t]);
@@ -653,13 +389,6 @@ extern "C" int cu_q2_tile_repack(cu_backend *c, uint8_t *d, int64_t rows, int64_
 }
 
 /* ---- host side ----------------------------------------------------------------------------------------------- */
-
-/* Warps for `items` equal work items, at most cap: as few as keep every warp's share the same (24 -> 12 x 2). */
-static int tc_warps(int64_t items, int cap) {
-    if (items < 1) return 1;
-    const int64_t per = (items + cap - 1) / cap;
-    return (int)((items + per - 1) / per);
-}
 
 static size_t tc_smem_dec(int nw, int per_warp_red, int b) {
     return (256 + (size_t)nw * per_warp_red) * sizeof(float) + (size_t)nw * 2 * b * sizeof(__half);

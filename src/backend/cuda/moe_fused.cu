@@ -45,8 +45,8 @@ static_assert(TC_DN_W <= FU_DNV && FU_DNV <= 2 * FU_W, "fused down: at most two 
 /* One gate/up unit: pick k, tile ti, weights at ub (gate codes | gate scales | up codes | up scales). Warps
  * [0, nvg) sum gate, [nvg, 2 nvg) up, over k_tc_gate_up's chunks; act row k receives SwiGLU of the 16 rows. */
 template <int MH>
-__device__ __forceinline__ void fu_gate_up(const unsigned char *ub, int k, int64_t ti, int32_t e, int64_t H, int64_t F,
-                                           const cu_mat *__restrict__ table, int32_t type, int32_t gu_rot,
+__device__ __forceinline__ void fu_gate_up(const unsigned char *ub, int k, int64_t ti, int64_t H, int64_t F,
+                                           const cu_mat *mats, int32_t type, int32_t gu_rot,
                                            uint32_t gu_seed, const float *xs, const float *lut, float *red, __half *X,
                                            int nvg, float *__restrict__ act, int32_t *sync) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -55,8 +55,8 @@ __device__ __forceinline__ void fu_gate_up(const unsigned char *ub, int k, int64
     const int nch = (int)(H / b);
     if (warp < 2 * nvg) {
         const int mat = warp / nvg, v = warp - mat * nvg;
-        const cu_mat m = table[e * 3 + mat];
-        const uint32_t *signs = table[e * 3].signs; /* k_tc_gate_up rotates x with the gate's signs for both */
+        const cu_mat m = mats[k * 3 + mat];
+        const uint32_t *signs = mats[k * 3].signs; /* k_tc_gate_up rotates x with the gate's signs for both */
         float A, B;
         tc_ab(type, m.qbeta, &A, &B);
         const uint32_t *cw = (const uint32_t *)(ub + (size_t)mat * NBH * FU_BLK);
@@ -95,18 +95,16 @@ __device__ __forceinline__ void fu_gate_up(const unsigned char *ub, int k, int64
         float sg = 0.f, su = 0.f;
         for (int w = 0; w < nvg; w++) { sg += red[(w * 2) * 16 + r]; su += red[(w * 2 + 1) * 16 + r]; }
         act[(int64_t)k * F + ti * 16 + r] = sg / (1.0f + expf(-sg)) * su;
-        __threadfence();
+        __syncwarp(0xffffu);
+        if (r == 0) cu_flag_add(sync + 1 + k, 1); /* release: the 16 stores of this warp's lanes before it */
     }
-    __syncthreads();
-    if (threadIdx.x == 0) cu_flag_add(sync + 1 + k, 1);
 }
 
 /* One down unit: tile ti of y, weights at ub (per pick k: codes | scales). Virtual warp vw (physical warp vw % FU_W)
  * takes k_tc_down's items vw, vw + nvd, ...; each waits for its pick's gate/up tiles before reading act. */
 template <int MF>
 __device__ __forceinline__ void fu_down(const unsigned char *ub, int64_t ti, int64_t H, int64_t F, int32_t K,
-                                        const cu_mat *__restrict__ table, int32_t type, const int32_t *ids,
-                                        const float *wts, const float *lut, float *red, __half *X, int nvd,
+                                        const cu_mat *mats, int32_t type, const float *wts, const float *lut, float *red, __half *X, int nvd,
                                         const float *act, float *__restrict__ y, int accum, const int32_t *sync) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     constexpr int b = 32 * MF;
@@ -121,7 +119,7 @@ __device__ __forceinline__ void fu_down(const unsigned char *ub, int64_t ti, int
         float acc[1][2] = {{0.f, 0.f}};
         for (int it = vw; it < n_items; it += nvd) {
             const int k = it / nch, c = it - k * nch;
-            const cu_mat dm = table[ids[k] * 3 + 2];
+            const cu_mat dm = mats[k * 3 + 2];
             const float wk = wts[k];
             const uint32_t *cw = (const uint32_t *)(ub + (size_t)k * NBF * FU_BLK);
             const uint32_t *sw32 = (const uint32_t *)(ub + (size_t)k * NBF * FU_BLK + NBF * 128);
@@ -167,11 +165,10 @@ __device__ __forceinline__ void fu_down(const unsigned char *ub, int64_t ti, int
         float *yp = y + ti * 16 + r;
         *yp = accum ? *yp + s : s;
     }
-    __syncthreads();
 }
 
 /* Dynamic shared memory: mbarriers [FU_UNITS] | pool (pool_bytes, weight tiles) | x [H] | logits [E] | softmax
- * scratch [E] | scale lut [256] | partial sums [FU_DNV][16] | f16 staging [FU_W][2 x 256]. */
+ * scratch [E] | scale lut [256] | partial sums [2][FU_DNV][16] | f16 staging [FU_W][2 x 256]. */
 template <int MH, int MF>
 __global__ void __launch_bounds__(FU_W * 32, 1)
 k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t norm_topk,
@@ -186,11 +183,12 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
     __shared__ float ninv[1];
     __shared__ int32_t ids[MOE_MAX_K], ik[MOE_MAX_K];
     __shared__ float wts[MOE_MAX_K], pk[MOE_MAX_K];
+    __shared__ cu_mat mats[MOE_MAX_K * 3]; /* the picks' gate, up, down table entries */
     uint64_t *bar = (uint64_t *)fsm;
     unsigned char *pool = fsm + 128;
     float *xs = (float *)(pool + pool_bytes), *lg = xs + H, *p = lg + E, *lut = p + E, *red = lut + 256;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __half *X = (__half *)(red + FU_DNV * 16) + (size_t)warp * 2 * 256;
+    __half *X = (__half *)(red + 2 * FU_DNV * 16) + (size_t)warp * 2 * 256;
     const int G = (int)gridDim.x;
 
     /* router rows r = b + G (warp + FU_W j): their first bytes requested before the previous kernel is waited for */
@@ -213,10 +211,7 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
         float acc[1];
         tc_rrow_dot<1>(rr, q, rtype, rqs, rqb, xs, H, acc);
         const float s = cu_warp_sum(acc[0]);
-        if (lane == 0) {
-            logits[r] = s;
-            __threadfence();
-        }
+        if (lane == 0) logits[r] = s;
     }
     __syncthreads();
     const int my_rows = (int)blockIdx.x < E ? (int)((E - 1 - (int)blockIdx.x) / G + 1) : 0;
@@ -234,10 +229,12 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
         topk_ids[threadIdx.x] = ids[threadIdx.x];
         topk_w[threadIdx.x] = wts[threadIdx.x];
     }
+    for (int i = threadIdx.x; i < 3 * K; i += blockDim.x) mats[i] = table[ids[i / 3] * 3 + i % 3];
+    __syncthreads();
 
     const int64_t TF = F / 16, NGU = (int64_t)K * TF, NU = NGU + H / 16, NBH = H / 32, NBF = F / 32;
     const uint32_t gu_bytes = (uint32_t)(2 * NBH * FU_BLK), dn_bytes = (uint32_t)(K * NBF * FU_BLK);
-    uint32_t par = 0;
+    uint32_t par = 0, nunit = 0;
     for (int64_t u0 = blockIdx.x; u0 < NU;) {
         int n = 0;
         uint32_t off = 0;
@@ -261,7 +258,7 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
                     const int64_t ti = ui - k * TF;
                     if (lane < 4) {
                         const int mat = lane >> 1, sc = lane & 1;
-                        const uint8_t *w = table[ids[k] * 3 + mat].w;
+                        const uint8_t *w = mats[k * 3 + mat].w;
                         const uint8_t *src = sc ? w + F * NBH * 8 + ti * NBH * 16 : w + ti * NBH * 128;
                         cu_bulk_load(dst + mat * NBH * FU_BLK + (sc ? NBH * 128 : 0), src,
                                      (uint32_t)(sc ? NBH * 16 : NBH * 128), bar + i);
@@ -271,7 +268,7 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
                     const int64_t ti = ui - NGU;
                     for (int j = lane; j < 2 * K; j += 32) {
                         const int k = j >> 1, sc = j & 1;
-                        const uint8_t *w = table[ids[k] * 3 + 2].w;
+                        const uint8_t *w = mats[k * 3 + 2].w;
                         const uint8_t *src = sc ? w + H * NBF * 8 + ti * NBF * 16 : w + ti * NBF * 128;
                         cu_bulk_load(dst + k * NBF * FU_BLK + (sc ? NBF * 128 : 0), src,
                                      (uint32_t)(sc ? NBF * 16 : NBF * 128), bar + i);
@@ -283,14 +280,15 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
         uint32_t o = 0;
         for (int i = 0; i < n; i++) {
             const int64_t ui = u0 + (int64_t)i * G;
+            float *rb = red + (nunit++ & 1) * FU_DNV * 16; /* two partial-sum buffers: one __syncthreads a unit */
             cu_mbar_wait(bar + i, (par >> i) & 1u);
             if (ui < NGU) {
                 const int k = (int)(ui / TF);
-                fu_gate_up<MH>(pool + o, k, ui - k * TF, ids[k], H, F, table, type, gu_rot, gu_seed, xs, lut, red, X,
-                               nvg, act, sync);
+                fu_gate_up<MH>(pool + o, k, ui - k * TF, H, F, mats, type, gu_rot, gu_seed, xs, lut, rb, X, nvg, act,
+                               sync);
                 o += gu_bytes;
             } else {
-                fu_down<MF>(pool + o, ui - NGU, H, F, K, table, type, ids, wts, lut, red, X, nvd, act, y, accum, sync);
+                fu_down<MF>(pool + o, ui - NGU, H, F, K, mats, type, wts, lut, rb, X, nvd, act, y, accum, sync);
                 o += dn_bytes;
             }
         }
@@ -314,7 +312,7 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
 static int g_fu_attr_dev = -1;
 
 static size_t fu_fixed_bytes(int64_t H, int32_t E) {
-    return 128 + ((size_t)H + 2 * (size_t)E + 256 + FU_DNV * 16) * sizeof(float) + (size_t)FU_W * 2 * 256 * sizeof(__half);
+    return 128 + ((size_t)H + 2 * (size_t)E + 256 + 2 * FU_DNV * 16) * sizeof(float) + (size_t)FU_W * 2 * 256 * sizeof(__half);
 }
 
 #define FU_DISPATCH(MF, ...)                                                                                           \
@@ -335,7 +333,7 @@ extern "C" int cu_moe_fused(cu_backend *c, const moet_moe_args *a, const cu_expe
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
     if (a->n_tok != 1 || c->prop.major < 9 || !c->fsync || !tab->tiled || !tab->aligned16 || bh != 256 || bf < 64)
         return 0;
-    const size_t optin = c->prop.sharedMemPerBlockOptin, fixed = fu_fixed_bytes(H, E), stat = 1024;
+    const size_t optin = c->prop.sharedMemPerBlockOptin, fixed = fu_fixed_bytes(H, E), stat = 4096;
     if (fixed + stat >= optin) return 0;
     const uint32_t pool = (uint32_t)((optin - fixed - stat) & ~(size_t)127);
     const size_t gu_bytes = 2 * (size_t)(H / 32) * FU_BLK, dn_bytes = (size_t)K * (F / 32) * FU_BLK;

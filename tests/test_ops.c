@@ -622,7 +622,7 @@ int main(int argc, char **argv) {
                     op->moe(be, &mf);
                 }
                 pull(o, xd, (size_t)(T * H));
-                if (is_cuda && pass && H >= 1024) { /* the same with MOET_MOE_FUSED=0 (its router runs 16 warps here) */
+                if (is_cuda && pass) { /* the same with MOET_MOE_FUSED=0 */
                     op->upload(be, xd, xraw, sizeof(float) * T * H);
                     setenv("MOET_MOE_FUSED", "0", 1);
                     for (int t0 = 0; t0 < T; t0++) {

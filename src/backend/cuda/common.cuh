@@ -145,18 +145,24 @@ __host__ __device__ __forceinline__ int cu_is_q2(int32_t type) {
  * fetched before the caller stages x: live across the staging, those registers push k_mv16 past 64. */
 #define CU_PN_U 8
 __device__ __forceinline__ void cu_prenorm_smem(float *xs, int nt, int cols, const float *__restrict__ norm_w, float eps,
-                                                double *red, int max_t, float *inv, float *h) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, tid = threadIdx.x, nth = blockDim.x;
+                                                double *red, int max_t, float *inv, float *h, int vth = 0) {
+    const int lane = threadIdx.x & 31, tid = threadIdx.x, nth = blockDim.x;
+    /* vth: the sums of squares as a CTA of vth threads (a multiple of 32) would add them, so a kernel of another size
+     * reproduces that kernel's pre-norm bit for bit (red: vth / 32 rows) */
+    const int vn = vth > 0 ? vth : nth, nw = vn >> 5;
     float g[CU_PN_U];
 #pragma unroll
     for (int u = 0; u < CU_PN_U; u++) g[u] = tid + u * nth < cols ? __ldg(norm_w + tid + u * nth) : 0.f;
-    for (int t = 0; t < nt; t++) {
-        double ss = 0;
-        for (int i = tid; i < cols; i += nth) ss += (double)xs[t * cols + i] * xs[t * cols + i];
+    for (int t = 0; t < nt; t++)
+        for (int v0 = 0; v0 < vn; v0 += nth) {
+            const int vt = v0 + tid;
+            double ss = 0;
+            if (vt < vn)
+                for (int i = vt; i < cols; i += vn) ss += (double)xs[t * cols + i] * xs[t * cols + i];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) red[warp * max_t + t] = ss;
-    }
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0 && vt < vn) red[(vt >> 5) * max_t + t] = ss;
+        }
     __syncthreads();
     if (tid < nt) {
         double tot = 0;

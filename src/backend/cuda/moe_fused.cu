@@ -32,61 +32,64 @@
 
 #include "backend/cuda/moe_tc.cuh"
 
-#define FU_W 16     /* warps a CTA: gate/up puts the gate and the up sums of a chunk on two warps (2 x TC_GU_W) */
+#define FU_W 8      /* warps a CTA (k_tc_gate_up's TC_GU_W), several CTAs an SM */
+#define FU_PER_SM 2 /* CTAs an SM the host sizes shared memory for: one CTA's barriers are another's issue slots */
 #define FU_UNITS 16 /* units in shared memory at once (mbarriers) */
-#define FU_DNV 32   /* down: virtual warps at most (k_tc_down's split, TC_DN_W) */
+#define FU_DNV 24   /* down: virtual warps at most (k_tc_down's split, TC_DN_W) */
 #define FU_BLK 144  /* bytes of one 16 x 32 tiled block: 128 of codes, 16 of scales */
 
 static_assert(MOE_MAX_K + 2 <= 64, "c->fsync holds 64 counters");
 
-static_assert(2 * TC_GU_W <= FU_W, "fused gate/up: a warp for each of gate and up of every virtual warp");
-static_assert(TC_DN_W <= FU_DNV && FU_DNV <= 2 * FU_W, "fused down: at most two virtual warps a warp");
+static_assert(TC_GU_W <= FU_W, "fused gate/up: a warp a virtual warp of k_tc_gate_up");
+static_assert(TC_DN_W <= FU_DNV && FU_DNV % FU_W == 0, "fused down: whole virtual warps a warp");
+static_assert(TC_RT_W * 32 <= 512, "fused pre-norm: nred holds 16 virtual warps");
 
-/* One gate/up unit: pick k, tile ti, weights at ub (gate codes | gate scales | up codes | up scales). Warps
- * [0, nvg) sum gate, [nvg, 2 nvg) up, over k_tc_gate_up's chunks; act row k receives SwiGLU of the 16 rows. */
+/* One gate/up unit: pick k, tile ti, weights at ub (gate codes | gate scales | up codes | up scales). Warp w < nvg
+ * takes k_tc_gate_up's chunks w, w + nvg, ... of both matrices; act row k receives SwiGLU of the 16 rows. */
 template <int MH>
 __device__ __forceinline__ void fu_gate_up(const unsigned char *ub, int k, int64_t ti, int64_t H, int64_t F,
-                                           const cu_mat *mats, int32_t type, int32_t gu_rot,
-                                           uint32_t gu_seed, const float *xs, const float *lut, float *red, __half *X,
-                                           int nvg, float *__restrict__ act, int32_t *sync) {
+                                           const cu_mat *mats, int32_t type, int32_t gu_rot, uint32_t gu_seed,
+                                           const float *xs, const float *lut, float *red, __half *X, int nvg,
+                                           float *__restrict__ act, int32_t *sync) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     constexpr int b = 32 * MH;
     const int64_t NBH = H / 32;
     const int nch = (int)(H / b);
-    if (warp < 2 * nvg) {
-        const int mat = warp / nvg, v = warp - mat * nvg;
-        const cu_mat m = mats[k * 3 + mat];
-        const uint32_t *signs = mats[k * 3].signs; /* k_tc_gate_up rotates x with the gate's signs for both */
-        float A, B;
-        tc_ab(type, m.qbeta, &A, &B);
-        const uint32_t *cw = (const uint32_t *)(ub + (size_t)mat * NBH * FU_BLK);
-        const uint32_t *sw32 = (const uint32_t *)(ub + (size_t)mat * NBH * FU_BLK + NBH * 128);
+    if (warp < nvg) {
+        const cu_mat gm = mats[k * 3], um = mats[k * 3 + 1];
+        float Ag, Bg, Au, Bu;
+        tc_ab(type, gm.qbeta, &Ag, &Bg);
+        tc_ab(type, um.qbeta, &Au, &Bu);
+        const uint32_t *cg = (const uint32_t *)ub, *cu = (const uint32_t *)(ub + NBH * FU_BLK);
+        const uint8_t *sg = ub + NBH * 128, *su = ub + NBH * FU_BLK + NBH * 128;
         const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
         const float one[1] = {1.0f};
-        float acc[1][2] = {{0.f, 0.f}};
-        for (int c = v; c < nch; c += nvg) {
-            uint32_t wd[8], sw;
-#pragma unroll
-            for (int bi = 0; bi < MH; bi++) wd[bi] = cw[(c * MH + bi) * 32 + lane];
-            sw = lane < 4 * MH ? sw32[c * MH * 4 + lane] : 0u;
+        float ag[1][2] = {{0.f, 0.f}}, au[1][2] = {{0.f, 0.f}};
+        for (int c = warp; c < nch; c += nvg) {
             const int base = c * b + lane * MH;
             float xv[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) xv[i] = i < MH ? xs[base + i] : 0.f;
-            cu_rot_regs<MH>(xv, gu_rot, gu_seed, base, signs);
-            const float p2 = tc_stage(xv, MH, b, X), qm = m.qscale * p2;
+            cu_rot_regs<MH>(xv, gu_rot, gu_seed, base, gm.signs);
+            const float p2 = tc_stage(xv, MH, b, X), qg = gm.qscale * p2, qu = um.qscale * p2;
             __syncwarp();
 #pragma unroll
             for (int bi = 0; bi < MH; bi++) {
+                const int blk = c * MH + bi;
                 uint32_t bf[2][1][2];
                 tc_bfrags<1>(bs, bi, bf);
-                tc_mac<1>(wd[bi], bf, A, B, lut[tc_sc(sw, bi, g)] * qm, lut[tc_sc(sw, bi, g + 8)] * qm, one, acc);
+                tc_mac<1>(cg[blk * 32 + lane], bf, Ag, Bg, lut[sg[blk * 16 + g]] * qg, lut[sg[blk * 16 + g + 8]] * qg,
+                          one, ag);
+                tc_mac<1>(cu[blk * 32 + lane], bf, Au, Bu, lut[su[blk * 16 + g]] * qu, lut[su[blk * 16 + g + 8]] * qu,
+                          one, au);
             }
             __syncwarp();
         }
         if (t == 0) {
-            red[(v * 2 + mat) * 16 + g] = acc[0][0];
-            red[(v * 2 + mat) * 16 + g + 8] = acc[0][1];
+            red[(warp * 2 + 0) * 16 + g] = ag[0][0];
+            red[(warp * 2 + 0) * 16 + g + 8] = ag[0][1];
+            red[(warp * 2 + 1) * 16 + g] = au[0][0];
+            red[(warp * 2 + 1) * 16 + g + 8] = au[0][1];
         }
     }
     __syncthreads();
@@ -112,7 +115,6 @@ __device__ __forceinline__ void fu_down(const unsigned char *ub, int64_t ti, int
     const int nch = (int)(F / b), n_items = K * nch;
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     const float one[1] = {1.0f};
-#pragma unroll
     for (int j = 0; j < FU_DNV / FU_W; j++) {
         const int vw = warp + FU_W * j;
         if (vw >= nvd) break;
@@ -122,11 +124,7 @@ __device__ __forceinline__ void fu_down(const unsigned char *ub, int64_t ti, int
             const cu_mat dm = mats[k * 3 + 2];
             const float wk = wts[k];
             const uint32_t *cw = (const uint32_t *)(ub + (size_t)k * NBF * FU_BLK);
-            const uint32_t *sw32 = (const uint32_t *)(ub + (size_t)k * NBF * FU_BLK + NBF * 128);
-            uint32_t wd[8], sw;
-#pragma unroll
-            for (int bi = 0; bi < MF; bi++) wd[bi] = cw[(c * MF + bi) * 32 + lane];
-            sw = lane < 4 * MF ? sw32[c * MF * 4 + lane] : 0u;
+            const uint8_t *scb = ub + (size_t)k * NBF * FU_BLK + NBF * 128;
             float A, B;
             tc_ab(type, dm.qbeta, &A, &B);
             while (cu_flag_read(sync + 1 + k) < TF) {
@@ -146,9 +144,11 @@ __device__ __forceinline__ void fu_down(const unsigned char *ub, int64_t ti, int
             __syncwarp();
 #pragma unroll
             for (int bi = 0; bi < MF; bi++) {
+                const int blk = c * MF + bi;
                 uint32_t bf[2][1][2];
                 tc_bfrags<1>(bs, bi, bf);
-                tc_mac<1>(wd[bi], bf, A, B, lut[tc_sc(sw, bi, g)] * qd, lut[tc_sc(sw, bi, g + 8)] * qd, one, acc);
+                tc_mac<1>(cw[blk * 32 + lane], bf, A, B, lut[scb[blk * 16 + g]] * qd, lut[scb[blk * 16 + g + 8]] * qd,
+                          one, acc);
             }
             __syncwarp();
         }
@@ -170,7 +170,7 @@ __device__ __forceinline__ void fu_down(const unsigned char *ub, int64_t ti, int
 /* Dynamic shared memory: mbarriers [FU_UNITS] | pool (pool_bytes, weight tiles) | x [H] | logits [E] | softmax
  * scratch [E] | scale lut [256] | partial sums [2][FU_DNV][16] | f16 staging [FU_W][2 x 256]. */
 template <int MH, int MF>
-__global__ void __launch_bounds__(FU_W * 32, 1)
+__global__ void __launch_bounds__(FU_W * 32, FU_PER_SM)
 k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t norm_topk,
             const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
             const float *__restrict__ norm_w, float eps, float *__restrict__ h, float *__restrict__ logits,
@@ -179,7 +179,7 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
             int32_t *sync, uint32_t pool_bytes, int nvg, int nvd) {
 #ifdef CU_HAS_BULK
     extern __shared__ __align__(128) unsigned char fsm[];
-    __shared__ double nred[FU_W];
+    __shared__ double nred[TC_RT_W];
     __shared__ float ninv[1];
     __shared__ int32_t ids[MOE_MAX_K], ik[MOE_MAX_K];
     __shared__ float wts[MOE_MAX_K], pk[MOE_MAX_K];
@@ -204,7 +204,9 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
     cu_pdl_wait();
     cu_stage_f32(xs, x, H);
     __syncthreads();
-    if (norm_w) cu_prenorm_smem(xs, 1, (int)H, norm_w, eps, nred, 1, ninv, blockIdx.x == 0 ? h : NULL);
+    if (norm_w) /* k_tc_router's pre-norm: its sums of squares as its 512 or 128 threads add them */
+        cu_prenorm_smem(xs, 1, (int)H, norm_w, eps, nred, 1, ninv, blockIdx.x == 0 ? h : NULL,
+                        (H >= 1024 ? TC_RT_W : 4) * 32);
     for (int64_t r = r0; r < E; r += (int64_t)G * FU_W) {
         const tc_rrow rr = r == r0 ? rr0 : tc_rrow_of(rw, r, rrow, rtype, H);
         if (r != r0) tc_rrow_prefetch(rr, q);
@@ -310,6 +312,7 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
 /* ---- host side ----------------------------------------------------------------------------------------------- */
 
 static int g_fu_attr_dev = -1;
+static size_t g_fu_static; /* k_moe_fused's static shared memory */
 
 static size_t fu_fixed_bytes(int64_t H, int32_t E) {
     return 128 + ((size_t)H + 2 * (size_t)E + 256 + 2 * FU_DNV * 16) * sizeof(float) + (size_t)FU_W * 2 * 256 * sizeof(__half);
@@ -333,9 +336,23 @@ extern "C" int cu_moe_fused(cu_backend *c, const moet_moe_args *a, const cu_expe
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
     if (a->n_tok != 1 || c->prop.major < 9 || !c->fsync || !tab->tiled || !tab->aligned16 || bh != 256 || bf < 64)
         return 0;
-    const size_t optin = c->prop.sharedMemPerBlockOptin, fixed = fu_fixed_bytes(H, E), stat = 4096;
-    if (fixed + stat >= optin) return 0;
-    const uint32_t pool = (uint32_t)((optin - fixed - stat) & ~(size_t)127);
+    if (g_fu_attr_dev != c->device) {
+        cudaFuncAttributes fa;
+        if (CU_CHECK(c, cudaFuncGetAttributes(&fa, (k_moe_fused<8, 8>)))) return 1;
+        g_fu_static = fa.sharedSizeBytes;
+#define FU_ATTR(KERN)                                                                                                  \
+    CU_CHECK(c, cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize,                               \
+                                     (int)(c->prop.sharedMemPerBlockOptin - g_fu_static)))
+        if (FU_ATTR((k_moe_fused<8, 2>)) || FU_ATTR((k_moe_fused<8, 4>)) || FU_ATTR((k_moe_fused<8, 8>))) return 1;
+#undef FU_ATTR
+        g_fu_attr_dev = c->device;
+    }
+    /* shared memory for FU_PER_SM CTAs an SM: the fixed part, and the rest as the weight pool */
+    size_t per_cta = c->prop.sharedMemPerMultiprocessor / FU_PER_SM - c->prop.reservedSharedMemPerBlock;
+    if (per_cta > c->prop.sharedMemPerBlockOptin) per_cta = c->prop.sharedMemPerBlockOptin;
+    const size_t fixed = fu_fixed_bytes(H, E);
+    if (fixed + g_fu_static + 128 >= per_cta) return 0;
+    const uint32_t pool = (uint32_t)((per_cta - fixed - g_fu_static) & ~(size_t)127);
     const size_t gu_bytes = 2 * (size_t)(H / 32) * FU_BLK, dn_bytes = (size_t)K * (F / 32) * FU_BLK;
     if (gu_bytes > pool || dn_bytes > pool) return 0;
     const moet_weight *rw = a->router;
@@ -344,12 +361,6 @@ extern "C" int cu_moe_fused(cu_backend *c, const moet_moe_args *a, const cu_expe
     const float *nrm = NULL;
     if (a->norm_w && !(nrm = (const float *)cu_weight(c, a->norm_w, (size_t)H * sizeof(float)))) return 1;
     const size_t smem = fixed + pool;
-    if (g_fu_attr_dev != c->device) {
-#define FU_ATTR(KERN) CU_CHECK(c, cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(optin - stat)))
-        if (FU_ATTR((k_moe_fused<8, 2>)) || FU_ATTR((k_moe_fused<8, 4>)) || FU_ATTR((k_moe_fused<8, 8>))) return 1;
-#undef FU_ATTR
-        g_fu_attr_dev = c->device;
-    }
     int per_sm = 0;
 #define FU_OCC(KERN) CU_CHECK(c, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, KERN, FU_W * 32, smem))
     int occ_err = 0;
@@ -357,8 +368,8 @@ extern "C" int cu_moe_fused(cu_backend *c, const moet_moe_args *a, const cu_expe
 #undef FU_OCC
     if (occ_err) return 1;
     if (per_sm < 1) return 0;
-    const int64_t NU = (int64_t)K * (F / 16) + H / 16;
-    const int G = (int)(NU < c->prop.multiProcessorCount ? NU : c->prop.multiProcessorCount);
+    const int64_t NU = (int64_t)K * (F / 16) + H / 16, slots = (int64_t)per_sm * c->prop.multiProcessorCount;
+    const int G = (int)(NU < slots ? NU : slots); /* every CTA resident at once: the counters' waits need it */
     const int nvg = tc_warps(H / bh, TC_GU_W), nvd = tc_warps(K * (F / bf), TC_DN_W);
 #define FU_GO(KERN)                                                                                                    \
     cu_launch_pdl(c, KERN, dim3((unsigned)G), dim3(FU_W * 32), smem, a->x, H, F, E, K, a->norm_topk, rd, rw->type,    \

@@ -364,6 +364,7 @@ static void cu_destroy(moet_backend *be) {
     cu_backend *c = cu_of(be);
     if (!c) return;
     cudaStreamSynchronize(c->stream);
+    cu_moe_fused_report(c);
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     for (size_t i = 0; i < c->cap_mirrors; i++)
@@ -445,6 +446,7 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
         c->pdl = c->prop.major >= 9 && pe && !strcmp(pe, "1");
         if (c->pdl) fprintf(stderr, "moet: MOET_PDL=1: programmatic dependent launch on (experimental, known wrong in tests/test_ops)\n");
     }
+    cu_moe_fused_trace_init(c);
     snprintf(c->desc, sizeof c->desc, "%s (sm_%d%d, %d SMs, %.0f GiB)", c->prop.name, c->prop.major, c->prop.minor,
              c->prop.multiProcessorCount, (double)c->prop.totalGlobalMem / (1u << 30));
     return &c->base;

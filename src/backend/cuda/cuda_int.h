@@ -115,6 +115,9 @@ size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx);
 void cu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
             const float *x, int64_t n, float *scratch, float *y);
 void cu_moe(moet_backend *be, const moet_moe_args *a);
+/* MOET_MOE_TRACE=1: prints the last fused MoE launch's phase times (stderr); called at teardown (moe_fused.cu). */
+void cu_moe_fused_report(cu_backend *c);
+void cu_moe_fused_trace_init(cu_backend *c);
 size_t cu_moe_scratch_bytes(moet_backend *be, int64_t n_tok, int64_t hidden, int64_t ffn, int32_t n_experts,
                             int32_t n_used);
 

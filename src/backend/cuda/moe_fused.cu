@@ -28,6 +28,7 @@
  * Bytes (per token): K x 3 x F x H x 9/32 + the router rows; FLOPs 2 x K x 3 x F x H.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "backend/cuda/moe_tc.cuh"
@@ -176,8 +177,17 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
             const float *__restrict__ norm_w, float eps, float *__restrict__ h, float *__restrict__ logits,
             int32_t *__restrict__ topk_ids, float *__restrict__ topk_w, const cu_mat *__restrict__ table,
             int32_t type, int32_t gu_rot, uint32_t gu_seed, float *act, float *y, int accum,
-            int32_t *sync, uint32_t pool_bytes, int nvg, int nvd) {
+            int32_t *sync, uint32_t pool_bytes, int nvg, int nvd, unsigned long long *trace) {
 #ifdef CU_HAS_BULK
+#define FU_T(slot)                                                                                                     \
+    do {                                                                                                               \
+        if (trace && threadIdx.x == 0) {                                                                               \
+            unsigned long long t_;                                                                                     \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                                     \
+            trace[blockIdx.x * 16 + (slot)] = t_;                                                                      \
+        }                                                                                                              \
+    } while (0)
+    FU_T(0);
     extern __shared__ __align__(128) unsigned char fsm[];
     __shared__ double nred[TC_RT_W];
     __shared__ float ninv[1];
@@ -202,6 +212,7 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
     }
     tc_lut_fill(lut);
     cu_pdl_wait();
+    FU_T(1);
     cu_stage_f32(xs, x, H);
     __syncthreads();
     if (norm_w) /* k_tc_router's pre-norm: its sums of squares as its 512 or 128 threads add them */
@@ -217,6 +228,7 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
     }
     __syncthreads();
     const int my_rows = (int)blockIdx.x < E ? (int)((E - 1 - (int)blockIdx.x) / G + 1) : 0;
+    FU_T(2);
     if (threadIdx.x == 0) cu_flag_add(sync, 1 + my_rows);
     if (warp == 0)
         while (cu_flag_read(sync) < G + E) {
@@ -231,8 +243,10 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
         topk_ids[threadIdx.x] = ids[threadIdx.x];
         topk_w[threadIdx.x] = wts[threadIdx.x];
     }
+    FU_T(3);
     for (int i = threadIdx.x; i < 3 * K; i += blockDim.x) mats[i] = table[ids[i / 3] * 3 + i % 3];
     __syncthreads();
+    FU_T(4);
 
     const int64_t TF = F / 16, NGU = (int64_t)K * TF, NU = NGU + H / 16, NBH = H / 32, NBF = F / 32;
     const uint32_t gu_bytes = (uint32_t)(2 * NBH * FU_BLK), dn_bytes = (uint32_t)(K * NBF * FU_BLK);
@@ -284,13 +298,17 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
             const int64_t ui = u0 + (int64_t)i * G;
             float *rb = red + (nunit++ & 1) * FU_DNV * 16; /* two partial-sum buffers: one __syncthreads a unit */
             cu_mbar_wait(bar + i, (par >> i) & 1u);
+            if (nunit == 1) FU_T(5);
+            if (ui >= NGU) FU_T(7);
             if (ui < NGU) {
                 const int k = (int)(ui / TF);
                 fu_gate_up<MH>(pool + o, k, ui - k * TF, H, F, mats, type, gu_rot, gu_seed, xs, lut, rb, X, nvg, act,
                                sync);
+                FU_T(6);
                 o += gu_bytes;
             } else {
                 fu_down<MF>(pool + o, ui - NGU, H, F, K, mats, type, wts, lut, rb, X, nvd, act, y, accum, sync);
+                FU_T(8);
                 o += dn_bytes;
             }
         }
@@ -299,11 +317,13 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
         cu_fence_proxy_async();
         u0 = u;
     }
+    FU_T(9);
     cu_pdl_trigger();
     if (threadIdx.x == 0 && atomicAdd(sync + K + 1, 1) == G - 1) {
         for (int i = 0; i <= K + 1; i++) sync[i] = 0; /* every other CTA is done: reset for the next launch */
         __threadfence();
     }
+#undef FU_T
 #else
     __trap();
 #endif
@@ -312,6 +332,44 @@ k_moe_fused(const float *x, int64_t H, int64_t F, int32_t E, int32_t K, int32_t 
 /* ---- host side ----------------------------------------------------------------------------------------------- */
 
 static int g_fu_attr_dev = -1;
+/* MOET_MOE_TRACE=1: every CTA stamps %globaltimer at its phase boundaries (slots: 0 start, 1 after the PDL wait, 2
+ * router rows written, 3 routed, 4 table entries loaded, 5 first unit's tiles landed, 6 last gate/up unit done,
+ * 7 down unit's tiles landed, 8 down unit done, 9 end); cu_moe_fused_report prints the last launch's at teardown. */
+static unsigned long long *g_fu_trace;
+static int g_fu_trace_G;
+
+#define FU_TRACE_MAX 4096
+extern "C" void cu_moe_fused_trace_init(cu_backend *c) {
+    const char *te = getenv("MOET_MOE_TRACE");
+    if (!te || te[0] != '1' || g_fu_trace) return;
+    if (!CU_CHECK(c, cudaMalloc(&g_fu_trace, (size_t)FU_TRACE_MAX * 16 * sizeof(unsigned long long))))
+        CU_CHECK(c, cudaMemset(g_fu_trace, 0, (size_t)FU_TRACE_MAX * 16 * sizeof(unsigned long long)));
+}
+
+extern "C" void cu_moe_fused_report(cu_backend *c) {
+    if (!g_fu_trace) return;
+    const int G = g_fu_trace_G;
+    unsigned long long *h = (unsigned long long *)calloc((size_t)G * 16, sizeof *h);
+    if (h && cudaStreamSynchronize(c->stream) == cudaSuccess &&
+        cudaMemcpy(h, g_fu_trace, (size_t)G * 16 * sizeof *h, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        unsigned long long t0 = ~0ull;
+        for (int b = 0; b < G; b++) if (h[b * 16] && h[b * 16] < t0) t0 = h[b * 16];
+        static const char *nm[10] = {"start", "pdl waited", "router rows", "routed", "table", "first tiles",
+                                     "last gate/up", "down tiles", "down done", "end"};
+        fprintf(stderr, "moe_fused trace (last launch, %d CTAs, us from the first start): phase min / median / max\n", G);
+        for (int sl = 0; sl < 10; sl++) {
+            double v[4096];
+            int n = 0;
+            for (int b = 0; b < G && n < 4096; b++) if (h[b * 16 + sl] >= t0) v[n++] = (double)(h[b * 16 + sl] - t0) / 1e3;
+            if (!n) continue;
+            for (int i = 1; i < n; i++) { double x = v[i]; int j = i - 1; while (j >= 0 && v[j] > x) { v[j + 1] = v[j]; j--; } v[j + 1] = x; }
+            fprintf(stderr, "  %-13s %7.2f %7.2f %7.2f (%d)\n", nm[sl], v[0], v[n / 2], v[n - 1], n);
+        }
+    }
+    free(h);
+    cudaFree(g_fu_trace);
+    g_fu_trace = NULL;
+}
 static size_t g_fu_static; /* k_moe_fused's static shared memory */
 
 static size_t fu_fixed_bytes(int64_t H, int32_t E) {
@@ -370,11 +428,13 @@ extern "C" int cu_moe_fused(cu_backend *c, const moet_moe_args *a, const cu_expe
     if (per_sm < 1) return 0;
     const int64_t NU = (int64_t)K * (F / 16) + H / 16, slots = (int64_t)per_sm * c->prop.multiProcessorCount;
     const int G = (int)(NU < slots ? NU : slots); /* every CTA resident at once: the counters' waits need it */
+    if (G > FU_TRACE_MAX) g_fu_trace = NULL; /* (never at today's SM counts) */
+    g_fu_trace_G = G;
     const int nvg = tc_warps(H / bh, TC_GU_W), nvd = tc_warps(K * (F / bf), TC_DN_W);
 #define FU_GO(KERN)                                                                                                    \
     cu_launch_pdl(c, KERN, dim3((unsigned)G), dim3(FU_W * 32), smem, a->x, H, F, E, K, a->norm_topk, rd, rw->type,    \
                   rw->row_bytes, rw->qscale, rw->qbeta, nrm, a->eps, a->h, logits, a->topk_ids, a->topk_w, tab->table, \
-                  tab->type, tab->gu_rotated, tab->gu_seed, act, a->y, a->accumulate, c->fsync, pool, nvg, nvd)
+                  tab->type, tab->gu_rotated, tab->gu_seed, act, a->y, a->accumulate, c->fsync, pool, nvg, nvd, g_fu_trace)
     FU_DISPATCH(bf / 32, FU_GO)
 #undef FU_GO
     CU_LAUNCHED(c, "k_moe_fused");

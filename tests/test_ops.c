@@ -195,6 +195,28 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < 2; k++) check_mul_mat(qf2[k], "300x352 ", W2, dq2, x2, R2, C2, N2, y2, ref2);
         free(W2); free(dq2); free(x2); free(y2); free(ref2);
     }
+    /* many tokens of a BF16 matrix (prefill): CUDA's tensor-core GEMM (gemm.cu, x as three BF16 terms) from 32
+     * tokens on; 70 tokens, y = and y += */
+    {
+        const int64_t R3 = 300, C3 = 352, N3 = 70;
+        float *W3 = malloc(sizeof(float) * R3 * C3), *dq3 = malloc(sizeof(float) * R3 * C3),
+              *x3 = malloc(sizeof(float) * N3 * C3), *y3 = malloc(sizeof(float) * N3 * R3), *y0 = malloc(sizeof(float) * N3 * R3);
+        double *ref3 = malloc(sizeof(double) * N3 * R3);
+        for (int64_t i = 0; i < R3 * C3; i++) W3[i] = gauss() * 0.05f;
+        for (int64_t i = 0; i < N3 * C3; i++) x3[i] = gauss() * (i % 7 == 0 ? 100.0f : 1.0f); /* a wide range */
+        check_mul_mat(MOET_QF_BF16, "300x352 ", W3, dq3, x3, R3, C3, N3, y3, ref3);
+        moet_weight w;
+        void *blk = make_weight(MOET_QF_BF16, W3, R3, C3, &w, dq3);
+        ref_mul_mat(dq3, x3, R3, C3, N3, ref3);
+        for (int64_t i = 0; i < N3 * R3; i++) { y0[i] = gauss(); ref3[i] += y0[i]; }
+        float *xd = dev(x3, sizeof(float) * N3 * C3), *yd = dev(y0, sizeof(float) * N3 * R3);
+        op->mul_mat_acc(be, &w, xd, N3, yd);
+        pull(y3, yd, (size_t)(N3 * R3));
+        report("mul_mat_acc", "bf16 300x352 n=70", nmse(y3, ref3, (size_t)(N3 * R3)), 1e-12);
+        drop(xd); drop(yd);
+        op->forget(be, blk);
+        free(blk); free(W3); free(dq3); free(x3); free(y3); free(y0); free(ref3);
+    }
     /* add: residual and bias forms */
     {
         const int64_t M = 5, D = 96;
@@ -717,6 +739,40 @@ int perf_main(moet_backend *be) {
         printf("copy bandwidth (d2d, read+write): %.0f GB/s\n", 2.0 * cc.bytes * cc.reps / best / 1e9);
         op->release(be, cc.a);
         op->release(be, cc.b);
+    }
+    { /* dense BF16 products at the 30b QKV shape (5120 x 2048): GEMV kernels (MOET_GEMM=0) and tensor cores */
+        const int64_t R = 5120, C = 2048;
+        void *wd = op->alloc(be, (size_t)R * C * 2);
+        REQUIRE(wd, "perf dense weight");
+        op->fill_random(be, wd, MOET_TYPE_BF16, R, C, 0.02f, 7);
+        moet_weight w = {.data = wd, .type = MOET_TYPE_BF16, .rows = R, .cols = C, .row_bytes = (size_t)C * 2, .qscale = 1};
+        const int dt[] = {8, 16, 32, 64, 128, 512};
+        printf("%-28s %8s %10s %10s %9s %9s\n", "dense bf16 5120x2048", "tokens", "us/op", "MB/op", "GB/s", "TFLOP/s");
+        for (size_t i = 0; i < sizeof dt / sizeof dt[0]; i++) {
+            const int T = dt[i];
+            float *x = dev(NULL, sizeof(float) * T * C), *y = dev(NULL, sizeof(float) * T * R);
+            op->fill_random(be, x, MOET_TYPE_F32, T, C, 1.0f, 3);
+            for (int path = 0; path < 2; path++) {
+                setenv("MOET_GEMM", path ? "1" : "0", 1);
+                float probe;
+                op->mul_mat(be, &w, x, T, y);
+                op->download(be, &probe, y, sizeof probe);
+                double best = 1e30;
+                for (int it = 0; it < 10; it++) {
+                    double t0 = now_s();
+                    for (int r = 0; r < 8; r++) op->mul_mat(be, &w, x, T, y);
+                    op->download(be, &probe, y, sizeof probe);
+                    double d = (now_s() - t0) / 8;
+                    if (d < best) best = d;
+                }
+                const double bytes = (double)R * C * 2 + (double)T * (C + R) * 4, fl = 2.0 * T * R * C;
+                printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", path ? "  tensor cores (gemm.cu)" : "  GEMV (matmul.cu)", T,
+                       best * 1e6, bytes / 1e6, bytes / best / 1e9, fl / best / 1e12);
+            }
+            unsetenv("MOET_GEMM");
+            drop(x); drop(y);
+        }
+        op->release(be, wd);
     }
     const int64_t H = 2048, F = 768;
     const int E = 128, K = 8, SETS = 8, REPS = 48;

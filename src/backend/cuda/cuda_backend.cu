@@ -374,6 +374,7 @@ static void cu_destroy(moet_backend *be) {
     free(c->etabs);
     cudaFree(c->ticket);
     cudaFree(c->fsync);
+    cu_gemm_release(c);
     cudaStreamDestroy(c->stream);
     free(c);
 }

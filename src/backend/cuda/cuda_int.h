@@ -71,6 +71,10 @@ typedef struct {
     int32_t *ticket;       /* device int, 0 between launches: moe_tc.cu's router counts its finished CTAs on it */
     int32_t *fsync;        /* device ints, 0 between launches: moe_fused.cu's counters (MOE_MAX_K + 2 used) */
     int pdl;               /* launch the decode kernels with programmatic dependent launch (sm_90+, MOET_PDL != 0) */
+    void *blas;            /* gemm.cu: cublasHandle_t, created at the first GEMM (NULL: none yet) */
+    void *blas_ws;         /* its workspace (device) */
+    void *gemm_buf;        /* split x and partial products (device), grown outside captures */
+    size_t gemm_bytes;
 } cu_backend;
 
 static inline cu_backend *cu_of(moet_backend *be) { return (cu_backend *)be; }
@@ -97,6 +101,10 @@ void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t 
 void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
 void cu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n, int64_t dim,
                      float *h, int32_t nw, const moet_weight *const *w, float *const *y);
+/* gemm.cu: y (+)= x W^T on tensor cores (cuBLAS, x as three BF16 terms) when w is BF16, n is large and no graph
+ * is being captured; 1 when it ran (or recorded an error), 0 to leave the product to the GEMV kernels. */
+int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n, float *y, int acc);
+void cu_gemm_release(cu_backend *c);
 void cu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y);
 void cu_add(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim);
 void cu_rms_norm(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y);

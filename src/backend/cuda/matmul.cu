@@ -380,6 +380,7 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
     }
     const uint8_t *d = cu_weight_mat(c, w);
     if (!d || mm_attrs(c)) return;
+    if (cu_gemm_bf16(c, w, d, x, n, y, acc)) return; /* many tokens of a BF16 matrix: tensor cores (gemm.cu) */
     int ch;
     if (mv16_ok(w, d, x) && (ch = mv16_chunk(w->cols, n)) >= 1) {
         cu_mv16_set set = {};

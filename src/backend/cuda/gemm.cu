@@ -18,8 +18,10 @@
  * Loading: libcublas is opened at run time (dlopen), not linked: a machine without it (CI has no GPU and no library
  * path to it) runs everything else, and the GEMV kernels take every product (MOET_GEMM=0 forces that, for A/B;
  * MOET_GEMM_MIN_TOK=N moves the threshold, read once).
- * Never inside a CUDA graph capture (a captured step must not allocate; decode steps are the captured ones) and only
- * from MOET_GEMM_MIN_TOK tokens (default 32: below it the GEMV reads W few enough times).
+ * Inside CUDA graph captures too (session.c records chunks of up to 64 tokens): the handle, its workspace and the
+ * scratch are made at the first (eager) call and never reallocated, so a recorded step allocates nothing and
+ * computes what the eager one did, bit for bit. From MOET_GEMM_MIN_TOK tokens (default 32: below it the GEMV reads
+ * W few enough times).
  * Bytes per call: rows x cols x 2 (W) + n x cols x (4 + 6) + n x rows x (12 + 4 or 8); FLOPs 3 x 2 x n x rows x cols.
  */
 #include <cublas_v2.h>
@@ -51,7 +53,9 @@ static int g_blas_state; /* 0 not tried, 1 loaded, -1 unavailable or disabled */
 static int g_gemm_min = -1; /* tokens from which a product comes here: MOET_GEMM_MIN_TOK, else 32 */
 
 #define GEMM_WORKSPACE ((size_t)32 << 20)
-#define GEMM_SCRATCH_MAX ((size_t)256 << 20) /* split x + partial products of one pass; larger calls go in chunks */
+/* split x + partial products of one pass, allocated once and never moved (a recorded graph keeps its address):
+ * larger calls go in passes of fewer tokens */
+#define GEMM_SCRATCH ((size_t)64 << 20)
 
 static int blas_load(void) {
     if (g_blas_state) return g_blas_state > 0;
@@ -111,47 +115,35 @@ extern "C" int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *
         const char *m = getenv("MOET_GEMM_MIN_TOK");
         g_gemm_min = m && atoi(m) >= 1 ? atoi(m) : 32;
     }
-    if (n < g_gemm_min || w->type != MOET_TYPE_BF16 || w->rotated || c->capturing) return 0;
+    if (n < g_gemm_min || w->type != MOET_TYPE_BF16 || w->rotated) return 0;
     const char *off = getenv("MOET_GEMM"); /* read at every call: an A/B in one process (test_ops --perf) */
     if ((off && off[0] == '0') || !blas_load()) return 0;
     if (w->rows > INT32_MAX / 4 || w->cols > INT32_MAX / 4 || (w->row_bytes & 1) || (uintptr_t)d & 15) return 0;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-        cudaGetLastError();
-        return 0;
-    }
     const int64_t rows = w->rows, cols = w->cols, ld = (int64_t)(w->row_bytes / 2);
-    /* tokens a pass: split x (3 x cols bf16) and partials (3 x rows f32) of every token within the scratch cap */
-    const size_t per_tok = (size_t)cols * 3 * sizeof(__nv_bfloat16) + (size_t)rows * 3 * sizeof(float);
-    int64_t nc = (int64_t)(GEMM_SCRATCH_MAX / per_tok);
+    /* tokens a pass: split x (3 x cols bf16) and partials (3 x rows f32) of every token within the scratch */
+    const size_t per_tok = (size_t)cols * 3 * sizeof(__nv_bfloat16) + (size_t)rows * 3 * sizeof(float) + 256;
+    int64_t nc = (int64_t)(GEMM_SCRATCH / per_tok);
     if (nc < 1) return 0;
     if (nc > n) nc = n;
-    if (nc * 3 > INT32_MAX) nc = INT32_MAX / 3;
     const size_t xs_bytes = ((size_t)nc * cols * 3 * sizeof(__nv_bfloat16) + 255) & ~(size_t)255;
-    const size_t need = xs_bytes + (size_t)nc * rows * 3 * sizeof(float);
     if (!c->blas) {
+        /* the first GEMM runs eagerly (graph_run records a step only after running it once), so the handle and
+         * the scratch exist before any capture; a capture that came first (never, today) takes the GEMV kernels */
+        if (c->capturing) return 0;
         cublasHandle_t h;
         if (g_blas.create(&h) != CUBLAS_STATUS_SUCCESS) {
             cu_fail(c, cudaErrorUnknown, "cublasCreate", __FILE__, __LINE__);
             return 1;
         }
         c->blas = h;
-        if (CU_CHECK(c, cudaMalloc(&c->blas_ws, GEMM_WORKSPACE))) return 1;
+        if (CU_CHECK(c, cudaMalloc(&c->blas_ws, GEMM_WORKSPACE)) || CU_CHECK(c, cudaMalloc(&c->gemm_buf, GEMM_SCRATCH)))
+            return 1;
+        c->gemm_bytes = GEMM_SCRATCH;
         if (g_blas.set_stream(h, c->stream) != CUBLAS_STATUS_SUCCESS ||
             g_blas.set_workspace(h, c->blas_ws, GEMM_WORKSPACE) != CUBLAS_STATUS_SUCCESS) {
             cu_fail(c, cudaErrorUnknown, "cublasSetStream / cublasSetWorkspace", __FILE__, __LINE__);
             return 1;
         }
-    }
-    if (c->gemm_bytes < need) {
-        if (c->gemm_buf) {
-            if (CU_CHECK(c, cudaStreamSynchronize(c->stream))) return 1;
-            cudaFree(c->gemm_buf);
-            c->gemm_buf = NULL;
-            c->gemm_bytes = 0;
-        }
-        if (CU_CHECK(c, cudaMalloc(&c->gemm_buf, need))) return 1;
-        c->gemm_bytes = need;
     }
     __nv_bfloat16 *xs = (__nv_bfloat16 *)c->gemm_buf;
     float *part = (float *)((uint8_t *)c->gemm_buf + xs_bytes);

@@ -195,8 +195,8 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < 2; k++) check_mul_mat(qf2[k], "300x352 ", W2, dq2, x2, R2, C2, N2, y2, ref2);
         free(W2); free(dq2); free(x2); free(y2); free(ref2);
     }
-    /* many tokens of a BF16 matrix (prefill): CUDA's tensor-core GEMM (gemm.cu, x as three BF16 terms) from 32
-     * tokens on; 70 tokens, y = and y += */
+    /* many tokens of a BF16 matrix (prefill): CUDA's tensor-core GEMM (gemm.cu, x as three BF16 terms) from 4
+     * tokens on (the 5- and 9-token checks above take it too); 70 tokens, a wide range of |x|, y = and y += */
     {
         const int64_t R3 = 300, C3 = 352, N3 = 70;
         float *W3 = malloc(sizeof(float) * R3 * C3), *dq3 = malloc(sizeof(float) * R3 * C3),
@@ -714,7 +714,14 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static double g_copy_bw = 1; /* bytes/s of the copy, measured first */
 typedef struct { moet_backend *be; void *a, *b; size_t bytes; int reps; } copy_ctx;
+/* single-token GEMVs over a rotation of weight copies (so L2 does not hold them), REPS calls a recorded step */
+typedef struct { moet_backend *be; moet_weight *w; int n_sets, reps; float *x, *y; } gemv_ctx;
+static void perf_gemv_step(void *v) {
+    gemv_ctx *p = v;
+    for (int r = 0; r < p->reps; r++) p->be->ops->mul_mat(p->be, &p->w[r % p->n_sets], p->x, 1, p->y);
+}
 static void perf_copy_step(void *v) {
     copy_ctx *p = v;
     for (int r = 0; r < p->reps; r++) p->be->ops->copy(p->be, r & 1 ? p->a : p->b, r & 1 ? p->b : p->a, p->bytes);
@@ -736,9 +743,48 @@ int perf_main(moet_backend *be) {
             double dt = now_s() - t0;
             if (dt < best) best = dt;
         }
-        printf("copy bandwidth (d2d, read+write): %.0f GB/s\n", 2.0 * cc.bytes * cc.reps / best / 1e9);
+        g_copy_bw = 2.0 * cc.bytes * cc.reps / best;
+        printf("copy bandwidth (d2d, read+write): %.0f GB/s\n", g_copy_bw / 1e9);
         op->release(be, cc.a);
         op->release(be, cc.b);
+    }
+    { /* one token through BF16 matrices of 2048 columns and growing rows (decode's dense GEMVs: o_proj is 8 MB per
+       * 2048 rows of 4096, QKV 21 MB, lm_head 622 MB): time per call = fixed cost + bytes / bandwidth */
+        const int64_t C = 2048, rws[] = {1024, 5120, 20480, 81920};
+        printf("%-28s %8s %10s %10s %9s %9s\n", "dense bf16 GEMV, 1 token", "rows", "us/op", "MB/op", "GB/s", "of copy");
+        float *x = dev(NULL, sizeof(float) * C), *y = dev(NULL, sizeof(float) * 81920);
+        op->fill_random(be, x, MOET_TYPE_F32, 1, C, 1.0f, 3);
+        for (size_t i = 0; i < sizeof rws / sizeof rws[0]; i++) {
+            const int64_t R = rws[i];
+            const size_t bytes = (size_t)R * C * 2;
+            int ns = (int)(((size_t)256 << 20) / bytes) + 1;
+            if (ns > 16) ns = 16;
+            moet_weight *ws = calloc((size_t)ns, sizeof *ws);
+            for (int k = 0; k < ns; k++) {
+                void *wd = op->alloc(be, bytes);
+                REQUIRE(wd, "perf gemv weight");
+                op->fill_random(be, wd, MOET_TYPE_BF16, R, C, 0.02f, 11 + (uint64_t)k);
+                ws[k] = (moet_weight){.data = wd, .type = MOET_TYPE_BF16, .rows = R, .cols = C, .row_bytes = (size_t)C * 2,
+                                      .qscale = 1};
+            }
+            gemv_ctx gc = {be, ws, ns, 32, x, y};
+            float probe;
+            for (int w = 0; w < 3; w++) op->graph_run(be, 3000 + (uint64_t)i, perf_gemv_step, &gc);
+            op->download(be, &probe, y, sizeof probe);
+            double best = 1e30;
+            for (int it = 0; it < 10; it++) {
+                double t0 = now_s();
+                op->graph_run(be, 3000 + (uint64_t)i, perf_gemv_step, &gc);
+                op->download(be, &probe, y, sizeof probe);
+                double d = (now_s() - t0) / gc.reps;
+                if (d < best) best = d;
+            }
+            printf("%-28s %8lld %10.2f %10.2f %9.0f %8.1f%%\n", "  k_mv16p (graph, cold L2)", (long long)R, best * 1e6,
+                   bytes / 1e6, bytes / best / 1e9, 100.0 * bytes / best / g_copy_bw);
+            for (int k = 0; k < ns; k++) op->release(be, (void *)ws[k].data);
+            free(ws);
+        }
+        drop(x); drop(y);
     }
     { /* dense BF16 products at the 30b QKV shape (5120 x 2048): GEMV kernels (MOET_GEMM=0) and tensor cores */
         const int64_t R = 5120, C = 2048;

@@ -103,6 +103,7 @@ void cu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, floa
                      float *h, int32_t nw, const moet_weight *const *w, float *const *y);
 /* gemm.cu: y (+)= x W^T on tensor cores (cuBLAS, x as three BF16 terms) when w is BF16, n is large and no graph
  * is being captured; 1 when it ran (or recorded an error), 0 to leave the product to the GEMV kernels. */
+int cu_gemm_wants(int32_t type, int64_t n); /* whether n tokens of a type-`type` matrix would come here */
 int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n, float *y, int acc);
 void cu_gemm_release(cu_backend *c);
 void cu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y);

@@ -20,8 +20,8 @@
  * MOET_GEMM_MIN_TOK=N moves the threshold, read once).
  * Inside CUDA graph captures too (session.c records chunks of up to 64 tokens): the handle, its workspace and the
  * scratch are made at the first (eager) call and never reallocated, so a recorded step allocates nothing and
- * computes what the eager one did, bit for bit. From MOET_GEMM_MIN_TOK tokens (default 32: below it the GEMV reads
- * W few enough times).
+ * computes what the eager one did, bit for bit. From MOET_GEMM_MIN_TOK tokens (default 4: on the H200 at the 30b QKV
+ * shape the GEMV kernels take 10.4 us at 1 token and 21.3 at 4, cuBLAS 16.6 and 17.0; bench/results/cuda/).
  * Bytes per call: rows x cols x 2 (W) + n x cols x (4 + 6) + n x rows x (12 + 4 or 8); FLOPs 3 x 2 x n x rows x cols.
  */
 #include <cublas_v2.h>
@@ -50,7 +50,7 @@ typedef struct {
 
 static cu_blas_fns g_blas;
 static int g_blas_state; /* 0 not tried, 1 loaded, -1 unavailable or disabled */
-static int g_gemm_min = -1; /* tokens from which a product comes here: MOET_GEMM_MIN_TOK, else 32 */
+static int g_gemm_min = -1; /* tokens from which a product comes here: MOET_GEMM_MIN_TOK, else 4 */
 
 #define GEMM_WORKSPACE ((size_t)32 << 20)
 /* split x + partial products of one pass, allocated once and never moved (a recorded graph keeps its address):
@@ -109,15 +109,23 @@ static unsigned gemm_grid(const cu_backend *c, int64_t n) {
     return (unsigned)(g < 1 ? 1 : g > cap ? cap : g);
 }
 
-extern "C" int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n,
-                            float *y, int acc) {
+static int gemm_min(void) {
     if (g_gemm_min < 0) {
         const char *m = getenv("MOET_GEMM_MIN_TOK");
-        g_gemm_min = m && atoi(m) >= 1 ? atoi(m) : 32;
+        g_gemm_min = m && atoi(m) >= 1 ? atoi(m) : 4;
     }
-    if (n < g_gemm_min || w->type != MOET_TYPE_BF16 || w->rotated) return 0;
-    const char *off = getenv("MOET_GEMM"); /* read at every call: an A/B in one process (test_ops --perf) */
-    if ((off && off[0] == '0') || !blas_load()) return 0;
+    return g_gemm_min;
+}
+
+extern "C" int cu_gemm_wants(int32_t type, int64_t n) {
+    const char *off = getenv("MOET_GEMM");
+    return type == MOET_TYPE_BF16 && n >= gemm_min() && !(off && off[0] == '0') && blas_load();
+}
+
+extern "C" int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n,
+                            float *y, int acc) {
+    /* MOET_GEMM is read at every call: an A/B in one process (test_ops --perf) */
+    if (w->rotated || !cu_gemm_wants(w->type, n)) return 0;
     if (w->rows > INT32_MAX / 4 || w->cols > INT32_MAX / 4 || (w->row_bytes & 1) || (uintptr_t)d & 15) return 0;
     const int64_t rows = w->rows, cols = w->cols, ld = (int64_t)(w->row_bytes / 2);
     /* tokens a pass: split x (3 x cols bf16) and partials (3 x rows f32) of every token within the scratch */

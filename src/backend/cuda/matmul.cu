@@ -429,8 +429,11 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
     if (n <= 0 || c->err[0]) return;
     if (mm_attrs(c)) return;
     /* More tokens than one CTA stages (prefill): every CTA column would redo the norm of its chunk, so the norm runs
-     * once (rms_norm) and the matrices take the plain kernel. */
+     * once (rms_norm) and the matrices take the plain kernel (or gemm.cu). */
     int fused = nw >= 1 && nw <= MV16_MATS && !(dim % 32) && mv16_chunk(dim, n) >= 1 && n <= mv16_chunk(dim, n);
+    /* Tokens enough for tensor cores (gemm.cu): rms_norm once, then each product there. */
+    for (int32_t i = 0; fused && i < nw; i++)
+        if (cu_gemm_wants(w[i]->type, n)) fused = 0;
     cu_mv16_set set = {};
     for (int32_t i = 0; fused && i < nw; i++) {
         const uint8_t *d = cu_weight_mat(c, w[i]);

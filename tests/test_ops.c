@@ -515,6 +515,74 @@ int main(int argc, char **argv) {
             free(qa); free(ka); free(va); free(kc0); free(vc0); free(qn); free(kn); free(r1); free(r2); free(rd);
         }
     }
+    /* attn_rows (batched decode): 3 rows, each one token of its own sequence (own caches, positions 0, 41, 79), with a
+     * table of cache pointers in backend memory, against attn_prep + attention row by row, bit for bit */
+    if (op->attn_rows) {
+        const int nh = 8, nkv = 2, hd = 128, ctx = 80, NR = 3;
+        const int64_t Dq = (int64_t)nh * hd, Dk = (int64_t)nkv * hd;
+        const int32_t ps[3] = {0, 41, 79};
+        float *qa = malloc(sizeof(float) * NR * Dq), *ka = malloc(sizeof(float) * NR * Dk), *va = malloc(sizeof(float) * NR * Dk);
+        float *c0 = malloc(sizeof(float) * ctx * Dk), *qn = malloc(sizeof(float) * hd), *kn = malloc(sizeof(float) * hd);
+        float *r1 = malloc(sizeof(float) * ctx * Dk), *r2 = malloc(sizeof(float) * ctx * Dk);
+        double *rd = malloc(sizeof(double) * ctx * Dk);
+        for (int i = 0; i < NR * Dq; i++) qa[i] = gauss() * 2;
+        for (int i = 0; i < NR * Dk; i++) { ka[i] = gauss() * 2; va[i] = gauss(); }
+        for (int i = 0; i < hd; i++) { qn[i] = 1 + 0.3f * gauss(); kn[i] = 1 + 0.3f * gauss(); }
+        float *qd[2], *kd[2], *vd[2], *od[2], *kcd[2][3], *vcd[2][3];
+        int32_t *pd = dev(ps, sizeof ps);
+        void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
+        float *tab[6];
+        for (int f = 0; f < 2; f++) {
+            qd[f] = dev(qa, sizeof(float) * NR * Dq); kd[f] = dev(ka, sizeof(float) * NR * Dk);
+            vd[f] = dev(va, sizeof(float) * NR * Dk); od[f] = dev_poisoned((size_t)(NR * Dq));
+            for (int r = 0; r < NR; r++) {
+                for (int i = 0; i < ctx * Dk; i++) c0[i] = gauss();
+                kcd[f][r] = dev(c0, sizeof(float) * ctx * Dk);
+                for (int i = 0; i < ctx * Dk; i++) c0[i] = gauss();
+                vcd[f][r] = dev(c0, sizeof(float) * ctx * Dk);
+                if (f) { /* the same cache contents in both runs */
+                    op->copy(be, kcd[1][r], kcd[0][r], sizeof(float) * ctx * Dk);
+                    op->copy(be, vcd[1][r], vcd[0][r], sizeof(float) * ctx * Dk);
+                }
+            }
+        }
+        for (int r = 0; r < NR; r++) {
+            moet_attn_args aa = {.q = qd[0] + r * Dq, .k_cache = kcd[0][r], .v_cache = vcd[0][r], .pos = pd + r,
+                                 .n_tok = 1, .n_heads = nh, .n_kv = nkv, .head_dim = hd, .n_ctx = ctx,
+                                 .scale = 1.0f / sqrtf((float)hd), .out = od[0] + r * Dq, .scratch = scr};
+            op->attn_prep(be, qd[0] + r * Dq, kd[0] + r * Dk, vd[0] + r * Dk, 1, nh, nkv, hd, qn, kn, 1e-6f, hd, 1e6,
+                          pd + r, kcd[0][r], vcd[0][r]);
+            op->attention(be, &aa);
+            tab[2 * r] = kcd[1][r];
+            tab[2 * r + 1] = vcd[1][r];
+        }
+        float **tabd = dev(tab, sizeof tab);
+        moet_attn_args ab = {.q = qd[1], .pos = pd, .n_tok = NR, .n_heads = nh, .n_kv = nkv, .head_dim = hd,
+                             .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = od[1], .scratch = scr};
+        CHECK(op->attn_rows(be, qd[1], kd[1], vd[1], qn, kn, 1e-6f, hd, 1e6, tabd, &ab) == 0,
+              "attn_rows declined head_dim 128, 8 / 2 heads");
+        for (int c = 0; c < 2 + 2 * NR; c++) {
+            const float *a0 = c == 0 ? od[0] : c == 1 ? qd[0] : c % 2 ? vcd[0][(c - 2) / 2] : kcd[0][(c - 2) / 2];
+            const float *a1 = c == 0 ? od[1] : c == 1 ? qd[1] : c % 2 ? vcd[1][(c - 2) / 2] : kcd[1][(c - 2) / 2];
+            const size_t n = c < 2 ? (size_t)(NR * Dq) : (size_t)(ctx * Dk);
+            pull(r1, a0, n);
+            pull(r2, a1, n);
+            for (size_t i = 0; i < n; i++) rd[i] = r1[i];
+            char vname[48];
+            snprintf(vname, sizeof vname, "%s", c == 0 ? "out" : c == 1 ? "q" : c % 2 ? "v cache" : "k cache");
+            report("attn_rows", vname, nmse(r2, rd, n), 0);
+            CHECK(!memcmp(r1, r2, n * sizeof(float)), "attn_rows %s (%d): not bit-identical to the rows composed", vname, c);
+        }
+        for (int f = 0; f < 2; f++) {
+            drop(qd[f]); drop(kd[f]); drop(vd[f]); drop(od[f]);
+            for (int r = 0; r < NR; r++) { drop(kcd[f][r]); drop(vcd[f][r]); }
+        }
+        drop(pd); drop(tabd);
+        op->release(be, scr);
+        op->forget(be, qn);
+        op->forget(be, kn);
+        free(qa); free(ka); free(va); free(c0); free(qn); free(kn); free(r1); free(r2); free(rd);
+    }
     /* moe: route (softmax, top-k, renormalise) + SwiGLU experts + weighted combine, on W2 experts */
     /* (hidden, ffn, tokens): 5 and 3 blocks a row in the second; 40 tokens put 15 on an expert on average, more
      * than one chunk of the CUDA grouped path; the last two: rotation chunks of 256 / 128 / 64 (the CUDA

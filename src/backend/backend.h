@@ -146,6 +146,15 @@ typedef struct {
     void (*moe)(moet_backend *be, const moet_moe_args *a);
     size_t (*moe_scratch_bytes)(moet_backend *be, int64_t n_tok, int64_t hidden, int64_t ffn, int32_t n_experts,
                                 int32_t n_used);
+    /* Batched decode's attention: n = a->n_tok rows, row r one token of its own sequence. Exactly, for each r,
+     * attn_prep(q + r Dq, k + r Dkv, v + r Dkv, 1, ..., a->pos + r, caches[2 r], caches[2 r + 1]) then attention
+     * over those caches into a->out + r Dq (Dq = n_heads head_dim, Dkv = n_kv head_dim); a->k_cache / v_cache are
+     * not read, a->q == q. caches is backend memory (2 n pointers): what differs between steps is in backend
+     * memory, so one recorded step serves every set of n sequences. Returns 0 when done (errors: status), nonzero
+     * when it declines the shape before doing anything (the caller then composes per row); whether it declines
+     * depends only on the shape (heads, head_dim, rot_dim). Optional: NULL means always declined. */
+    int (*attn_rows)(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
+                     float eps, int32_t rot_dim, double theta, float *const *caches, const moet_attn_args *a);
 } moet_backend_ops;
 
 struct moet_backend {

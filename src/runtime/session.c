@@ -180,6 +180,9 @@ typedef struct {
     int32_t n, first_logit;
     float *out;
     moet_session *const *rows;  /* batched decode: row i is the next token of rows[i] (its KV cache); NULL: all s's */
+    float *const *kvtab;        /* batched decode, backend memory: layer il's row caches at kvtab + il * kv_stride */
+    int32_t kv_stride;
+    int *declined;              /* set when the backend's attn_rows declined the shape (the rows were composed) */
 } chunk_args;
 
 static void forward_chunk(void *vctx) {
@@ -204,8 +207,18 @@ static void forward_chunk(void *vctx) {
         if (L->bq) op->add(be, s->q, NULL, L->bq, n, Dq);
         if (L->bk) op->add(be, s->k, NULL, L->bk, n, Dkv);
         if (L->bv) op->add(be, s->v, NULL, L->bv, n, Dkv);
-        /* the only per-sequence work: a row's keys and values go to its own cache, and it attends over that */
-        for (int32_t r = 0; r < (ca->rows ? n : 1); r++) {
+        /* the only per-sequence work: a row's keys and values go to its own cache, and it attends over that: all
+         * rows in one op where the backend takes them (caches from a table in backend memory), else row by row */
+        int rows_done = 0;
+        if (ca->rows && ca->kvtab && op->attn_rows) {
+            moet_attn_args aa = {.q = s->q, .pos = s->pos_dev, .n_tok = n, .n_heads = (int32_t)nh,
+                                 .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd, .n_ctx = s->n_ctx,
+                                 .scale = (float)(1.0 / sqrt((double)hd)), .out = s->att, .scratch = s->att_scr};
+            rows_done = op->attn_rows(be, s->q, s->k, s->v, L->q_norm, L->k_norm, hp->rms_eps, hp->rope_dim,
+                                      hp->rope_theta, ca->kvtab + (size_t)il * (size_t)ca->kv_stride, &aa) == 0;
+            if (!rows_done && ca->declined) *ca->declined = 1;
+        }
+        for (int32_t r = 0; !rows_done && r < (ca->rows ? n : 1); r++) {
             const moet_session *o = ca->rows ? ca->rows[r] : s;
             const int32_t nr = ca->rows ? 1 : n;
             moet_attn_args aa = {.q = s->q + r * Dq, .k_cache = o->k_cache[il], .v_cache = o->v_cache[il],
@@ -266,7 +279,7 @@ static int run_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t 
     for (int32_t t = 0; t < n; t++) s->pos_host[t] = s->pos + t;
     op->upload(s->be, s->tok_dev, tokens, (size_t)n * sizeof(int32_t));
     op->upload(s->be, s->pos_dev, s->pos_host, (size_t)n * sizeof(int32_t));
-    chunk_args ca = {s, n, first_logit, out, NULL};
+    chunk_args ca = {s, n, first_logit, out, NULL, NULL, 0, NULL};
     if (s->graphs && !s->calib && n <= GRAPH_MAX_TOKENS && out == s->logits_dev) {
         /* a record bakes in this session's buffers and the chunk's shape: both are in the key */
         uint64_t key = (uint64_t)s->uid << 32 | (uint64_t)n << 16 | (uint64_t)first_logit << 4 | (uint64_t)(s->use_delta != 0);
@@ -322,11 +335,17 @@ int moet_session_truncate(moet_session *s, int32_t pos, char *err, size_t errlen
 /* ---- batched decode -----------------------------------------------------------------------------------------
  * A batch is a session without a KV cache of its own, sized for max_seqs rows: row i of a step is the next token of
  * sessions[i], so the weights are read once for all of them (matmuls and the MoE take the rows together) and only
- * the KV writes and attention run per row, on each session's cache. Steps launch directly: the set of sessions
- * changes from step to step, so there is no fixed shape to record. */
+ * the KV writes and attention run per row, on each session's cache. The rows' caches go to the backend as a table
+ * in its memory (attn_rows: one op a layer for all rows), so everything that differs between steps with the same
+ * number of rows is in backend memory and a step of n rows is recorded once and replayed (graph_run) whatever
+ * sessions fill it. A backend that declines attn_rows for the model's shape gets the rows one by one, launched
+ * directly (their cache pointers would be baked into a record). */
 struct moet_batch {
-    moet_session *s;  /* scratch and logits for max_seqs rows, no KV cache */
+    moet_session *s;     /* scratch and logits for max_seqs rows, no KV cache */
     int32_t max_seqs;
+    float **kvtab_host;  /* [n_layers][max_seqs][2] the rows' k / v caches, staged for kvtab_dev */
+    float **kvtab_dev;   /* backend memory, the same */
+    int rows_ok;         /* attn_rows: -1 not tried yet, 1 takes this model's shape, 0 declines it */
 };
 
 int moet_batch_create(const moet_model *m, int32_t max_seqs, int32_t n_ctx, moet_batch **out, char *err, size_t errlen) {
@@ -336,16 +355,26 @@ int moet_batch_create(const moet_model *m, int32_t max_seqs, int32_t n_ctx, moet
     if (!b) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     /* n_ctx sizes the attention scratch (the longest member context); no KV cache of its own */
     moet_session_options o = {.n_ctx = n_ctx > max_seqs ? n_ctx : max_seqs, .n_batch = max_seqs, .n_logits = max_seqs,
-                              .graphs = 0};
+                              .graphs = 1};
     int rc = session_create(m, NULL, &o, 0, &b->s, err, errlen);
     if (rc) { free(b); return rc; }
     b->max_seqs = max_seqs;
+    b->rows_ok = -1;
+    const size_t tab = (size_t)m->hp.n_layers * (size_t)max_seqs * 2 * sizeof(float *);
+    b->kvtab_host = malloc(tab);
+    b->kvtab_dev = b->s->be->ops->alloc(b->s->be, tab);
+    if (!b->kvtab_host || !b->kvtab_dev) {
+        moet_batch_free(b);
+        return moet_err(err, errlen, MOET_ENOMEM, "out of memory creating a batch of %d sequences", max_seqs);
+    }
     *out = b;
     return MOET_OK;
 }
 
 void moet_batch_free(moet_batch *b) {
     if (!b) return;
+    if (b->kvtab_dev) b->s->be->ops->release(b->s->be, b->kvtab_dev);
+    free(b->kvtab_host);
     moet_session_free(b->s);
     free(b);
 }
@@ -371,8 +400,27 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
     op->upload(s->be, s->tok_dev, tokens, (size_t)n * sizeof(int32_t));
     op->upload(s->be, s->pos_dev, s->pos_host, (size_t)n * sizeof(int32_t));
     s->use_delta = seqs[0]->use_delta;
-    chunk_args ca = {s, n, 0, s->logits_dev, seqs};
-    forward_chunk(&ca);
+    const int32_t L = s->m->hp.n_layers, stride = 2 * b->max_seqs;
+    int declined = 0;
+    chunk_args ca = {s, n, 0, s->logits_dev, seqs, NULL, stride, &declined};
+    if (b->rows_ok != 0 && op->attn_rows) {
+        for (int32_t il = 0; il < L; il++)
+            for (int32_t i = 0; i < n; i++) {
+                b->kvtab_host[(size_t)il * stride + 2 * i] = seqs[i]->k_cache[il];
+                b->kvtab_host[(size_t)il * stride + 2 * i + 1] = seqs[i]->v_cache[il];
+            }
+        op->upload(s->be, b->kvtab_dev, b->kvtab_host, (size_t)L * (size_t)stride * sizeof(float *));
+        ca.kvtab = b->kvtab_dev;
+    }
+    if (b->rows_ok == 1 && s->graphs) {
+        /* batch keys: bit 15 set (run_chunk's keys have first_logit < 64 in bits 4..9) */
+        uint64_t key = (uint64_t)s->uid << 32 | (uint64_t)n << 16 | 1u << 15 | (uint64_t)(s->use_delta != 0);
+        if (op->graph_run(s->be, key, forward_chunk, &ca))
+            return moet_err(err, errlen, MOET_EDEVICE, "%s backend: recording or replaying a batched step failed", op->name);
+    } else {
+        forward_chunk(&ca);
+        if (b->rows_ok < 0) b->rows_ok = op->attn_rows && !declined;
+    }
     op->download(s->be, s->logits, s->logits_dev, (size_t)n * (size_t)V * sizeof(float));
     int rc = op->status(s->be, err, errlen);
     if (rc) return rc;

@@ -517,6 +517,26 @@ static const char *cpu_device_name(moet_backend *be) { return cpu(be)->desc; }
 static void cpu_forget(moet_backend *be, const void *host) { (void)be; (void)host; }
 static int cpu_status(moet_backend *be, char *err, size_t errlen) { (void)be; (void)err; (void)errlen; return 0; }
 
+/* Batched decode's attention (backend.h): the per-row composition, each row on its own caches (the table is host
+ * memory here, as all CPU backend memory is). */
+static int cpu_attn_rows(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
+                         float eps, int32_t rot_dim, double theta, float *const *caches, const moet_attn_args *a) {
+    const int64_t dq = (int64_t)a->n_heads * a->head_dim, dk = (int64_t)a->n_kv * a->head_dim;
+    for (int64_t r = 0; r < a->n_tok; r++) {
+        moet_attn_args ar = *a;
+        ar.q = q + r * dq;
+        ar.out = a->out + r * dq;
+        ar.pos = a->pos + r;
+        ar.n_tok = 1;
+        ar.k_cache = caches[2 * r];
+        ar.v_cache = caches[2 * r + 1];
+        cpu_attn_prep(be, q + r * dq, k + r * dk, v + r * dk, 1, a->n_heads, a->n_kv, a->head_dim, q_norm, k_norm, eps,
+                      rot_dim, theta, a->pos + r, caches[2 * r], caches[2 * r + 1]);
+        cpu_attention(be, &ar);
+    }
+    return 0;
+}
+
 static const moet_backend_ops k_cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -545,6 +565,7 @@ static const moet_backend_ops k_cpu_ops = {
     .mlp = cpu_mlp,
     .moe = cpu_moe,
     .moe_scratch_bytes = cpu_moe_scratch_bytes,
+    .attn_rows = cpu_attn_rows,
 };
 
 moet_backend *moet_backend_cpu_create(int n_threads) {

@@ -139,7 +139,8 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
     CU_LAUNCHED(c, "k_attention");
 }
 
-/* attn_prep + attention for one token (decode), one CTA per query head: the q head and its kv head are normed and
+/* attn_prep + attention for one token (decode), one CTA per query head (and per row: attn_rows, a batched step
+ * whose rows are one token each of different sequences, caches from a device table): the q head and its kv head are normed and
  * rotated in shared memory with k_attn_prep's arithmetic (threads [0, T) the q row, [T, 2T) the k row, T = the
  * prep kernel's thread count, the same per-warp partial sums added in the same order), the first q head of each
  * group writes k, v to the cache row pos (every CTA writes its q in place), and the attention reads
@@ -148,9 +149,19 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
 __global__ void __launch_bounds__(AT_WARPS * 32)
 k_attn_decode(float *q, float *k, const float *__restrict__ v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
               const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
-              const int32_t *__restrict__ pos, float *kc, float *vc, float scale, float *__restrict__ out) {
+              const int32_t *__restrict__ pos, float *kc, float *vc, float *const *__restrict__ tab, float scale,
+              float *__restrict__ out) {
     cu_pdl_trigger();
     cu_pdl_wait();
+    { /* row blockIdx.y of a batched step (attn_rows): its q/k/v/out rows, its position, its caches from tab */
+        const int64_t r = blockIdx.y, dq = (int64_t)n_heads * head_dim, dk = (int64_t)n_kv * head_dim;
+        q += r * dq;
+        k += r * dk;
+        v += r * dk;
+        out += r * dq;
+        pos += r;
+        if (tab) { kc = tab[2 * r]; vc = tab[2 * r + 1]; }
+    }
     __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
     __shared__ float sq[AT_MAX_D * 32], sk[AT_MAX_D * 32], sv[AT_MAX_D * 32];
     __shared__ double part[2][AT_WARPS];
@@ -199,16 +210,38 @@ k_attn_decode(float *q, float *k, const float *__restrict__ v, int32_t n_heads, 
              out + (int64_t)h * head_dim, sm_m, sm_l, sm_o);
 }
 
+/* Whether k_attn_decode takes rows of this shape: the rows fit the fused kernel (2 x the prep's threads <= the CTA). */
+static int at_decode_ok(const moet_attn_args *a, int32_t rot_dim) {
+    const int hd = a->head_dim;
+    return rot_dim == hd && !(hd % 2) && hd <= AT_MAX_D * 32 && a->n_kv > 0 && !(a->n_heads % a->n_kv) &&
+           2 * (((hd / 2 + 31) / 32) * 32) <= AT_WARPS * 32;
+}
+
+extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v, const float *q_norm,
+                            const float *k_norm, float eps, int32_t rot_dim, double theta, float *const *caches,
+                            const moet_attn_args *a) {
+    cu_backend *c = cu_of(be);
+    if (!at_decode_ok(a, rot_dim) || a->n_tok < 1 || a->n_tok > 65535 || a->q != q) return 1;
+    if (c->err[0]) return 0;
+    const int hd = a->head_dim;
+    const float *qn = NULL, *kn = NULL;
+    if (q_norm && !(qn = (const float *)cu_weight(c, q_norm, (size_t)hd * sizeof(float)))) return 0;
+    if (k_norm && !(kn = (const float *)cu_weight(c, k_norm, (size_t)hd * sizeof(float)))) return 0;
+    float *nulc = NULL;
+    cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads, (unsigned)a->n_tok), dim3(AT_WARPS * 32), 0, q, k, v,
+                  a->n_heads, a->n_kv, hd, qn, kn, eps, theta, a->pos, nulc, nulc, caches, a->scale, a->out);
+    CU_LAUNCHED(c, "k_attn_decode (rows)");
+    return 0;
+}
+
 extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float *v, const float *q_norm,
                               const float *k_norm, float eps, int32_t rot_dim, double theta, float *k_cache,
                               float *v_cache, const moet_attn_args *a) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || a->n_tok <= 0) return;
     const int hd = a->head_dim;
-    /* one token whose rows fit the fused kernel (2 x the prep's threads <= the CTA); otherwise the composition */
-    if (a->n_tok != 1 || rot_dim != hd || hd % 2 || hd > AT_MAX_D * 32 || a->n_kv <= 0 || a->n_heads % a->n_kv ||
-        2 * (((hd / 2 + 31) / 32) * 32) > AT_WARPS * 32 || a->q != q || a->k_cache != k_cache ||
-        a->v_cache != v_cache) {
+    /* one token whose rows fit the fused kernel; otherwise the composition */
+    if (a->n_tok != 1 || !at_decode_ok(a, rot_dim) || a->q != q || a->k_cache != k_cache || a->v_cache != v_cache) {
         cu_attn_prep(be, q, k, v, a->n_tok, a->n_heads, a->n_kv, hd, q_norm, k_norm, eps, rot_dim, theta, a->pos,
                      k_cache, v_cache);
         cu_attention(be, a);
@@ -218,6 +251,6 @@ extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float 
     if (q_norm && !(qn = (const float *)cu_weight(c, q_norm, (size_t)hd * sizeof(float)))) return;
     if (k_norm && !(kn = (const float *)cu_weight(c, k_norm, (size_t)hd * sizeof(float)))) return;
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv,
-                  hd, qn, kn, eps, theta, a->pos, k_cache, v_cache, a->scale, a->out);
+                  hd, qn, kn, eps, theta, a->pos, k_cache, v_cache, (float *const *)NULL, a->scale, a->out);
     CU_LAUNCHED(c, "k_attn_decode");
 }

@@ -408,6 +408,7 @@ static const moet_backend_ops k_cuda_ops = {
     /* .mlp = */ cu_mlp,
     /* .moe = */ cu_moe,
     /* .moe_scratch_bytes = */ cu_moe_scratch_bytes,
+    /* .attn_rows = */ cu_attn_rows,
 };
 
 extern "C" int moet_backend_cuda_device_count(void) {

@@ -121,6 +121,8 @@ void cu_attention(moet_backend *be, const moet_attn_args *a);
 void cu_attn_fused(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
                    float eps, int32_t rot_dim, double theta, float *k_cache, float *v_cache, const moet_attn_args *a);
 size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx);
+int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
+                 float eps, int32_t rot_dim, double theta, float *const *caches, const moet_attn_args *a);
 void cu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
             const float *x, int64_t n, float *scratch, float *y);
 void cu_moe(moet_backend *be, const moet_moe_args *a);

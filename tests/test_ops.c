@@ -594,7 +594,10 @@ int main(int argc, char **argv) {
     const int is_cuda = !strcmp(be->ops->name, "cuda");
     /* CUDA's single-token block is opt-in (MOET_MOE_FUSED=1): the decode checks below run it against the CPU
      * reference and then the three launches (MOET_MOE_FUSED=0) against it, bit for bit */
-    if (is_cuda) setenv("MOET_MOE_FUSED", "1", 1);
+    /* (MOET_MOE_FUSED=0 in the environment: the three launches only, no A/B) */
+    const char *fu_env = getenv("MOET_MOE_FUSED");
+    const int ab = is_cuda && !(fu_env && fu_env[0] == '0');
+    if (ab) setenv("MOET_MOE_FUSED", "1", 1);
     for (int ms = 0; ms < 6; ms++) {
         const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = moe_shapes[ms][2];
         float *xr = malloc(sizeof(float) * T * H), *rw = malloc(sizeof(float) * E * H), *o = malloc(sizeof(float) * T * H);
@@ -683,7 +686,7 @@ int main(int argc, char **argv) {
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
         /* CUDA: the single-token block (where it takes the shape) against the three launches, bit for bit */
         float *o3 = malloc(sizeof(float) * T * H);
-        if (is_cuda) {
+        if (ab) {
             setenv("MOET_MOE_FUSED", "0", 1);
             for (int t = 0; t < T; t++) {
                 moet_moe_args m1 = ma;
@@ -715,7 +718,7 @@ int main(int argc, char **argv) {
                     op->moe(be, &mf);
                 }
                 pull(o, xd, (size_t)(T * H));
-                if (is_cuda && pass) { /* the same with MOET_MOE_FUSED=0 */
+                if (ab && pass) { /* the same with MOET_MOE_FUSED=0 */
                     op->upload(be, xd, xraw, sizeof(float) * T * H);
                     setenv("MOET_MOE_FUSED", "0", 1);
                     for (int t0 = 0; t0 < T; t0++) {

@@ -110,8 +110,7 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
 }
 
 __global__ void __launch_bounds__(AT_WARPS * 32)
-k_attention(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc,
-            const int32_t *__restrict__ pos, int32_t n_heads, int32_t n_kv, int32_t head_dim, float scale,
+k_attention(const float *q, const float *kc, const float *vc, const int32_t *pos, int32_t n_heads, int32_t n_kv, int32_t head_dim, float scale,
             float *__restrict__ out) {
     cu_pdl_trigger();
     cu_pdl_wait();
@@ -147,9 +146,9 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
  * keys 0 .. pos - 1 from the cache and key pos from its own shared rows: the same floats the composition reads, so
  * the output is bit-identical to attn_prep then attention, one launch and one dependent round trip fewer. */
 __global__ void __launch_bounds__(AT_WARPS * 32)
-k_attn_decode(float *q, float *k, const float *__restrict__ v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
+k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
               const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
-              const int32_t *__restrict__ pos, float *kc, float *vc, float *const *__restrict__ tab, float scale,
+              const int32_t *pos, float *kc, float *vc, float *const *tab, float scale,
               float *__restrict__ out) {
     cu_pdl_trigger();
     cu_pdl_wait();

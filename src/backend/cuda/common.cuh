@@ -24,6 +24,12 @@
  * writes (weights), after it everything earlier kernels wrote is visible. cu_pdl_trigger() lets the next kernel's
  * CTAs launch (they then sit in their own wait, their weight loads in flight). Every kernel launched with
  * cu_launch_pdl calls cu_pdl_wait() before it reads or writes activations. */
+/* Activations a PDL kernel reads after its wait were written by a grid that may still have been running when this
+ * one started: they must come through coherent loads (plain or __ldcg), never the read-only path (__ldg, or what
+ * the compiler emits for `const T *__restrict__`: ld.global.nc requires the data to be read-only for the kernel's
+ * whole lifetime). Measured: k_tc_gate_up reading topk_ids through a const __restrict__ pointer gave wrong experts
+ * under MOET_PDL=1 (test_ops, hidden 256 / ffn 128). So activation parameters of PDL kernels are not __restrict__,
+ * and cu_stage_f32 / cu_rot_chunk_t load with __ldcg. */
 __device__ __forceinline__ void cu_pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -319,7 +325,7 @@ __device__ __forceinline__ void cu_q2_decode_words(const uint32_t w[3], uint64_t
 
 /* dst[0..n) = src[0..n) by all threads of the block, float4 when both are 16-byte aligned and n % 4 == 0, four
  * loads in flight per thread (a plain strided loop waits out one load latency per iteration). No synchronisation. */
-__device__ __forceinline__ void cu_stage_f32(float *dst, const float *__restrict__ src, int64_t n) {
+__device__ __forceinline__ void cu_stage_f32(float *dst, const float *src, int64_t n) {
     const int64_t tid = threadIdx.x, nt = blockDim.x;
     if (!(n & 3) && !((uintptr_t)dst & 15) && !((uintptr_t)src & 15)) {
         const float4 *s4 = (const float4 *)src;
@@ -329,13 +335,13 @@ __device__ __forceinline__ void cu_stage_f32(float *dst, const float *__restrict
             float4 v[4];
 #pragma unroll
             for (int u = 0; u < 4; u++)
-                if (j + u * nt < n4) v[u] = __ldg(s4 + j + u * nt);
+                if (j + u * nt < n4) v[u] = __ldcg(s4 + j + u * nt);
 #pragma unroll
             for (int u = 0; u < 4; u++)
                 if (j + u * nt < n4) d4[j + u * nt] = v[u];
         }
     } else {
-        for (int64_t j = tid; j < n; j += nt) dst[j] = __ldg(src + j);
+        for (int64_t j = tid; j < n; j += nt) dst[j] = __ldcg(src + j);
     }
 }
 
@@ -432,15 +438,15 @@ __device__ __forceinline__ void cu_rot_regs(float v[8], int rotated, uint64_t se
  * wide), so one warp owns a whole chunk: the butterflies of span < M in registers, the rest through shuffles; a
  * lane's loads are issued before any math. The caller hands chunks to warps. x: read-only for this kernel. */
 template <int M>
-__device__ __forceinline__ void cu_rot_chunk_t(float v[8], const float *__restrict__ x, int rotated, uint64_t seed,
+__device__ __forceinline__ void cu_rot_chunk_t(float v[8], const float *x, int rotated, uint64_t seed,
                                                int c, const uint32_t *__restrict__ signs) {
     const int lane = threadIdx.x & 31, base = c * 32 * M + lane * M;
     if (M == 8 && !((uintptr_t)(x + base) & 15)) {
-        const float4 a = __ldg((const float4 *)(x + base)), d = __ldg((const float4 *)(x + base) + 1);
+        const float4 a = __ldcg((const float4 *)(x + base)), d = __ldcg((const float4 *)(x + base) + 1);
         v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = d.x; v[5] = d.y; v[6] = d.z; v[7] = d.w;
     } else {
 #pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = i < M ? __ldg(x + base + i) : 0.f;
+        for (int i = 0; i < 8; i++) v[i] = i < M ? __ldcg(x + base + i) : 0.f;
     }
     cu_rot_regs<M>(v, rotated, seed, base, signs);
 }

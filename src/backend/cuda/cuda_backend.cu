@@ -441,12 +441,12 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
         return NULL;
     }
     {
-        /* Programmatic dependent launch is off unless MOET_PDL=1: measured on the H200 it gained nothing for
-         * qwen3-30b-a3b decode (242.0 vs 243.5 t/s) and the op harness's repeated single-token MoE calls at
-         * hidden 256 came out wrong with it (docs/performance.md). The kernels keep their cu_pdl_wait() points. */
+        /* Programmatic dependent launch (sm_90+; MOET_PDL=0 turns it off): each decode kernel's CTAs launch while
+         * the kernel before it drains and request their weights before they wait. Measured on the H200:
+         * qwen3-30b-a3b tg128 303 -> 329 t/s. It was off until the cause of its wrong results was found: reads of
+         * the previous kernel's outputs through the non-coherent path (common.cuh, cu_pdl_wait). */
         const char *pe = getenv("MOET_PDL");
-        c->pdl = c->prop.major >= 9 && pe && !strcmp(pe, "1");
-        if (c->pdl) fprintf(stderr, "moet: MOET_PDL=1: programmatic dependent launch on (experimental, known wrong in tests/test_ops)\n");
+        c->pdl = c->prop.major >= 9 && !(pe && pe[0] == '0');
     }
     cu_moe_fused_trace_init(c);
     snprintf(c->desc, sizeof c->desc, "%s (sm_%d%d, %d SMs, %.0f GiB)", c->prop.name, c->prop.major, c->prop.minor,

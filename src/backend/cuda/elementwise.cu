@@ -105,7 +105,7 @@ extern "C" void cu_kv_store(moet_backend *be, float *cache, const float *src, co
 __global__ void __launch_bounds__(AP_THREADS)
 k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
             const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
-            const int32_t *__restrict__ pos, float *k_cache, float *v_cache) {
+            const int32_t *pos, float *k_cache, float *v_cache) {
     __shared__ double part[AP_THREADS / 32];
     const int hh = blockIdx.x, t = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
     const int64_t kvd = (int64_t)n_kv * head_dim;

@@ -135,7 +135,7 @@ typedef struct {
  * they do not depend on it, so the weight fetch overlaps the staging. acc: y += the product. */
 template <int F16, int NORM, int MT>
 __global__ void __launch_bounds__(MM_WARPS * 32, MT == 1 ? 4 : 3)
-k_mv16(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, int ch, const float *__restrict__ norm_w,
+k_mv16(cu_mv16_set set, int64_t cols, const float *x, int64_t n, int ch, const float *__restrict__ norm_w,
        float eps, float *__restrict__ h, int acc) {
     extern __shared__ __align__(16) float xs[];
     __shared__ double red[MM_WARPS][MM_MAX_TOK];
@@ -207,7 +207,7 @@ __device__ __forceinline__ void mv16p_load(const uint4 *row, int64_t u0, int64_t
 
 template <int F16, int NORM, int MT>
 __global__ void __launch_bounds__(MM_WARPS * 32, 2)
-k_mv16p(cu_mv16_set set, int64_t cols, const float *__restrict__ x, int64_t n, const float *__restrict__ norm_w,
+k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *__restrict__ norm_w,
         float eps, float *__restrict__ h, int acc) {
     extern __shared__ __align__(16) float xs[];
     __shared__ double red[MM_WARPS][MM_MAX_TOK];

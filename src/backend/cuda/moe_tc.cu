@@ -43,7 +43,7 @@
  * bf16 ones requested before the previous kernel's x is waited for; other types go block by block. */
 template <int NT>
 __global__ void __launch_bounds__(TC_RT_W * 32)
-k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
+k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
             const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
             float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
             float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h) {
@@ -91,8 +91,8 @@ k_tc_router(const float *__restrict__ x, int64_t H, int32_t E, int32_t K, int32_
 
 template <int M>
 __global__ void __launch_bounds__(TC_GU_W * 32, 3)
-k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
-             int32_t type, int32_t rot, uint32_t seed, const int32_t *__restrict__ topk_ids, float *__restrict__ act) {
+k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
+             int32_t type, int32_t rot, uint32_t seed, const int32_t *topk_ids, float *__restrict__ act) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int slot = blockIdx.y, tok = slot / K;
@@ -104,7 +104,7 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
     tc_lut_fill(lut);
     cu_pdl_wait();
     __syncthreads();
-    const int32_t e = topk_ids[slot];
+    const int32_t e = __ldcg(topk_ids + slot); /* the router's output: coherent (cu_pdl_wait) */
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
     float Ag, Bg, Au, Bu;
@@ -149,8 +149,8 @@ k_tc_gate_up(const float *__restrict__ x, int64_t H, int64_t F, int32_t K, const
 
 template <int M>
 __global__ void __launch_bounds__(TC_DN_W * 32)
-k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
-          int32_t type, const int32_t *__restrict__ topk_ids, const float *__restrict__ topk_w, float *__restrict__ y,
+k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
+          int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
           int accum) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -168,8 +168,8 @@ k_tc_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const 
     const float one[1] = {1.0f};
     for (int it = warp; it < n_items; it += nw) {
         const int k = it / nch, c = it - k * nch;
-        const int32_t e = topk_ids[tok * K + k];
-        const float wk = topk_w[tok * K + k];
+        const int32_t e = __ldcg(topk_ids + tok * K + k);
+        const float wk = __ldcg(topk_w + tok * K + k);
         const cu_mat dm = table[e * 3 + 2];
         uint32_t wd[8], sd;
         tc_fetch<M>(dm, H, NB, ti, (int64_t)c * nb, wd, sd);

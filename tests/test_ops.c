@@ -793,6 +793,23 @@ static void perf_gemv_step(void *v) {
     gemv_ctx *p = v;
     for (int r = 0; r < p->reps; r++) p->be->ops->mul_mat(p->be, &p->w[r % p->n_sets], p->x, 1, p->y);
 }
+/* Seconds per op of step (reps ops) recorded under key: three warm-up replays (eager, record, replay), then the best
+ * of 10 replays, each waited for by a download of one float of out. */
+static double perf_graph_best(moet_backend *be, uint64_t key, void (*step)(void *), void *ctx, int reps,
+                              const float *out) {
+    float probe;
+    for (int w = 0; w < 3; w++) be->ops->graph_run(be, key, step, ctx);
+    be->ops->download(be, &probe, out, sizeof probe);
+    double best = 1e30;
+    for (int it = 0; it < 10; it++) {
+        double t0 = now_s();
+        be->ops->graph_run(be, key, step, ctx);
+        be->ops->download(be, &probe, out, sizeof probe);
+        double d = (now_s() - t0) / reps;
+        if (d < best) best = d;
+    }
+    return best;
+}
 static void perf_copy_step(void *v) {
     copy_ctx *p = v;
     for (int r = 0; r < p->reps; r++) p->be->ops->copy(p->be, r & 1 ? p->a : p->b, r & 1 ? p->b : p->a, p->bytes);
@@ -839,17 +856,7 @@ int perf_main(moet_backend *be) {
                                       .qscale = 1};
             }
             gemv_ctx gc = {be, ws, ns, 32, x, y};
-            float probe;
-            for (int w = 0; w < 3; w++) op->graph_run(be, 3000 + (uint64_t)i, perf_gemv_step, &gc);
-            op->download(be, &probe, y, sizeof probe);
-            double best = 1e30;
-            for (int it = 0; it < 10; it++) {
-                double t0 = now_s();
-                op->graph_run(be, 3000 + (uint64_t)i, perf_gemv_step, &gc);
-                op->download(be, &probe, y, sizeof probe);
-                double d = (now_s() - t0) / gc.reps;
-                if (d < best) best = d;
-            }
+            const double best = perf_graph_best(be, 3000 + (uint64_t)i, perf_gemv_step, &gc, gc.reps, y);
             printf("%-28s %8lld %10.2f %10.2f %9.0f %8.1f%%\n", "  k_mv16p (graph, cold L2)", (long long)R, best * 1e6,
                    bytes / 1e6, bytes / best / 1e9, 100.0 * bytes / best / g_copy_bw);
             for (int k = 0; k < ns; k++) op->release(be, (void *)ws[k].data);
@@ -936,17 +943,7 @@ int perf_main(moet_backend *be) {
                                     .down = dw + s * E, .topk_ids = ti32, .topk_w = tw, .y = y, .scratch = scr};
         int reps = T >= 512 ? 8 : REPS;
         perf_ctx pc = {be, ma, SETS, reps};
-        float probe;
-        for (int w = 0; w < 3; w++) op->graph_run(be, 1000 + (uint64_t)T, perf_moe_step, &pc);
-        op->download(be, &probe, y, sizeof probe);
-        double best = 1e30;
-        for (int it = 0; it < 10; it++) {
-            double t0 = now_s();
-            op->graph_run(be, 1000 + (uint64_t)T, perf_moe_step, &pc);
-            op->download(be, &probe, y, sizeof probe);
-            double dt = (now_s() - t0) / reps;
-            if (dt < best) best = dt;
-        }
+        const double best = perf_graph_best(be, 1000 + (uint64_t)T, perf_moe_step, &pc, reps, y);
         /* bytes: the distinct experts' three matrices (at most E) + router; FLOPs: 2 per weight per routed row */
         int distinct = T * K < E ? T * K : E; /* upper bound for random routing */
         double bytes = (double)distinct * (2.0 * gb + db) + (double)E * H * 2, flops = 2.0 * T * K * 3.0 * H * F;
@@ -954,16 +951,7 @@ int perf_main(moet_backend *be) {
                bytes / best / 1e9, flops / best / 1e12);
         if (T == 1) { /* the opt-in single-token block (moe_fused.cu), its own graph */
             setenv("MOET_MOE_FUSED", "1", 1);
-            for (int w = 0; w < 3; w++) op->graph_run(be, 2000 + (uint64_t)T, perf_moe_step, &pc);
-            op->download(be, &probe, y, sizeof probe);
-            double bf = 1e30;
-            for (int it = 0; it < 10; it++) {
-                double t0 = now_s();
-                op->graph_run(be, 2000 + (uint64_t)T, perf_moe_step, &pc);
-                op->download(be, &probe, y, sizeof probe);
-                double dt = (now_s() - t0) / reps;
-                if (dt < bf) bf = dt;
-            }
+            const double bf = perf_graph_best(be, 2000 + (uint64_t)T, perf_moe_step, &pc, reps, y);
             unsetenv("MOET_MOE_FUSED");
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 fused block (opt-in)", T, bf * 1e6, bytes / 1e6,
                    bytes / bf / 1e9, flops / bf / 1e12);

@@ -110,8 +110,8 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
 }
 
 __global__ void __launch_bounds__(AT_WARPS * 32)
-k_attention(const float *q, const float *kc, const float *vc, const int32_t *pos, int32_t n_heads, int32_t n_kv, int32_t head_dim, float scale,
-            float *__restrict__ out) {
+k_attention(const float *q, const float *kc, const float *vc, const int32_t *pos, int32_t n_heads, int32_t n_kv,
+            int32_t head_dim, float scale, float *__restrict__ out) {
     cu_pdl_trigger();
     cu_pdl_wait();
     __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
@@ -209,6 +209,14 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
              out + (int64_t)h * head_dim, sm_m, sm_l, sm_o);
 }
 
+/* The q / k norm weights' device copies (NULL where there is none); 0 after recording an error. */
+static int at_norms(cu_backend *c, const float *q_norm, const float *k_norm, int hd, const float **qn, const float **kn) {
+    *qn = *kn = NULL;
+    if (q_norm && !(*qn = (const float *)cu_weight(c, q_norm, (size_t)hd * sizeof(float)))) return 0;
+    if (k_norm && !(*kn = (const float *)cu_weight(c, k_norm, (size_t)hd * sizeof(float)))) return 0;
+    return 1;
+}
+
 /* Whether k_attn_decode takes rows of this shape: the rows fit the fused kernel (2 x the prep's threads <= the CTA). */
 static int at_decode_ok(const moet_attn_args *a, int32_t rot_dim) {
     const int hd = a->head_dim;
@@ -223,9 +231,8 @@ extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v
     if (!at_decode_ok(a, rot_dim) || a->n_tok < 1 || a->n_tok > 65535 || a->q != q) return 1;
     if (c->err[0]) return 0;
     const int hd = a->head_dim;
-    const float *qn = NULL, *kn = NULL;
-    if (q_norm && !(qn = (const float *)cu_weight(c, q_norm, (size_t)hd * sizeof(float)))) return 0;
-    if (k_norm && !(kn = (const float *)cu_weight(c, k_norm, (size_t)hd * sizeof(float)))) return 0;
+    const float *qn, *kn;
+    if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return 0;
     float *nulc = NULL;
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads, (unsigned)a->n_tok), dim3(AT_WARPS * 32), 0, q, k, v,
                   a->n_heads, a->n_kv, hd, qn, kn, eps, theta, a->pos, nulc, nulc, caches, a->scale, a->out);
@@ -246,9 +253,8 @@ extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float 
         cu_attention(be, a);
         return;
     }
-    const float *qn = NULL, *kn = NULL;
-    if (q_norm && !(qn = (const float *)cu_weight(c, q_norm, (size_t)hd * sizeof(float)))) return;
-    if (k_norm && !(kn = (const float *)cu_weight(c, k_norm, (size_t)hd * sizeof(float)))) return;
+    const float *qn, *kn;
+    if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return;
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv,
                   hd, qn, kn, eps, theta, a->pos, k_cache, v_cache, (float *const *)NULL, a->scale, a->out);
     CU_LAUNCHED(c, "k_attn_decode");

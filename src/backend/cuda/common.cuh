@@ -23,9 +23,8 @@
  * kernel before it in the stream is still running: before cu_pdl_wait() it may only read what no earlier kernel
  * writes (weights), after it everything earlier kernels wrote is visible. cu_pdl_trigger() lets the next kernel's
  * CTAs launch (they then sit in their own wait, their weight loads in flight). Every kernel launched with
- * cu_launch_pdl calls cu_pdl_wait() before it reads or writes activations. */
-/* Activations a PDL kernel reads after its wait were written by a grid that may still have been running when this
- * one started: they must come through coherent loads (plain or __ldcg), never the read-only path (__ldg, or what
+ * cu_launch_pdl calls cu_pdl_wait() before it reads or writes activations.
+ * Those activations were written by a grid that may still have been running when this one started: they must come through coherent loads (plain or __ldcg), never the read-only path (__ldg, or what
  * the compiler emits for `const T *__restrict__`: ld.global.nc requires the data to be read-only for the kernel's
  * whole lifetime). Measured: k_tc_gate_up reading topk_ids through a const __restrict__ pointer gave wrong experts
  * under MOET_PDL=1 (test_ops, hidden 256 / ffn 128). So activation parameters of PDL kernels are not __restrict__,
@@ -436,7 +435,8 @@ __device__ __forceinline__ void cu_rot_regs(float v[8], int rotated, uint64_t se
  * cu_rotate_smem, so bit-identical to it) when `rotated`, the signs from a bit table (set: -1) or, NULL, from the
  * hash. Warp-local: R is block-diagonal with blocks of b <= 256 (a power of two >= 32 for any row a multiple of 32
  * wide), so one warp owns a whole chunk: the butterflies of span < M in registers, the rest through shuffles; a
- * lane's loads are issued before any math. The caller hands chunks to warps. x: read-only for this kernel. */
+ * lane's loads are issued before any math. The caller hands chunks to warps. x: activations, loaded coherently
+ * (__ldcg: the kernel that wrote them may have been running when a PDL launch of this one started). */
 template <int M>
 __device__ __forceinline__ void cu_rot_chunk_t(float v[8], const float *x, int rotated, uint64_t seed,
                                                int c, const uint32_t *__restrict__ signs) {

@@ -73,8 +73,7 @@ typedef struct {
     int pdl;               /* launch the decode kernels with programmatic dependent launch (sm_90+, MOET_PDL != 0) */
     void *blas;            /* gemm.cu: cublasHandle_t, created at the first GEMM (NULL: none yet) */
     void *blas_ws;         /* its workspace (device) */
-    void *gemm_buf;        /* split x and partial products (device), grown outside captures */
-    size_t gemm_bytes;
+    void *gemm_buf;        /* split x and partial products (device): GEMM_SCRATCH bytes, made once, never moved */
 } cu_backend;
 
 static inline cu_backend *cu_of(moet_backend *be) { return (cu_backend *)be; }

@@ -21,7 +21,8 @@
  * Inside CUDA graph captures too (session.c records chunks of up to 64 tokens): the handle, its workspace and the
  * scratch are made at the first (eager) call and never reallocated, so a recorded step allocates nothing and
  * computes what the eager one did, bit for bit. From MOET_GEMM_MIN_TOK tokens (default 4: on the H200 at the 30b QKV
- * shape the GEMV kernels take 10.4 us at 1 token and 21.3 at 4, cuBLAS 16.6 and 17.0; bench/results/cuda/).
+ * shape the GEMV kernels take 10.2 us at 1 token, 20.0 at 4 and 34.4 at 8, cuBLAS 16.6, 20.8 and 21.8 (PDL on);
+ * bench/results/cuda/ops-perf-h200.txt).
  * Bytes per call: rows x cols x 2 (W) + n x cols x (4 + 6) + n x rows x (12 + 4 or 8); FLOPs 3 x 2 x n x rows x cols.
  */
 #include <cublas_v2.h>
@@ -118,8 +119,9 @@ static int gemm_min(void) {
 }
 
 extern "C" int cu_gemm_wants(int32_t type, int64_t n) {
+    if (type != MOET_TYPE_BF16 || n < gemm_min()) return 0; /* decode (1 token) stops here */
     const char *off = getenv("MOET_GEMM");
-    return type == MOET_TYPE_BF16 && n >= gemm_min() && !(off && off[0] == '0') && blas_load();
+    return !(off && off[0] == '0') && blas_load();
 }
 
 extern "C" int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n,
@@ -146,7 +148,6 @@ extern "C" int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *
         c->blas = h;
         if (CU_CHECK(c, cudaMalloc(&c->blas_ws, GEMM_WORKSPACE)) || CU_CHECK(c, cudaMalloc(&c->gemm_buf, GEMM_SCRATCH)))
             return 1;
-        c->gemm_bytes = GEMM_SCRATCH;
         if (g_blas.set_stream(h, c->stream) != CUBLAS_STATUS_SUCCESS ||
             g_blas.set_workspace(h, c->blas_ws, GEMM_WORKSPACE) != CUBLAS_STATUS_SUCCESS) {
             cu_fail(c, cudaErrorUnknown, "cublasSetStream / cublasSetWorkspace", __FILE__, __LINE__);
@@ -184,5 +185,4 @@ extern "C" void cu_gemm_release(cu_backend *c) {
     cudaFree(c->blas_ws);
     cudaFree(c->gemm_buf);
     c->blas_ws = c->gemm_buf = NULL;
-    c->gemm_bytes = 0;
 }

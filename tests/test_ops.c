@@ -589,8 +589,10 @@ int main(int argc, char **argv) {
      * tensor-core path's 8-, 4- and 2-block chunks), 3 tokens through the decode kernels at once */
     /* the last: hidden 1024, where CUDA's single-token block (moe_fused.cu) must equal the three decode launches bit
      * for bit with the pre-norm fused too */
-    static const int moe_shapes[6][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12},
-                                         {1024, 64, 2}};
+    /* the last three: CUDA's grouped kernels of moe_grp.cu (widths multiples of 128) with tiles of 8, 16 and 32 slots
+     * (3, 15 and 36 slots an expert on average; 96 tokens: more than one tile an expert) */
+    static const int moe_shapes[9][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12},
+                                         {1024, 64, 2}, {256, 128, 8}, {128, 256, 40}, {256, 256, 96}};
     const int is_cuda = !strcmp(be->ops->name, "cuda");
     /* CUDA's single-token block is opt-in (MOET_MOE_FUSED=1): the decode checks below run it against the CPU
      * reference and then the three launches (MOET_MOE_FUSED=0) against it, bit for bit */
@@ -598,7 +600,7 @@ int main(int argc, char **argv) {
     const char *fu_env = getenv("MOET_MOE_FUSED");
     const int ab = is_cuda && !(fu_env && fu_env[0] == '0');
     if (ab) setenv("MOET_MOE_FUSED", "1", 1);
-    for (int ms = 0; ms < 6; ms++) {
+    for (int ms = 0; ms < 9; ms++) {
         const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = moe_shapes[ms][2];
         float *xr = malloc(sizeof(float) * T * H), *rw = malloc(sizeof(float) * E * H), *o = malloc(sizeof(float) * T * H);
         float *dq[3][8];

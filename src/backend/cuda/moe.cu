@@ -241,15 +241,16 @@ k_moe_prep(const float *__restrict__ x, const float *__restrict__ logits, int64_
     for (int64_t i = threadIdx.x; i < pad; i += MOE_THREADS) xr[t * pad + i] = xs[i];
 }
 
-/* The work list of the grouped kernels: one (expert, first list entry) item per chunk of GR_TB slots of an active
+/* The work list of the grouped kernels: one (expert, first list entry) item per chunk of tb slots (GR_TB, or
+ * moe_grp.cu's larger tiles) of an active
  * expert, so a CTA takes one chunk and small experts' chunks run side by side with big ones'. One CTA, a scan over
  * the active experts (at most MOE_MAX_E). */
 __global__ void __launch_bounds__(1024)
 k_moe_items(const int32_t *__restrict__ count, const int32_t *__restrict__ n_active, const int32_t *__restrict__ active,
-            int32_t *__restrict__ n_items, int32_t *__restrict__ items) {
+            int32_t tb, int32_t *__restrict__ n_items, int32_t *__restrict__ items) {
     __shared__ int32_t sc[1024];
     const int i = threadIdx.x, na = *n_active;
-    const int32_t e = i < na ? active[i] : 0, nc = i < na ? (count[e] + GR_TB - 1) / GR_TB : 0;
+    const int32_t e = i < na ? active[i] : 0, nc = i < na ? (count[e] + tb - 1) / tb : 0;
     sc[i] = nc;
     __syncthreads();
     for (int o = 1; o < 1024; o *= 2) {  /* inclusive scan */
@@ -261,7 +262,7 @@ k_moe_items(const int32_t *__restrict__ count, const int32_t *__restrict__ n_act
     const int32_t start = sc[i] - nc;
     for (int32_t c = 0; c < nc; c++) {
         items[2 * (start + c)] = e;
-        items[2 * (start + c) + 1] = c * GR_TB;
+        items[2 * (start + c) + 1] = c * tb;
     }
     if (i == 1023) *n_items = sc[1023];
 }
@@ -419,20 +420,22 @@ k_moe_combine(const float *__restrict__ ydn, const float *__restrict__ topk_w, i
 /* ---- host side ----------------------------------------------------------------------------------------------- */
 
 /* scratch: router logits [T][E] | act [T*K][F] | grouped path: rotated x [T][pad H] | down products [T*K][H] |
- * int32: count [E] | n_active [1] | n_items [1] | active [E] | lists [E][T] | items [chunks][2] */
+ * int32: count [E] | n_active [1] | n_items [1] | active [E] | lists [E][T] | items [chunks][2] | moe_grp.cu's
+ * staged rows (16-byte aligned) */
 static size_t grp_floats(int64_t T, int64_t H, int32_t K) {
     return T < MOE_GROUP_MIN ? 0 : (size_t)T * CU_PAD(H) + (size_t)T * K * H;
 }
-static size_t grp_items_cap(int64_t T, int32_t E, int32_t K) {  /* chunks: at most T*K/GR_TB + one partial per expert */
+static size_t grp_items_cap(int64_t T, int32_t E, int32_t K, int tb = GR_TB) {  /* chunks: at most T*K/tb + one partial per expert */
     const int64_t s = T * K, a = s < E ? s : E;
-    return (size_t)((s + GR_TB - 1) / GR_TB + a);
+    return (size_t)((s + tb - 1) / tb + a);
 }
 static size_t grp_ints(int64_t T, int32_t E, int32_t K) {
     return T < MOE_GROUP_MIN ? 0 : (size_t)E * 2 + 2 + (size_t)E * T + 2 * grp_items_cap(T, E, K);
 }
 
 extern "C" size_t cu_moe_scratch_bytes(moet_backend *be, int64_t T, int64_t H, int64_t F, int32_t E, int32_t K) {
-    return ((size_t)T * E + (size_t)T * K * F + grp_floats(T, H, K)) * sizeof(float) + grp_ints(T, E, K) * sizeof(int32_t) + 256;
+    return ((size_t)T * E + (size_t)T * K * F + grp_floats(T, H, K)) * sizeof(float) + grp_ints(T, E, K) * sizeof(int32_t) +
+           (T < MOE_GROUP_MIN ? 0 : cu_moe_gb_stage_bytes(T, H, F, K) + 16) + 256;
 }
 
 static int g_moe_attr_dev = -1;
@@ -497,9 +500,19 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *args) {
                                                                   tab->gu_seed, a->topk_ids, a->topk_w, count, n_active,
                                                                   active, list, xr);
         if (CU_LAUNCHED(c, "k_moe_prep")) return;
-        k_moe_items<<<1, 1024, 0, c->stream>>>(count, n_active, active, n_items, items);
+        const int gb = cu_moe_gb_ok(tab, H, F), tile = gb ? cu_moe_gb_tile(T, E, K) : GR_TB;
+        k_moe_items<<<1, 1024, 0, c->stream>>>(count, n_active, active, tile, n_items, items);
         if (CU_LAUNCHED(c, "k_moe_items")) return;
-        const unsigned ny = (unsigned)grp_items_cap(T, E, K);
+        const unsigned ny = (unsigned)grp_items_cap(T, E, K, tile);
+        if (gb) {
+            const uintptr_t ip = (uintptr_t)(items + 2 * grp_items_cap(T, E, K));
+            void *stage = (void *)((ip + 15) & ~(uintptr_t)15);
+            cu_moe_gb(c, tab, xr, T, H, F, K, a->topk_ids, count, n_items, items, list, ny, tile, stage, act, ydn);
+            if (c->err[0]) return;
+            k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y, a->accumulate);
+            CU_LAUNCHED(c, "k_moe_combine");
+            return;
+        }
         if (tab->tiled) {
             cu_moe_tc_gate_up_grp(c, tab, xr, T, H, F, K, count, n_items, items, list, ny, act);
             cu_moe_tc_down_grp(c, tab, act, T, H, F, count, n_items, items, list, ny, ydn);

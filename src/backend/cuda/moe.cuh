@@ -62,6 +62,16 @@ void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const float *
                         const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list,
                         unsigned n_chunks, float *ydn);
 
+/* moe_grp.cu: the grouped products with token tiles of up to 32 (H and F multiples of 128, tiled, 16-byte aligned
+ * experts; MOET_MOE_GB=0 turns it off). cu_moe_gb_tile: the slots a work-list chunk takes (the k_moe_items tile). */
+extern "C" int cu_moe_gb_ok(const cu_expert_table *tab, int64_t H, int64_t F);
+extern "C" int cu_moe_gb_tile(int64_t T, int32_t E, int32_t K);
+extern "C" size_t cu_moe_gb_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K);
+extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const float *xr, int64_t T, int64_t H, int64_t F,
+                          int32_t K, const int32_t *topk_ids, const int32_t *count, const int32_t *n_items,
+                          const int32_t *items, const int32_t *list, unsigned n_chunks, int tile, void *stage,
+                          float *act, float *ydn);
+
 /* moe_fused.cu: one token's whole block in one persistent launch (sm_90+, hidden a multiple of 256, ffn of 64);
  * 1 when it launched (or recorded an error), 0 when the call is not for it (the caller runs cu_moe_tc_decode). */
 extern "C" int cu_moe_fused(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, float *logits,

@@ -1,0 +1,330 @@
+/*
+ * moe_grp.cu — the grouped (prefill) W2 / sym2 expert products on tensor cores with token tiles of up to 32.
+ *
+ * Why another grouped kernel: moe_tc.cu's k_tc_*_grp take 8 slots a CTA and one 16-row tile, split the hidden size
+ * over the warps and re-stage every slot's x as f16 hi/lo inside every CTA. At 512 tokens of qwen3-30b-a3b (32 slots
+ * an expert on average) that is 3.1 ms a layer, 12 TFLOP/s: each weight is decoded 4 times an expert, and the
+ * staging (a row max, two conversions a value, per tile) costs as many instructions as the mma it feeds. Here:
+ *   stage    one CTA a row (a token's rotated x for gate/up, a slot's activation rotated by its expert's down
+ *            rotation): v 2^-e as f16 hi and lo, e from the row's largest |v| (largest -> [2^14, 2^15)), written
+ *            once, in the B-fragment order of mma.m16n8k16 (gb_perm), with q = 2^e beside it;
+ *   products one CTA per (GB_W 16-row tiles, up to 4 NT slots of one expert): the slots' staged columns (hi and lo:
+ *            8 NT of them) and the warps' code words and scale bytes go to shared memory by cp.async in pieces of
+ *            GB_KP columns, GB_ST pieces in flight; each warp decodes its tile's sign planes once a block and runs
+ *            them against every n-tile of 4 slots (one 16-byte shared load a lane an n-tile), the block scale times
+ *            A or B folded in by two FMAs an accumulator. No split over the hidden size, so no reduction between
+ *            warps: each lane ends with its own rows of its own slots and writes SwiGLU(gate, up) or the down
+ *            product directly.
+ * Exactness as moe_tc.cu: weights +-1.0 exactly, x as hi + lo (~22 bits of the row's largest value), f32
+ * accumulation, the scales in f32. The hi and lo columns' sums are added at the end, times q. Fixed order, no float
+ * atomics: bit-identical on every run, graph or eager.
+ * Bytes and FLOPs (30b, 512 tokens, one layer): 128 experts x 3 x 768 x 2048 x 9/32 = 170 MB of weights at most, each
+ * read once a tile of slots; 2 x 4096 slots x 3 x 768 x 2048 = 38.7 GFLOP useful, 4x that on the tensor cores (two
+ * sign planes, hi and lo columns).
+ */
+#include <math.h>
+
+#include "backend/cuda/moe_tc.cuh"
+
+#define GB_W 8                  /* warps a CTA, a 16-row tile each */
+#define GB_KP 128               /* columns of a piece (4 blocks of 32) */
+#define GB_LD (GB_KP + 32)      /* halves a staged column takes in shared memory: 80 words, 16 mod 32, so the eight
+                                   lanes of a 16-byte load phase hit distinct banks */
+#define GB_ST 3                 /* pieces in flight */
+#define GB_STAGE_T 256          /* threads of the staging kernel */
+
+/* Position of column k in the staged order: within each block of 32, lane t's eight B values of both half-blocks
+ * (k = 2t, 2t+1, 2t+8, 2t+9, 16+2t, 17+2t, 24+2t, 25+2t) lie together at 8t, one 16-byte load. */
+__device__ __forceinline__ int gb_perm(int k) {
+    const int kk = k & 31, r = kk & 15;
+    return (k & ~31) + 8 * ((r & 7) >> 1) + 4 * (kk >> 4) + 2 * (r >> 3) + (kk & 1);
+}
+
+__device__ __forceinline__ void gb_cp16(void *dst, const void *src, int valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(cu_smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void gb_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void gb_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* ---- staging ------------------------------------------------------------------------------------------------- */
+
+/* Row blockIdx.x of n values: from src (padded rows of CU_PAD(n), already rotated: gate/up's x) when table is NULL,
+ * else from src row r (n apart) rotated by matrix `mi` of expert ids[r] (down's activations). dst: [rows][2][n]
+ * halves (hi, lo) in gb_perm order, q[r] = 2^e. Dynamic shared memory: n floats. */
+template <int M>
+__global__ void __launch_bounds__(GB_STAGE_T)
+k_gb_stage(const float *src, int64_t n, const cu_mat *__restrict__ table, int mi, const int32_t *ids, __half *dst,
+           float *q) {
+    extern __shared__ float vs[];
+    __shared__ float wmax[GB_STAGE_T / 32];
+    const int64_t r = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    constexpr int b = 32 * M;
+    float mx = 0.f;
+    if (table) {
+        const cu_mat m = table[(int64_t)ids[r] * 3 + mi];
+        for (int c = warp; c < (int)(n / b); c += nw) {
+            float v[8];
+            cu_rot_chunk_t<M>(v, src + r * n, m.rotated, m.rot_seed, c, m.signs);
+#pragma unroll
+            for (int i = 0; i < M; i++) { vs[c * b + lane * M + i] = v[i]; mx = fmaxf(mx, fabsf(v[i])); }
+        }
+    } else {
+        const float *row = src + r * CU_PAD(n);
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const float v = __ldcg(row + CU_PAD(i));
+            vs[i] = v;
+            mx = fmaxf(mx, fabsf(v));
+        }
+    }
+    mx = cu_warp_max(mx);
+    if (lane == 0) wmax[warp] = mx;
+    __syncthreads();
+    mx = 0.f;
+    for (int w = 0; w < nw; w++) mx = fmaxf(mx, wmax[w]);
+    int e = 0;
+    if (mx > 0.f && mx <= 3.0e38f) e = ilogbf(mx) - 14;
+    e = e < -100 ? -100 : e > 100 ? 100 : e;
+    const float dn = __int_as_float((127 - e) << 23);
+    __half *hi = dst + r * 2 * n, *lo = hi + n;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float s = vs[i] * dn;
+        const __half h = __float2half_rn(s);
+        const int p = gb_perm((int)i);
+        hi[p] = h;
+        lo[p] = __float2half_rn(s - __half2float(h));
+    }
+    if (threadIdx.x == 0) q[r] = __int_as_float((127 + e) << 23);
+}
+
+/* ---- products ------------------------------------------------------------------------------------------------ */
+
+/* Shared memory of one piece: the staged columns [8 NT][GB_LD] halves, then per warp and matrix the code words of
+ * its tile's 4 blocks (512 bytes) and their scale bytes (64). */
+template <int NT, int NM>
+struct gb_piece {
+    static constexpr int cols = 8 * NT;
+    static constexpr size_t xbytes = (size_t)cols * GB_LD * 2;
+    static constexpr size_t wbytes = (size_t)GB_W * NM * (512 + 64);
+    static constexpr size_t bytes = xbytes + wbytes;
+};
+
+/* GU = 1: gate and up (rows F of hidden H), act[slot][F] = SwiGLU; GU = 0: down (rows H of F), ydn[slot][H]. xs /
+ * qx: the staged input rows (tokens for gate/up, slots for down). */
+template <int NT, int GU>
+__global__ void __launch_bounds__(GB_W * 32)
+k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, int32_t K,
+             const cu_mat *__restrict__ table, int32_t type, const int32_t *count, const int32_t *n_items,
+             const int32_t *items, const int32_t *list, float *out) {
+    constexpr int NM = GU ? 2 : 1, TB = 4 * NT;
+    typedef gb_piece<NT, NM> P;
+    extern __shared__ __align__(16) unsigned char smem[];
+    if ((int)blockIdx.y >= *n_items) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float *lut = (float *)smem;
+    int32_t *rowof = (int32_t *)(lut + 256);          /* [TB]: the staged row of each slot, -1 past the chunk */
+    int32_t *outof = rowof + TB;                      /* [TB]: the slot (output row) */
+    unsigned char *pieces = (unsigned char *)(outof + TB);
+    const int32_t e = items[2 * blockIdx.y], c0 = items[2 * blockIdx.y + 1];
+    const int nt = count[e] - c0 < TB ? count[e] - c0 : TB;
+    tc_lut_fill(lut);
+    for (int i = threadIdx.x; i < TB; i += blockDim.x) {
+        const int32_t s = i < nt ? list[(int64_t)e * T + c0 + i] : -1;
+        outof[i] = s;
+        rowof[i] = s < 0 ? -1 : GU ? s / K : s;
+    }
+    __syncthreads();
+    const int64_t ti = (int64_t)blockIdx.x * GB_W + warp, NB = C / 32;
+    const int live = ti < R / 16, np = (int)(C / GB_KP);
+    cu_mat mt[NM];
+    float A[NM], B[NM];
+#pragma unroll
+    for (int k = 0; k < NM; k++) {
+        mt[k] = table[(int64_t)e * 3 + (GU ? k : 2)];
+        tc_ab(type, mt[k].qbeta, &A[k], &B[k]);
+        A[k] *= mt[k].qscale;
+        B[k] *= mt[k].qscale;
+    }
+    /* issue piece p into stage p % GB_ST (every thread: x columns; each live warp: its own weights) */
+    auto issue = [&](int p) {
+        unsigned char *st = pieces + (size_t)(p % GB_ST) * P::bytes;
+        __half *xsm = (__half *)st;
+        for (int i = threadIdx.x; i < P::cols * (GB_KP / 8); i += blockDim.x) {
+            const int col = i / (GB_KP / 8), ch = i % (GB_KP / 8), slot = col >> 1;
+            const int32_t row = rowof[slot];
+            const __half *sp = xs + (row < 0 ? 0 : (size_t)row * 2 * C + (size_t)(col & 1) * C) + (size_t)p * GB_KP + ch * 8;
+            gb_cp16(xsm + (size_t)col * GB_LD + ch * 8, sp, row >= 0);
+        }
+        if (live) {
+            unsigned char *wsm = st + P::xbytes + (size_t)warp * NM * (512 + 64);
+#pragma unroll
+            for (int k = 0; k < NM; k++) {
+                const int64_t tb = ti * NB + (int64_t)p * (GB_KP / 32);
+                gb_cp16(wsm + k * 576 + 16 * lane, (const unsigned char *)(tc_codes(mt[k]) + tb * 32) + 16 * lane, 1);
+                if (lane < 4) gb_cp16(wsm + k * 576 + 512 + 16 * lane, tc_scales(mt[k], R, NB) + tb * 16 + 16 * lane, 1);
+            }
+        }
+    };
+    float acc[NM][NT][4];
+#pragma unroll
+    for (int k = 0; k < NM; k++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[k][j][i] = 0.f;
+    const int ntl = (nt + 3) >> 2; /* n-tiles with a slot */
+#pragma unroll
+    for (int p = 0; p < GB_ST - 1; p++) {
+        if (p < np) issue(p);
+        gb_commit();
+    }
+    for (int p = 0; p < np; p++) {
+        gb_wait<GB_ST - 2>();
+        __syncthreads(); /* piece p landed for every thread; stage (p - 1) % GB_ST is free again */
+        if (p + GB_ST - 1 < np) issue(p + GB_ST - 1);
+        gb_commit();
+        const unsigned char *st = pieces + (size_t)(p % GB_ST) * P::bytes;
+        const __half *xsm = (const __half *)st;
+        const unsigned char *wsm = st + P::xbytes + (size_t)warp * NM * (512 + 64);
+        if (live) {
+#pragma unroll
+            for (int bi = 0; bi < GB_KP / 32; bi++) {
+                uint32_t au[NM][2][4], av[NM][2][4];
+                float sa0[NM], sb0[NM], sa1[NM], sb1[NM];
+#pragma unroll
+                for (int k = 0; k < NM; k++) {
+                    const uint32_t w = ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane];
+                    const unsigned char *sc = wsm + k * 576 + 512 + bi * 16;
+                    const float s0 = lut[sc[g]], s1 = lut[sc[g + 8]];
+                    sa0[k] = A[k] * s0; sb0[k] = B[k] * s0; sa1[k] = A[k] * s1; sb1[k] = B[k] * s1;
+#pragma unroll
+                    for (int s = 0; s < 2; s++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) { au[k][s][r] = tc_sign2(w, 4 * s + r); av[k][s][r] = tc_sign2(w, 8 + 4 * s + r); }
+                }
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    if (j >= ntl) break;
+                    const uint4 bv = *(const uint4 *)(xsm + (size_t)(8 * j + g) * GB_LD + bi * 32 + 8 * t);
+                    const uint32_t b0[2] = {bv.x, bv.y}, b1[2] = {bv.z, bv.w};
+#pragma unroll
+                    for (int k = 0; k < NM; k++) {
+                        float cu[4] = {0.f, 0.f, 0.f, 0.f}, cv[4] = {0.f, 0.f, 0.f, 0.f};
+                        tc_mma(cu, au[k][0], b0);
+                        tc_mma(cv, av[k][0], b0);
+                        tc_mma(cu, au[k][1], b1);
+                        tc_mma(cv, av[k][1], b1);
+                        acc[k][j][0] = fmaf(sa0[k], cu[0], fmaf(sb0[k], cv[0], acc[k][j][0]));
+                        acc[k][j][1] = fmaf(sa0[k], cu[1], fmaf(sb0[k], cv[1], acc[k][j][1]));
+                        acc[k][j][2] = fmaf(sa1[k], cu[2], fmaf(sb1[k], cv[2], acc[k][j][2]));
+                        acc[k][j][3] = fmaf(sa1[k], cu[3], fmaf(sb1[k], cv[3], acc[k][j][3]));
+                    }
+                }
+            }
+        }
+    }
+    gb_wait<0>();
+    if (!live) return;
+    /* lane (g, t) of n-tile j holds rows g and g + 8 of slot 4 j + t, hi (column 2t) and lo (2t + 1) */
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int slot = 4 * j + t;
+        if (slot >= nt) continue;
+        const float qv = __ldcg(qx + rowof[slot]);
+        const int64_t o = (int64_t)outof[slot] * R + ti * 16 + g;
+        if (GU) {
+            const float g0 = (acc[0][j][0] + acc[0][j][1]) * qv, g1 = (acc[0][j][2] + acc[0][j][3]) * qv;
+            const float u0 = (acc[NM - 1][j][0] + acc[NM - 1][j][1]) * qv, u1 = (acc[NM - 1][j][2] + acc[NM - 1][j][3]) * qv;
+            out[o] = g0 / (1.0f + expf(-g0)) * u0;
+            out[o + 8] = g1 / (1.0f + expf(-g1)) * u1;
+        } else {
+            out[o] = (acc[0][j][0] + acc[0][j][1]) * qv;
+            out[o + 8] = (acc[0][j][2] + acc[0][j][3]) * qv;
+        }
+    }
+}
+
+/* ---- host side ----------------------------------------------------------------------------------------------- */
+
+extern "C" int cu_moe_gb_ok(const cu_expert_table *tab, int64_t H, int64_t F) {
+    const char *s = getenv("MOET_MOE_GB");
+    if (s && s[0] == '0') return 0;
+    return tab->tiled && tab->aligned16 && H % GB_KP == 0 && F % GB_KP == 0 && H % 32 == 0;
+}
+
+/* slots a chunk of the work list takes for T tokens of K picks over E experts: 4 NT */
+extern "C" int cu_moe_gb_tile(int64_t T, int32_t E, int32_t K) {
+    const int64_t avg = T * K / (E > 0 ? E : 1);
+    return avg >= 24 ? 32 : avg >= 10 ? 16 : 8;
+}
+
+extern "C" size_t cu_moe_gb_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K) {
+    return ((size_t)T * 2 * H + (size_t)T * K * 2 * F) * sizeof(__half) + ((size_t)T + (size_t)T * K) * sizeof(float) + 64;
+}
+
+template <int NT, int GU> static size_t gb_smem(void) {
+    return 256 * sizeof(float) + 2 * 4 * NT * sizeof(int32_t) + (size_t)GB_ST * gb_piece<NT, GU ? 2 : 1>::bytes;
+}
+
+static int g_gb_attr_dev = -1;
+
+template <int NT> static int gb_attrs_nt(cu_backend *c) {
+    return CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 0>()));
+}
+
+static int gb_stage(cu_backend *c, const float *src, int64_t rows, int64_t n, const cu_mat *table, int mi,
+                    const int32_t *ids, __half *dst, float *q) {
+    const size_t sm = (size_t)n * sizeof(float);
+    const int b = cu_hadamard_block(n);
+    if (sm > 160 * 1024) return cu_fail(c, cudaErrorInvalidValue, "moe grouped: row exceeds shared memory", __FILE__, __LINE__);
+#define GB_STAGE_GO(MM)                                                                                             \
+    do {                                                                                                            \
+        if (CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<MM>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024))) \
+            return 1;                                                                                               \
+        k_gb_stage<MM><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, dst, q);             \
+    } while (0)
+    switch (b) {
+    case 32: GB_STAGE_GO(1); break;
+    case 64: GB_STAGE_GO(2); break;
+    case 128: GB_STAGE_GO(4); break;
+    default: GB_STAGE_GO(8); break;
+    }
+#undef GB_STAGE_GO
+    return CU_LAUNCHED(c, "k_gb_stage");
+}
+
+/* The grouped gate/up + down of a tiled layer on the work list built for tiles of `tile` slots (cu_moe_gb_tile):
+ * xr the rotated x rows (k_moe_prep), act [T*K][F] and ydn [T*K][H] as moe_tc.cu's grouped kernels; stage: scratch of
+ * cu_moe_gb_stage_bytes, 16-byte aligned. */
+extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const float *xr, int64_t T, int64_t H, int64_t F,
+                          int32_t K, const int32_t *topk_ids, const int32_t *count, const int32_t *n_items,
+                          const int32_t *items, const int32_t *list, unsigned n_chunks, int tile, void *stage,
+                          float *act, float *ydn) {
+    if (g_gb_attr_dev != c->device) {
+        if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c)) return;
+        g_gb_attr_dev = c->device;
+    }
+    __half *xg = (__half *)stage, *xd = xg + (size_t)T * 2 * H;
+    float *qg = (float *)(xd + (size_t)T * K * 2 * F), *qd = qg + T;
+    if (gb_stage(c, xr, T, H, NULL, 0, NULL, xg, qg)) return;
+    const dim3 block(GB_W * 32), ggu((unsigned)((F / 16 + GB_W - 1) / GB_W), n_chunks),
+            gdn((unsigned)((H / 16 + GB_W - 1) / GB_W), n_chunks);
+#define GB_GO(NT)                                                                                                   \
+    do {                                                                                                            \
+        k_gb_experts<NT, 1><<<ggu, block, gb_smem<NT, 1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table, tab->type, \
+                                                                         count, n_items, items, list, act);        \
+        if (CU_LAUNCHED(c, "k_gb_experts gate/up")) return;                                                         \
+        if (gb_stage(c, act, T * K, F, tab->table, 2, topk_ids, xd, qd)) return;                                    \
+        k_gb_experts<NT, 0><<<gdn, block, gb_smem<NT, 0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, tab->type, \
+                                                                         count, n_items, items, list, ydn);        \
+        CU_LAUNCHED(c, "k_gb_experts down");                                                                        \
+    } while (0)
+    switch (tile) {
+    case 8: GB_GO(2); break;
+    case 16: GB_GO(4); break;
+    default: GB_GO(8); break;
+    }
+#undef GB_GO
+}

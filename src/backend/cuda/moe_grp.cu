@@ -113,7 +113,7 @@ struct gb_piece {
 /* GU = 1: gate and up (rows F of hidden H), act[slot][F] = SwiGLU; GU = 0: down (rows H of F), ydn[slot][H]. xs /
  * qx: the staged input rows (tokens for gate/up, slots for down). */
 template <int NT, int GU>
-__global__ void __launch_bounds__(GB_W * 32)
+__global__ void __launch_bounds__(GB_W * 32, 2)
 k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, int32_t K,
              const cu_mat *__restrict__ table, int32_t type, const int32_t *count, const int32_t *n_items,
              const int32_t *items, const int32_t *list, float *out) {

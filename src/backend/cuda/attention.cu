@@ -16,20 +16,27 @@
 
 #define AT_WARPS 8
 #define AT_MAX_D 8 /* head_dim <= 256 */
-#define AT_GQA_MAX 16 /* query heads a kv head at most for the prefill kernel (a warp each) */
 #define AT_G 4     /* keys a warp takes at once: their K and V rows are all requested before any math */
 
-/* The online softmax of one query (a lane's qv, o over head_dim in steps of 32) over keys first, first + step, ...
- * taken AT_G at a time: one memory round trip for a group's K and V rows, not two per key, then one update with the
- * group's maximum. Keys are those < n_keys of one kv head (kp0 / vp0: row 0 of that head, rows kv_stride apart);
- * key `cur` (>= 0) is read from ks / vs instead (the fused decode kernel's own rows, bit-equal to the cache's). */
-__device__ __forceinline__ void at_scan(const float qv[AT_MAX_D], float o[AT_MAX_D], float *m_io, float *l_io,
-                                        const float *kp0, const float *vp0, int64_t kv_stride, int32_t n_keys,
-                                        int32_t cur, const float *ks, const float *vs, int head_dim, float scale,
-                                        int32_t first, int32_t step) {
-    const int lane = threadIdx.x & 31, nd = (head_dim + 31) / 32;
-    float m = *m_io, l = *l_io;
-    for (int32_t j0 = first; j0 < n_keys; j0 += step) {
+/* One query row against keys 0 .. n_keys - 1 of one kv head (kp0 / vp0: row 0 of that head, rows kv_stride apart),
+ * the CTA's warps over groups of AT_G keys, merged in warp order; key `cur` (>= 0) is read from ks / vs instead
+ * (the fused decode kernel's own rows, bit-equal to what it wrote to the cache). Writes the head's output row. */
+__device__ __forceinline__ void at_heads(const float *qr, const float *kp0, const float *vp0, int64_t kv_stride,
+                                         int32_t n_keys, int32_t cur, const float *ks, const float *vs, int head_dim,
+                                         float scale, float *orow, float *sm_m, float *sm_l,
+                                         float (*sm_o)[AT_MAX_D * 32]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nd = (head_dim + 31) / 32;
+    float qv[AT_MAX_D], o[AT_MAX_D];
+#pragma unroll
+    for (int d = 0; d < AT_MAX_D; d++) {
+        int i = lane + 32 * d;
+        qv[d] = d < nd && i < head_dim ? qr[i] : 0.f;
+        o[d] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    /* Each step a warp takes keys j0 .. j0 + AT_G - 1 (those < n_keys): one memory round trip for all of them,
+     * not two per key, then the online-softmax update with the group's maximum. */
+    for (int32_t j0 = warp * AT_G; j0 < n_keys; j0 += AT_WARPS * AT_G) {
         float kr[AT_G][AT_MAX_D], vr[AT_G][AT_MAX_D];
 #pragma unroll
         for (int g = 0; g < AT_G; g++) {
@@ -76,32 +83,6 @@ __device__ __forceinline__ void at_scan(const float qv[AT_MAX_D], float o[AT_MAX
         }
         m = mn;
     }
-    *m_io = m;
-    *l_io = l;
-}
-
-/* A lane's share of query row qr (zeros past head_dim) into qv, o cleared. */
-__device__ __forceinline__ void at_query(const float *qr, int head_dim, float qv[AT_MAX_D], float o[AT_MAX_D]) {
-    const int lane = threadIdx.x & 31, nd = (head_dim + 31) / 32;
-#pragma unroll
-    for (int d = 0; d < AT_MAX_D; d++) {
-        int i = lane + 32 * d;
-        qv[d] = d < nd && i < head_dim ? qr[i] : 0.f;
-        o[d] = 0.f;
-    }
-}
-
-/* One query row against keys 0 .. n_keys - 1 of one kv head, the CTA's warps over groups of AT_G keys (at_scan),
- * merged in warp order. Writes the head's output row. */
-__device__ __forceinline__ void at_heads(const float *qr, const float *kp0, const float *vp0, int64_t kv_stride,
-                                         int32_t n_keys, int32_t cur, const float *ks, const float *vs, int head_dim,
-                                         float scale, float *orow, float *sm_m, float *sm_l,
-                                         float (*sm_o)[AT_MAX_D * 32]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nd = (head_dim + 31) / 32;
-    float qv[AT_MAX_D], o[AT_MAX_D];
-    at_query(qr, head_dim, qv, o);
-    float m = -INFINITY, l = 0.f;
-    at_scan(qv, o, &m, &l, kp0, vp0, kv_stride, n_keys, cur, ks, vs, head_dim, scale, warp * AT_G, AT_WARPS * AT_G);
     if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
 #pragma unroll
     for (int d = 0; d < AT_MAX_D; d++) sm_o[warp][lane + 32 * d] = o[d];
@@ -142,33 +123,6 @@ k_attention(const float *q, const float *kc, const float *vc, const int32_t *pos
              head_dim, scale, out + ((int64_t)t * n_heads + h) * head_dim, sm_m, sm_l, sm_o);
 }
 
-/* Prefill: one CTA per (kv head, token), a warp per query head of the group, each warp over all keys (at_scan,
- * no merge). The warps of a CTA read the same K and V rows at about the same time, so the group's heads share them
- * through L1: a CTA per (query head, token) read every row once per query head from L2, and at 512 tokens of the
- * 30b shape (8 query heads a kv head) that was L2-bound at 720 us a layer. Not bit-identical to the decode kernels
- * (their warps split the keys and merge), close to them. */
-__global__ void __launch_bounds__(AT_GQA_MAX * 32)
-k_attention_gqa(const float *q, const float *kc, const float *vc, const int32_t *pos, int32_t n_heads, int32_t n_kv,
-                int32_t head_dim, float scale, float *__restrict__ out) {
-    cu_pdl_trigger();
-    cu_pdl_wait();
-    const int kvh = blockIdx.x, t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int h = kvh * (n_heads / n_kv) + warp, nd = (head_dim + 31) / 32;
-    const int64_t kv_stride = (int64_t)n_kv * head_dim;
-    float qv[AT_MAX_D], o[AT_MAX_D];
-    at_query(q + ((int64_t)t * n_heads + h) * head_dim, head_dim, qv, o);
-    float m = -INFINITY, l = 0.f;
-    at_scan(qv, o, &m, &l, kc + (int64_t)kvh * head_dim, vc + (int64_t)kvh * head_dim, kv_stride, pos[t] + 1, -1,
-            NULL, NULL, head_dim, scale, 0, AT_G);
-    const float inv = 1.0f / l;
-    float *orow = out + ((int64_t)t * n_heads + h) * head_dim;
-#pragma unroll
-    for (int d = 0; d < AT_MAX_D; d++) {
-        int i = lane + 32 * d;
-        if (d < nd && i < head_dim) orow[i] = o[d] * inv;
-    }
-}
-
 extern "C" size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx) { return 16; }
 
 extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
@@ -176,14 +130,6 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
     if (c->err[0] || a->n_tok <= 0) return;
     if (a->head_dim > AT_MAX_D * 32 || a->n_kv <= 0 || a->n_heads % a->n_kv) {
         cu_fail(c, cudaErrorInvalidValue, "attention: head_dim > 256 or heads not a multiple of kv heads", __FILE__, __LINE__);
-        return;
-    }
-    const int grp = a->n_heads / a->n_kv;
-    const char *env = getenv("MOET_ATTN_GQA");
-    if (a->n_tok > 1 && grp >= 2 && grp <= AT_GQA_MAX && !(env && env[0] == '0')) {
-        cu_launch_pdl(c, k_attention_gqa, dim3((unsigned)a->n_kv, (unsigned)a->n_tok), dim3(grp * 32), 0, a->q,
-                      a->k_cache, a->v_cache, a->pos, a->n_heads, a->n_kv, a->head_dim, a->scale, a->out);
-        CU_LAUNCHED(c, "k_attention_gqa");
         return;
     }
     dim3 grid((unsigned)a->n_heads, (unsigned)a->n_tok);

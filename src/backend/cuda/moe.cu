@@ -508,34 +508,27 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *args) {
             const uintptr_t ip = (uintptr_t)(items + 2 * grp_items_cap(T, E, K));
             void *stage = (void *)((ip + 15) & ~(uintptr_t)15);
             cu_moe_gb(c, tab, xr, T, H, F, K, a->topk_ids, count, n_items, items, list, ny, tile, stage, act, ydn);
-            if (c->err[0]) return;
-            k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y, a->accumulate);
-            CU_LAUNCHED(c, "k_moe_combine");
-            return;
-        }
-        if (tab->tiled) {
+        } else if (tab->tiled) {
             cu_moe_tc_gate_up_grp(c, tab, xr, T, H, F, K, count, n_items, items, list, ny, act);
             cu_moe_tc_down_grp(c, tab, act, T, H, F, count, n_items, items, list, ny, ydn);
-            if (c->err[0]) return;
-            k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y, a->accumulate);
-            CU_LAUNCHED(c, "k_moe_combine");
-            return;
+        } else {
+            dim3 gg((unsigned)((F + GR_GU_ROWS - 1) / GR_GU_ROWS), ny), gd((unsigned)((H + GR_DN_ROWS - 1) / GR_DN_ROWS), ny);
+            if (q2)
+                k_moe_gate_up_grp<1><<<gg, MOE_THREADS, sm_gr, c->stream>>>(xr, T, H, F, K, tab->table, tab->type, rb_gu,
+                                                                            count, n_items, items, list, act);
+            else
+                k_moe_gate_up_grp<0><<<gg, MOE_THREADS, sm_gr, c->stream>>>(xr, T, H, F, K, tab->table, tab->type, rb_gu,
+                                                                            count, n_items, items, list, act);
+            if (CU_LAUNCHED(c, "k_moe_gate_up_grp")) return;
+            if (q2)
+                k_moe_down_grp<1><<<gd, MOE_THREADS, sm_gd, c->stream>>>(act, T, H, F, tab->table, tab->type, rb_dn, count,
+                                                                         n_items, items, list, ydn);
+            else
+                k_moe_down_grp<0><<<gd, MOE_THREADS, sm_gd, c->stream>>>(act, T, H, F, tab->table, tab->type, rb_dn, count,
+                                                                         n_items, items, list, ydn);
+            if (CU_LAUNCHED(c, "k_moe_down_grp")) return;
         }
-        dim3 gg((unsigned)((F + GR_GU_ROWS - 1) / GR_GU_ROWS), ny), gd((unsigned)((H + GR_DN_ROWS - 1) / GR_DN_ROWS), ny);
-        if (q2)
-            k_moe_gate_up_grp<1><<<gg, MOE_THREADS, sm_gr, c->stream>>>(xr, T, H, F, K, tab->table, tab->type, rb_gu, count,
-                                                                        n_items, items, list, act);
-        else
-            k_moe_gate_up_grp<0><<<gg, MOE_THREADS, sm_gr, c->stream>>>(xr, T, H, F, K, tab->table, tab->type, rb_gu, count,
-                                                                        n_items, items, list, act);
-        if (CU_LAUNCHED(c, "k_moe_gate_up_grp")) return;
-        if (q2)
-            k_moe_down_grp<1><<<gd, MOE_THREADS, sm_gd, c->stream>>>(act, T, H, F, tab->table, tab->type, rb_dn, count,
-                                                                     n_items, items, list, ydn);
-        else
-            k_moe_down_grp<0><<<gd, MOE_THREADS, sm_gd, c->stream>>>(act, T, H, F, tab->table, tab->type, rb_dn, count,
-                                                                     n_items, items, list, ydn);
-        if (CU_LAUNCHED(c, "k_moe_down_grp")) return;
+        if (c->err[0]) return;
         k_moe_combine<<<(unsigned)T, MOE_THREADS, 0, c->stream>>>(ydn, a->topk_w, H, K, a->y, a->accumulate);
         CU_LAUNCHED(c, "k_moe_combine");
         return;

@@ -32,6 +32,7 @@
                                    lanes of a 16-byte load phase hit distinct banks */
 #define GB_ST 3                 /* pieces in flight */
 #define GB_STAGE_T 256          /* threads of the staging kernel */
+#define GB_STAGE_SMEM (160 * 1024) /* its shared row (n floats) at most */
 
 /* Position of column k in the staged order: within each block of 32, lane t's eight B values of both half-blocks
  * (k = 2t, 2t+1, 2t+8, 2t+9, 16+2t, 17+2t, 24+2t, 25+2t) lie together at 8t, one 16-byte load. */
@@ -83,9 +84,7 @@ k_gb_stage(const float *src, int64_t n, const cu_mat *__restrict__ table, int mi
     __syncthreads();
     mx = 0.f;
     for (int w = 0; w < nw; w++) mx = fmaxf(mx, wmax[w]);
-    int e = 0;
-    if (mx > 0.f && mx <= 3.0e38f) e = ilogbf(mx) - 14;
-    e = e < -100 ? -100 : e > 100 ? 100 : e;
+    const int e = tc_stage_exp(mx);
     const float dn = __int_as_float((127 - e) << 23);
     __half *hi = dst + r * 2 * n, *lo = hi + n;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
@@ -250,7 +249,7 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
 extern "C" int cu_moe_gb_ok(const cu_expert_table *tab, int64_t H, int64_t F) {
     const char *s = getenv("MOET_MOE_GB");
     if (s && s[0] == '0') return 0;
-    return tab->tiled && tab->aligned16 && H % GB_KP == 0 && F % GB_KP == 0 && H % 32 == 0;
+    return tab->tiled && tab->aligned16 && H % GB_KP == 0 && F % GB_KP == 0;
 }
 
 /* slots a chunk of the work list takes for T tokens of K picks over E experts: 4 NT */
@@ -278,20 +277,13 @@ static int gb_stage(cu_backend *c, const float *src, int64_t rows, int64_t n, co
                     const int32_t *ids, __half *dst, float *q) {
     const size_t sm = (size_t)n * sizeof(float);
     const int b = cu_hadamard_block(n);
-    if (sm > 160 * 1024) return cu_fail(c, cudaErrorInvalidValue, "moe grouped: row exceeds shared memory", __FILE__, __LINE__);
-#define GB_STAGE_GO(MM)                                                                                             \
-    do {                                                                                                            \
-        if (CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<MM>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024))) \
-            return 1;                                                                                               \
-        k_gb_stage<MM><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, dst, q);             \
-    } while (0)
+    if (sm > GB_STAGE_SMEM) return cu_fail(c, cudaErrorInvalidValue, "moe grouped: row exceeds shared memory", __FILE__, __LINE__);
     switch (b) {
-    case 32: GB_STAGE_GO(1); break;
-    case 64: GB_STAGE_GO(2); break;
-    case 128: GB_STAGE_GO(4); break;
-    default: GB_STAGE_GO(8); break;
+    case 32: k_gb_stage<1><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, dst, q); break;
+    case 64: k_gb_stage<2><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, dst, q); break;
+    case 128: k_gb_stage<4><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, dst, q); break;
+    default: k_gb_stage<8><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, dst, q); break;
     }
-#undef GB_STAGE_GO
     return CU_LAUNCHED(c, "k_gb_stage");
 }
 
@@ -303,7 +295,13 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const float
                           const int32_t *items, const int32_t *list, unsigned n_chunks, int tile, void *stage,
                           float *act, float *ydn) {
     if (g_gb_attr_dev != c->device) {
-        if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c)) return;
+        const int big = GB_STAGE_SMEM;
+        if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)))
+            return;
         g_gb_attr_dev = c->device;
     }
     __half *xg = (__half *)stage, *xd = xg + (size_t)T * 2 * H;

@@ -39,6 +39,14 @@ __device__ __forceinline__ void tc_ab(int32_t type, float beta, float *A, float 
     else { *A = 0.5f * (1.0f + beta); *B = 0.5f * (1.0f - beta); }
 }
 
+/* The staging exponent of values whose largest magnitude is mx: mx 2^-e in [2^14, 2^15), so hi/lo f16 never
+ * overflow (0 for zero or non-finite mx, clamped to +-100). */
+__device__ __forceinline__ int tc_stage_exp(float mx) {
+    int e = 0;
+    if (mx > 0.f && mx <= 3.0e38f) e = ilogbf(mx) - 14;
+    return e < -100 ? -100 : e > 100 ? 100 : e;
+}
+
 /* Stages a lane's m values of a b-wide chunk as hi/lo f16 (X[0..b) hi, X[b..2b) lo) of v 2^-e, e from the warp's
  * largest |v| (largest -> [2^14, 2^15)); returns 2^e. Warp-uniform. */
 __device__ __forceinline__ float tc_stage(const float v[8], int m, int b, __half *X) {
@@ -48,9 +56,7 @@ __device__ __forceinline__ float tc_stage(const float v[8], int m, int b, __half
     for (int i = 0; i < 8; i++)
         if (i < m) mx = fmaxf(mx, fabsf(v[i]));
     mx = cu_warp_max(mx);
-    int e = 0;
-    if (mx > 0.f && mx <= 3.0e38f) e = ilogbf(mx) - 14;
-    e = e < -100 ? -100 : e > 100 ? 100 : e;
+    const int e = tc_stage_exp(mx);
     const float dn = __int_as_float((127 - e) << 23), up = __int_as_float((127 + e) << 23);
 #pragma unroll
     for (int i = 0; i < 8; i++)

@@ -419,46 +419,54 @@ int main(int argc, char **argv) {
         op->forget(be, kn);
         free(qa); free(ka); free(va); free(qn); free(kn); free(o); free(rq); free(rk); free(rv);
     }
-    /* attention (causal, GQA) against the textbook softmax(q k^T / sqrt(d)) v */
+    /* attention (causal, GQA) against the textbook softmax(q k^T / sqrt(d)) v: a short chunk at head_dim 32 (CUDA:
+     * the CUDA-core kernel), and chunks at head_dim 64 / 128 that take the CUDA tensor-core kernel (attn_tc.cu) with
+     * partial row and key tiles, groups of 4 and 8, peaked and flat softmaxes (q scaled by `amp`) */
     {
-        const int nh = 4, nkv = 2, hd = 32, pos0 = 9, T = 6, ctx = 32;
-        float *q = malloc(sizeof(float) * T * nh * hd), *kc = malloc(sizeof(float) * ctx * nkv * hd),
-              *vc = malloc(sizeof(float) * ctx * nkv * hd), *o = malloc(sizeof(float) * T * nh * hd);
-        double *rr = malloc(sizeof(double) * T * nh * hd);
-        for (int i = 0; i < T * nh * hd; i++) q[i] = gauss();
-        for (int i = 0; i < ctx * nkv * hd; i++) { kc[i] = gauss(); vc[i] = gauss(); }
-        for (int t = 0; t < T; t++)
-            for (int h = 0; h < nh; h++) {
-                int kh = h / (nh / nkv), nk = pos0 + t + 1;
-                double sc[64], mx = -1e300, sum = 0;
-                for (int j = 0; j < nk; j++) {
-                    double s = 0;
-                    for (int d = 0; d < hd; d++) s += (double)q[(t * nh + h) * hd + d] * kc[(j * nkv + kh) * hd + d];
-                    sc[j] = s / sqrt((double)hd);
-                    mx = fmax(mx, sc[j]);
+        static const struct { int nh, nkv, hd, pos0, T, ctx; double amp; } sh[] = {
+            {4, 2, 32, 9, 6, 32, 1.0}, {8, 2, 64, 5, 70, 96, 3.0}, {16, 2, 128, 40, 37, 96, 1.0}, {8, 1, 128, 0, 130, 160, 0.3}};
+        for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
+            const int nh = sh[si].nh, nkv = sh[si].nkv, hd = sh[si].hd, pos0 = sh[si].pos0, T = sh[si].T, ctx = sh[si].ctx;
+            float *q = malloc(sizeof(float) * T * nh * hd), *kc = malloc(sizeof(float) * ctx * nkv * hd),
+                  *vc = malloc(sizeof(float) * ctx * nkv * hd), *o = malloc(sizeof(float) * T * nh * hd);
+            double *rr = malloc(sizeof(double) * T * nh * hd), *sc = malloc(sizeof(double) * ctx);
+            int32_t *pos = malloc(sizeof(int32_t) * T);
+            for (int i = 0; i < T * nh * hd; i++) q[i] = (float)(sh[si].amp * gauss());
+            for (int i = 0; i < ctx * nkv * hd; i++) { kc[i] = gauss(); vc[i] = gauss(); }
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < nh; h++) {
+                    int kh = h / (nh / nkv), nk = pos0 + t + 1;
+                    double mx = -1e300, sum = 0;
+                    for (int j = 0; j < nk; j++) {
+                        double s = 0;
+                        for (int d = 0; d < hd; d++) s += (double)q[(t * nh + h) * hd + d] * kc[(j * nkv + kh) * hd + d];
+                        sc[j] = s / sqrt((double)hd);
+                        mx = fmax(mx, sc[j]);
+                    }
+                    for (int j = 0; j < nk; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+                    for (int d = 0; d < hd; d++) {
+                        double acc = 0;
+                        for (int j = 0; j < nk; j++) acc += sc[j] / sum * vc[(j * nkv + kh) * hd + d];
+                        rr[(t * nh + h) * hd + d] = acc;
+                    }
                 }
-                for (int j = 0; j < nk; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
-                for (int d = 0; d < hd; d++) {
-                    double acc = 0;
-                    for (int j = 0; j < nk; j++) acc += sc[j] / sum * vc[(j * nkv + kh) * hd + d];
-                    rr[(t * nh + h) * hd + d] = acc;
-                }
-            }
-        void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
-        int32_t pos[6];
-        for (int t = 0; t < T; t++) pos[t] = pos0 + t;
-        float *qd = dev(q, sizeof(float) * T * nh * hd), *kd = dev(kc, sizeof(float) * ctx * nkv * hd),
-              *vd = dev(vc, sizeof(float) * ctx * nkv * hd), *od = dev_poisoned((size_t)(T * nh * hd));
-        int32_t *pd = dev(pos, sizeof pos);
-        moet_attn_args aa = {.q = qd, .k_cache = kd, .v_cache = vd, .pos = pd, .n_tok = T, .n_heads = nh,
-                             .n_kv = nkv, .head_dim = hd, .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = od,
-                             .scratch = scr};
-        op->attention(be, &aa);
-        pull(o, od, (size_t)(T * nh * hd));
-        report("attention", "gqa causal", nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
-        drop(qd); drop(kd); drop(vd); drop(od); drop(pd);
-        op->release(be, scr);
-        free(q); free(kc); free(vc); free(o); free(rr);
+            void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
+            for (int t = 0; t < T; t++) pos[t] = pos0 + t;
+            float *qd = dev(q, sizeof(float) * T * nh * hd), *kd = dev(kc, sizeof(float) * ctx * nkv * hd),
+                  *vd = dev(vc, sizeof(float) * ctx * nkv * hd), *od = dev_poisoned((size_t)(T * nh * hd));
+            int32_t *pd = dev(pos, sizeof(int32_t) * T);
+            moet_attn_args aa = {.q = qd, .k_cache = kd, .v_cache = vd, .pos = pd, .n_tok = T, .n_heads = nh,
+                                 .n_kv = nkv, .head_dim = hd, .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = od,
+                                 .scratch = scr};
+            op->attention(be, &aa);
+            pull(o, od, (size_t)(T * nh * hd));
+            char what[64];
+            snprintf(what, sizeof what, "gqa causal h%d/kv%d hd%d T%d", nh, nkv, hd, T);
+            report("attention", what, nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
+            drop(qd); drop(kd); drop(vd); drop(od); drop(pd);
+            op->release(be, scr);
+            free(q); free(kc); free(vc); free(o); free(rr); free(sc); free(pos);
+        }
     }
     /* attn_fused (backends that have it): one decode token, against attn_prep then attention on the same backend,
      * bit for bit (output, q, both cache rows), with and without q/k norms, at head_dim 128 and 64 */
@@ -899,6 +907,50 @@ int perf_main(moet_backend *be) {
             drop(x); drop(y);
         }
         op->release(be, wd);
+    }
+    { /* prefill attention over a fresh cache (query t at position t): the 30b and 235b head shapes, the CUDA-core
+       * kernel (MOET_ATTN_TC=0) and the tensor-core one (attn_tc.cu); FLOPs 4 x head_dim a (query head, key) pair */
+        static const struct { const char *name; int nh, nkv, T; } as[] = {
+            {"attn 30b 32/4x128", 32, 4, 512}, {"attn 235b 64/4x128", 64, 4, 512}, {"attn 30b 32/4x128", 32, 4, 2048}};
+        const int hd = 128;
+        printf("%-28s %8s %10s %10s %9s %9s\n", "prefill attention", "tokens", "us/op", "MB/op", "GB/s", "TFLOP/s");
+        for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) {
+            const int nh = as[i].nh, nkv = as[i].nkv, T = as[i].T;
+            float *q = dev(NULL, sizeof(float) * T * nh * hd), *kc = dev(NULL, sizeof(float) * T * nkv * hd),
+                  *vc = dev(NULL, sizeof(float) * T * nkv * hd), *o = dev(NULL, sizeof(float) * T * nh * hd);
+            op->fill_random(be, q, MOET_TYPE_F32, T, (int64_t)nh * hd, 1.0f, 21);
+            op->fill_random(be, kc, MOET_TYPE_F32, T, (int64_t)nkv * hd, 1.0f, 22);
+            op->fill_random(be, vc, MOET_TYPE_F32, T, (int64_t)nkv * hd, 1.0f, 23);
+            int32_t *pos = malloc(sizeof(int32_t) * T);
+            for (int t = 0; t < T; t++) pos[t] = t;
+            int32_t *pd = dev(pos, sizeof(int32_t) * T);
+            void *scr = op->alloc(be, op->attn_scratch_bytes(be, T));
+            moet_attn_args aa = {.q = q, .k_cache = kc, .v_cache = vc, .pos = pd, .n_tok = T, .n_heads = nh,
+                                 .n_kv = nkv, .head_dim = hd, .n_ctx = T, .scale = 1.0f / sqrtf((float)hd), .out = o,
+                                 .scratch = scr};
+            for (int path = 0; path < 2; path++) {
+                setenv("MOET_ATTN_TC", path ? "1" : "0", 1);
+                float probe;
+                op->attention(be, &aa);
+                op->download(be, &probe, o, sizeof probe);
+                double best = 1e30;
+                for (int it = 0; it < 5; it++) {
+                    double t0 = now_s();
+                    for (int r = 0; r < 4; r++) op->attention(be, &aa);
+                    op->download(be, &probe, o, sizeof probe);
+                    double d = (now_s() - t0) / 4;
+                    if (d < best) best = d;
+                }
+                const double bytes = 4.0 * ((double)T * nh * hd * 2 + (double)T * nkv * hd * 2),
+                             fl = 4.0 * hd * nh * ((double)T * (T + 1) / 2);
+                char name[64];
+                snprintf(name, sizeof name, "%s %s", as[i].name, path ? "tc" : "cuda-core");
+                printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", name, T, best * 1e6, bytes / 1e6, bytes / best / 1e9,
+                       fl / best / 1e12);
+            }
+            unsetenv("MOET_ATTN_TC");
+            drop(q); drop(kc); drop(vc); drop(o); drop(pd); op->release(be, scr); free(pos);
+        }
     }
     const int64_t H = 2048, F = 768;
     const int E = 128, K = 8, SETS = 8, REPS = 48;

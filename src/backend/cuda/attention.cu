@@ -132,6 +132,7 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
         cu_fail(c, cudaErrorInvalidValue, "attention: head_dim > 256 or heads not a multiple of kv heads", __FILE__, __LINE__);
         return;
     }
+    if (!cu_attn_tc(c, a)) return; /* prefill on tensor cores (attn_tc.cu) where it applies */
     dim3 grid((unsigned)a->n_heads, (unsigned)a->n_tok);
     cu_launch_pdl(c, k_attention, grid, dim3(AT_WARPS * 32), 0, a->q, a->k_cache, a->v_cache, a->pos, a->n_heads,
                   a->n_kv, a->head_dim, a->scale, a->out);

@@ -1,0 +1,253 @@
+/*
+ * attn_tc.cu — causal GQA prefill attention on tensor cores (flash-attention form), fp32-exact by 3xTF32.
+ *
+ * Why: k_attention (attention.cu) runs a CTA per (query head, token) on CUDA cores; at 512 tokens it was 52% of a
+ * qwen3-30b-a3b prefill layer's kernel time (720 us), ~3% of what the FLOPs allow. Here a CTA takes 64 query rows of
+ * one kv head's group (row r = token r / G, head r % G, G = n_heads / n_kv, so a chunk of few tokens still fills the
+ * tile and the group's heads share every K/V tile), walks the keys in tiles of 32 (cp.async, two in flight) and
+ * keeps the online softmax in registers: S = Q K^T and O += P V are m16n8k8 TF32 mma.
+ *
+ * Exactness: every fp32 operand x is split as big = tf32(x) (round to nearest), small = tf32(x - big), and a
+ * product is small·big + big·small + big·big (the small·small term, ~2^-22 relative, dropped), accumulated in
+ * fp32: within a few fp32 ulps of the CUDA-core kernel, not a BF16/TF32 approximation. TF32 keeps fp32's exponent,
+ * so no scaling is needed for range (an f16 split would need one per row, and V has none that works for P V).
+ *
+ * Fragment bookkeeping: the S accumulator holds keys 2t, 2t+1 of each 8-key n-tile in lane (g, t); P V needs A
+ * columns t and t+4, so the k order of P V is permuted (k = t <-> key 2t, k = t + 4 <-> key 2t + 1) and V's B
+ * fragment is read in the same order: P stays in registers, no shuffles. Rows are padded to HD + 4 floats, which
+ * makes every fragment load (Q and K: row g, column t; V: row 2t, column g) hit 32 different banks.
+ *
+ * Per CTA and key tile: 64 x 32 x HD x 2 useful MACs (x3 for the split), 2 x 32 x HD x 4 bytes from L2 (the cache of
+ * a 512-token prefill is 256 KB a kv head). Deterministic: fixed order, no atomics, so graph replays are bit-equal.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_int.h"
+
+#define TA_ROWS 64 /* query rows a CTA (4 warps x 16) */
+#define TA_KT 32   /* keys a tile */
+#define TA_W 4
+
+__device__ __forceinline__ void ta_split(float x, uint32_t &big, uint32_t &small) {
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
+    const float r = x - __uint_as_float(big);
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(r));
+}
+
+__device__ __forceinline__ void ta_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* d += a · b in 3xTF32: the small terms first, so they are not lost against the big product */
+__device__ __forceinline__ void ta_mma3(float *d, const uint32_t *ab, const uint32_t *as, float b0f, float b1f) {
+    uint32_t bb0, bs0, bb1, bs1;
+    ta_split(b0f, bb0, bs0);
+    ta_split(b1f, bb1, bs1);
+    ta_mma(d, as, bb0, bb1);
+    ta_mma(d, ab, bs0, bs1);
+    ta_mma(d, ab, bb0, bb1);
+}
+
+__device__ __forceinline__ void ta_cp16(float *dst, const float *src, int valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(cu_smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+template <int HD> struct ta_dims {
+    static constexpr int LD = HD + 4;
+    static constexpr size_t smem = (size_t)(TA_ROWS + 4 * TA_KT) * LD * sizeof(float);
+};
+
+/* Key tile kt into buffer b (all threads of the CTA; one cp.async group): rows past the last key are zero, so P V
+ * sees 0 x 0 there, never stale memory. */
+template <int HD>
+__device__ __forceinline__ void ta_load_tile(float *sk, float *sv, const float *kb, const float *vb, int64_t kv_stride,
+                                             int32_t n_keys, int kt, int b) {
+    constexpr int LD = ta_dims<HD>::LD;
+    for (int i = threadIdx.x; i < TA_KT * (HD / 4); i += TA_W * 32) {
+        const int row = i / (HD / 4), c4 = i % (HD / 4);
+        const int64_t j = (int64_t)kt * TA_KT + row;
+        const int valid = j < n_keys;
+        const int64_t off = (valid ? j : 0) * kv_stride + 4 * c4;
+        ta_cp16(sk + (b * TA_KT + row) * LD + 4 * c4, kb + off, valid);
+        ta_cp16(sv + (b * TA_KT + row) * LD + 4 * c4, vb + off, valid);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* grid (n_kv, row tiles): blockIdx.y counts from the last (longest) tile down, so the heavy CTAs start first. */
+template <int HD>
+__global__ void __launch_bounds__(TA_W * 32, 2)
+k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, int32_t n_tok, int32_t n_heads,
+          int32_t n_kv, float scale, float *out) {
+    constexpr int LD = ta_dims<HD>::LD, ND = HD / 8;
+    extern __shared__ __align__(16) float ta_sm[];
+    float *sq = ta_sm, *sk = sq + TA_ROWS * LD, *sv = sk + 2 * TA_KT * LD;
+    __shared__ int32_t s_pos[TA_ROWS];
+    __shared__ int32_t s_max;
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int G = n_heads / n_kv, kvh = blockIdx.x;
+    const int64_t R = (int64_t)n_tok * G, r0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * TA_ROWS;
+    const int64_t kv_stride = (int64_t)n_kv * HD;
+    if (tid == 0) s_max = -1;
+    __syncthreads();
+    if (tid < TA_ROWS) {
+        const int64_t r = r0 + tid;
+        const int32_t p = r < R ? pos[r / G] : -1;
+        s_pos[tid] = p;
+        atomicMax(&s_max, p);
+    }
+    /* Q rows (zero past the last row) */
+    for (int i = tid; i < TA_ROWS * (HD / 4); i += TA_W * 32) {
+        const int row = i / (HD / 4), c4 = i % (HD / 4);
+        const int64_t r = r0 + row;
+        const int valid = r < R;
+        const int64_t tok = valid ? r / G : 0, h = valid ? (int64_t)kvh * G + r % G : 0;
+        ta_cp16(sq + row * LD + 4 * c4, q + (tok * n_heads + h) * HD + 4 * c4, valid);
+    }
+    __syncthreads(); /* s_max */
+    const int32_t n_keys = s_max + 1, n_tiles = (n_keys + TA_KT - 1) / TA_KT;
+    const float *kb = kc + (int64_t)kvh * HD, *vb = vc + (int64_t)kvh * HD;
+    if (n_tiles > 0) ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, n_keys, 0, 0);
+
+    const int rw = warp * 16; /* this warp's rows in the tile */
+    const int32_t p_lo = s_pos[rw + g], p_hi = s_pos[rw + g + 8];
+    float o[ND][4];
+#pragma unroll
+    for (int d = 0; d < ND; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+
+    for (int kt = 0; kt < n_tiles; kt++) {
+        const int b = kt & 1;
+        if (kt + 1 < n_tiles) {
+            ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, n_keys, kt + 1, b ^ 1);
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        }
+        __syncthreads();
+        const float *K = sk + b * TA_KT * LD, *V = sv + b * TA_KT * LD;
+        /* S = Q K^T over this tile's 32 keys: 4 n-tiles of 8 */
+        float s[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll 4
+        for (int ks = 0; ks < ND; ks++) {
+            const float *qa = sq + (rw + g) * LD + ks * 8 + t;
+            uint32_t ab[4], as[4];
+            ta_split(qa[0], ab[0], as[0]);
+            ta_split(qa[8 * LD], ab[1], as[1]);
+            ta_split(qa[4], ab[2], as[2]);
+            ta_split(qa[8 * LD + 4], ab[3], as[3]);
+#pragma unroll
+            for (int n = 0; n < 4; n++) {
+                const float *kr = K + (n * 8 + g) * LD + ks * 8 + t;
+                ta_mma3(s[n], ab, as, kr[0], kr[4]);
+            }
+        }
+        /* scale, causal mask (key j visible to a row at position p iff j <= p), online softmax per row */
+        float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+            const int32_t j = kt * TA_KT + n * 8 + 2 * t;
+            s[n][0] = j <= p_lo ? s[n][0] * scale : -INFINITY;
+            s[n][1] = j + 1 <= p_lo ? s[n][1] * scale : -INFINITY;
+            s[n][2] = j <= p_hi ? s[n][2] * scale : -INFINITY;
+            s[n][3] = j + 1 <= p_hi ? s[n][3] * scale : -INFINITY;
+            mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
+            mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
+        }
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+        const float ref_lo = mx_lo == -INFINITY ? 0.f : mx_lo, ref_hi = mx_hi == -INFINITY ? 0.f : mx_hi;
+        const float c_lo = expf(m_lo - ref_lo), c_hi = expf(m_hi - ref_hi);
+        m_lo = mx_lo;
+        m_hi = mx_hi;
+        float ps_lo = 0.f, ps_hi = 0.f;
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+            s[n][0] = expf(s[n][0] - ref_lo);
+            s[n][1] = expf(s[n][1] - ref_lo);
+            s[n][2] = expf(s[n][2] - ref_hi);
+            s[n][3] = expf(s[n][3] - ref_hi);
+            ps_lo += s[n][0] + s[n][1];
+            ps_hi += s[n][2] + s[n][3];
+        }
+        l_lo = l_lo * c_lo + ps_lo; /* a lane's partial of the row sum; the 4 lanes of a row are added at the end */
+        l_hi = l_hi * c_hi + ps_hi;
+#pragma unroll
+        for (int d = 0; d < ND; d++) {
+            o[d][0] *= c_lo;
+            o[d][1] *= c_lo;
+            o[d][2] *= c_hi;
+            o[d][3] *= c_hi;
+        }
+        /* O += P V: k-step n is S's n-tile n, with k = t <-> key 2t and k = t + 4 <-> key 2t + 1 */
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+            uint32_t ab[4], as[4];
+            ta_split(s[n][0], ab[0], as[0]);
+            ta_split(s[n][2], ab[1], as[1]);
+            ta_split(s[n][1], ab[2], as[2]);
+            ta_split(s[n][3], ab[3], as[3]);
+            const float *vr = V + (n * 8 + 2 * t) * LD + g;
+#pragma unroll
+            for (int d = 0; d < ND; d++) ta_mma3(o[d], ab, as, vr[8 * d], vr[LD + 8 * d]);
+        }
+        __syncthreads(); /* buffer b is refilled by the next iteration's load */
+    }
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t r = r0 + rw + g + 8 * half;
+        if (r >= R) continue;
+        const int64_t tok = r / G, h = (int64_t)kvh * G + r % G;
+        float *orow = out + (tok * n_heads + h) * HD;
+        const float inv = 1.0f / (half ? l_hi : l_lo);
+#pragma unroll
+        for (int d = 0; d < ND; d++) {
+            float2 v2 = make_float2(o[d][2 * half] * inv, o[d][2 * half + 1] * inv);
+            *(float2 *)(orow + d * 8 + 2 * t) = v2;
+        }
+    }
+}
+
+static int g_ta_attr_dev = -1;
+
+/* Runs the tensor-core kernel where it applies (returns 1 where it does not: the caller runs k_attention):
+ * head_dim 64 or 128, at least TA_MIN_TOK tokens (MOET_ATTN_TC=0 turns it off, for A/B). */
+extern "C" int cu_attn_tc(cu_backend *c, const moet_attn_args *a) {
+    const char *e = getenv("MOET_ATTN_TC");
+    const int off = e && e[0] == '0';
+    const int hd = a->head_dim;
+    if (off || a->n_tok < 2 || (hd != 64 && hd != 128) || a->n_kv <= 0 || a->n_heads % a->n_kv) return 1;
+    const int64_t rows = (int64_t)a->n_tok * (a->n_heads / a->n_kv), tiles = (rows + TA_ROWS - 1) / TA_ROWS;
+    if (tiles > 65535) return 1;
+    if (g_ta_attr_dev != c->device) {
+        if (CU_CHECK(c, cudaFuncSetAttribute(k_attn_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ta_dims<64>::smem)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_attn_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ta_dims<128>::smem)))
+            return 0;
+        g_ta_attr_dev = c->device;
+    }
+    const dim3 grid((unsigned)a->n_kv, (unsigned)tiles), block(TA_W * 32);
+    if (hd == 64)
+        cu_launch_pdl(c, k_attn_tc<64>, grid, block, ta_dims<64>::smem, a->q, a->k_cache, a->v_cache, a->pos,
+                      (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out);
+    else
+        cu_launch_pdl(c, k_attn_tc<128>, grid, block, ta_dims<128>::smem, a->q, a->k_cache, a->v_cache, a->pos,
+                      (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out);
+    CU_LAUNCHED(c, "k_attn_tc");
+    return 0;
+}

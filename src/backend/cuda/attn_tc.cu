@@ -36,21 +36,12 @@ __device__ __forceinline__ void ta_split(float x, uint32_t &big, uint32_t &small
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(r));
 }
 
+/* not volatile: no side effects, so the compiler may interleave independent products */
 __device__ __forceinline__ void ta_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* d += a · b in 3xTF32: the small terms first, so they are not lost against the big product */
-__device__ __forceinline__ void ta_mma3(float *d, const uint32_t *ab, const uint32_t *as, float b0f, float b1f) {
-    uint32_t bb0, bs0, bb1, bs1;
-    ta_split(b0f, bb0, bs0);
-    ta_split(b1f, bb1, bs1);
-    ta_mma(d, as, bb0, bb1);
-    ta_mma(d, ab, bs0, bs1);
-    ta_mma(d, ab, bb0, bb1);
 }
 
 __device__ __forceinline__ void ta_cp16(float *dst, const float *src, int valid) {
@@ -134,14 +125,18 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
         }
         __syncthreads();
         const float *K = sk + b * TA_KT * LD, *V = sv + b * TA_KT * LD;
-        /* S = Q K^T over this tile's 32 keys: 4 n-tiles of 8 */
-        float s[4][4];
+        /* S = Q K^T over this tile's 32 keys: 4 n-tiles of 8. The three products of the split go to three
+         * accumulators (added at the end, small terms first), so each k-step issues 12 independent mma and the
+         * dependent chain over the head dimension is ND long, not 3 ND. */
+        float s[4][4], sx[4][4], sy[4][4];
 #pragma unroll
-        for (int n = 0; n < 4; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = sx[n][e] = sy[n][e] = 0.f;
 #pragma unroll 4
         for (int ks = 0; ks < ND; ks++) {
             const float *qa = sq + (rw + g) * LD + ks * 8 + t;
-            uint32_t ab[4], as[4];
+            uint32_t ab[4], as[4], bb[4][2], bs[4][2];
             ta_split(qa[0], ab[0], as[0]);
             ta_split(qa[8 * LD], ab[1], as[1]);
             ta_split(qa[4], ab[2], as[2]);
@@ -149,9 +144,20 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
 #pragma unroll
             for (int n = 0; n < 4; n++) {
                 const float *kr = K + (n * 8 + g) * LD + ks * 8 + t;
-                ta_mma3(s[n], ab, as, kr[0], kr[4]);
+                ta_split(kr[0], bb[n][0], bs[n][0]);
+                ta_split(kr[4], bb[n][1], bs[n][1]);
             }
+#pragma unroll
+            for (int n = 0; n < 4; n++) ta_mma(sx[n], as, bb[n][0], bb[n][1]);
+#pragma unroll
+            for (int n = 0; n < 4; n++) ta_mma(sy[n], ab, bs[n][0], bs[n][1]);
+#pragma unroll
+            for (int n = 0; n < 4; n++) ta_mma(s[n], ab, bb[n][0], bb[n][1]);
         }
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] += sx[n][e] + sy[n][e];
         /* scale, causal mask (key j visible to a row at position p iff j <= p), online softmax per row */
         float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
@@ -200,8 +206,22 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
             ta_split(s[n][1], ab[2], as[2]);
             ta_split(s[n][3], ab[3], as[3]);
             const float *vr = V + (n * 8 + 2 * t) * LD + g;
+            /* four head-dim n-tiles at a time, term-major: 12 mma, each o[d] updated every 4th */
 #pragma unroll
-            for (int d = 0; d < ND; d++) ta_mma3(o[d], ab, as, vr[8 * d], vr[LD + 8 * d]);
+            for (int d0 = 0; d0 < ND; d0 += 4) {
+                uint32_t bb[4][2], bs[4][2];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    ta_split(vr[8 * (d0 + i)], bb[i][0], bs[i][0]);
+                    ta_split(vr[LD + 8 * (d0 + i)], bb[i][1], bs[i][1]);
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) ta_mma(o[d0 + i], as, bb[i][0], bb[i][1]);
+#pragma unroll
+                for (int i = 0; i < 4; i++) ta_mma(o[d0 + i], ab, bs[i][0], bs[i][1]);
+#pragma unroll
+                for (int i = 0; i < 4; i++) ta_mma(o[d0 + i], ab, bb[i][0], bb[i][1]);
+            }
         }
         __syncthreads(); /* buffer b is refilled by the next iteration's load */
     }

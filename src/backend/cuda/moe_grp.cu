@@ -202,23 +202,36 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
 #pragma unroll
                         for (int r = 0; r < 4; r++) { au[k][s][r] = tc_sign2(w, 4 * s + r); av[k][s][r] = tc_sign2(w, 8 + 4 * s + r); }
                 }
+                /* n-tiles two at a time: both tiles' mma are issued before the FMAs that need the first one's
+                 * results (at most one n-tile of empty slots past the chunk's last is computed) */
 #pragma unroll
-                for (int j = 0; j < NT; j++) {
+                for (int j = 0; j < NT; j += 2) {
                     if (j >= ntl) break;
-                    const uint4 bv = *(const uint4 *)(xsm + (size_t)(8 * j + g) * GB_LD + bi * 32 + 8 * t);
-                    const uint32_t b0[2] = {bv.x, bv.y}, b1[2] = {bv.z, bv.w};
+                    float cu[2][NM][4], cv[2][NM][4];
 #pragma unroll
-                    for (int k = 0; k < NM; k++) {
-                        float cu[4] = {0.f, 0.f, 0.f, 0.f}, cv[4] = {0.f, 0.f, 0.f, 0.f};
-                        tc_mma(cu, au[k][0], b0);
-                        tc_mma(cv, av[k][0], b0);
-                        tc_mma(cu, au[k][1], b1);
-                        tc_mma(cv, av[k][1], b1);
-                        acc[k][j][0] = fmaf(sa0[k], cu[0], fmaf(sb0[k], cv[0], acc[k][j][0]));
-                        acc[k][j][1] = fmaf(sa0[k], cu[1], fmaf(sb0[k], cv[1], acc[k][j][1]));
-                        acc[k][j][2] = fmaf(sa1[k], cu[2], fmaf(sb1[k], cv[2], acc[k][j][2]));
-                        acc[k][j][3] = fmaf(sa1[k], cu[3], fmaf(sb1[k], cv[3], acc[k][j][3]));
+                    for (int jj = 0; jj < 2; jj++) {
+                        const uint4 bv = *(const uint4 *)(xsm + (size_t)(8 * (j + jj) + g) * GB_LD + bi * 32 + 8 * t);
+                        const uint32_t b0[2] = {bv.x, bv.y}, b1[2] = {bv.z, bv.w};
+#pragma unroll
+                        for (int k = 0; k < NM; k++) {
+#pragma unroll
+                            for (int i = 0; i < 4; i++) cu[jj][k][i] = cv[jj][k][i] = 0.f;
+                            tc_mma(cu[jj][k], au[k][0], b0);
+                            tc_mma(cv[jj][k], av[k][0], b0);
+                            tc_mma(cu[jj][k], au[k][1], b1);
+                            tc_mma(cv[jj][k], av[k][1], b1);
+                        }
                     }
+#pragma unroll
+                    for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+                        for (int k = 0; k < NM; k++) {
+                            float *a = acc[k][j + jj];
+                            a[0] = fmaf(sa0[k], cu[jj][k][0], fmaf(sb0[k], cv[jj][k][0], a[0]));
+                            a[1] = fmaf(sa0[k], cu[jj][k][1], fmaf(sb0[k], cv[jj][k][1], a[1]));
+                            a[2] = fmaf(sa1[k], cu[jj][k][2], fmaf(sb1[k], cv[jj][k][2], a[2]));
+                            a[3] = fmaf(sa1[k], cu[jj][k][3], fmaf(sb1[k], cv[jj][k][3], a[3]));
+                        }
                 }
             }
         }

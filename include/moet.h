@@ -109,6 +109,9 @@ typedef struct {
     int32_t n_batch;    /* tokens per forward chunk (scratch is sized for it); longer evals run in chunks */
     int32_t n_logits;   /* rows MOET_LOGITS_ALL can return from one eval; <= 0: n_batch */
     int32_t graphs;     /* 1 (default): decode steps are recorded once and replayed (CUDA graphs); 0: launched */
+    int32_t n_candidates; /* 0 (default): off. k in 1..64: an eval in MOET_LOGITS_LAST mode also finds the k largest
+                           * logits of its row on the backend and copies only those to the host
+                           * (moet_session_candidates); the whole row is copied when moet_session_logits asks */
 } moet_session_options;
 
 moet_session_options moet_session_default_options(void);
@@ -122,8 +125,13 @@ enum { MOET_LOGITS_LAST = 0, MOET_LOGITS_ALL = 1 };
 /* Appends n tokens at the current position and runs the forward. With MOET_LOGITS_ALL the logits of every one of
  * the n tokens are kept (n * vocab floats), else only the last. */
 int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int logits_mode, char *err, size_t errlen);
-/* Logits of the last eval: row i of n_rows, each vocab_size floats. */
+/* Logits of the last eval: row i of n_rows, each vocab_size floats. With candidates on, the rows are copied from
+ * the backend at the first call after an eval (so the pointer is valid until the next eval, as always). */
 const float *moet_session_logits(const moet_session *s, int32_t *n_rows);
+/* The last eval's candidates (n_candidates on, MOET_LOGITS_LAST): the k largest logits of its row, *ids and *vals
+ * in descending order of logit, equal logits by ascending id (NaN last). Returns k, or 0 where the last eval kept
+ * none (candidates off, MOET_LOGITS_ALL, or a backend without them). Valid until the next eval. */
+int32_t moet_session_candidates(const moet_session *s, const int32_t **ids, const float **vals);
 int32_t moet_session_pos(const moet_session *s);
 /* Forget KV entries from position pos on (pos <= current position). */
 int moet_session_truncate(moet_session *s, int32_t pos, char *err, size_t errlen);
@@ -144,6 +152,9 @@ void moet_batch_free(moet_batch *b);
 int moet_batch_decode(moet_batch *b, moet_session *const *sessions, const int32_t *tokens, int32_t n, char *err,
                       size_t errlen);
 const float *moet_batch_logits(const moet_batch *b, int32_t i);
+/* Row i's candidates from the last moet_batch_decode, as moet_session_candidates (a batch keeps
+ * min(64, vocab) of them a row where the backend has them; moet_batch_logits copies the full rows on first use). */
+int32_t moet_batch_candidates(const moet_batch *b, int32_t i, const int32_t **ids, const float **vals);
 
 /* ---- sampler ---------------------------------------------------------------------------------------------- */
 
@@ -167,6 +178,13 @@ int moet_sampler_create(const moet_sampler_options *opt, int32_t vocab_size, moe
 void moet_sampler_free(moet_sampler *s);
 /* Picks the next token from logits; history = previous tokens (prompt + generated) for the penalties. */
 int32_t moet_sampler_sample(moet_sampler *s, const float *logits, const int32_t *history, size_t n_history);
+/* The token moet_sampler_sample would pick from the full logits, decided from k candidates (the row's k largest,
+ * ordered as moet_session_candidates gives them) where they are enough to know it: greedy, or top_k in 1..k-1, and
+ * penalties that can only lower logits; and no token outside the candidates can reach the cut. Then the result and
+ * the random stream are exactly those of moet_sampler_sample. -1 where the candidates are not enough (nothing is
+ * drawn; call moet_sampler_sample with the full row). */
+int32_t moet_sampler_sample_candidates(moet_sampler *s, const int32_t *ids, const float *vals, int32_t k,
+                                       const int32_t *history, size_t n_history);
 
 #ifdef __cplusplus
 }

@@ -2,9 +2,13 @@
  * test_batch.c — batched decode (moet_batch_decode: one forward over the next token of several sessions) against
  * each session decoding alone: same logits (to float rounding; the CPU backend computes rows independently, so
  * bit-identical there) and same greedy continuations, for sessions at different positions with different prompts.
- * Runs on the model's default device (cuda on the device machine, cpu here).
+ * Runs on the model's default device (cuda on the device machine, cpu here). Half the single sessions and the
+ * batch keep sampling candidates (n_candidates; a batch always does where the backend has topk): each row's must be
+ * the k largest of the row fetched afterwards (moet_session_logits / moet_batch_logits copy it on demand), and that
+ * row must still equal the other path's.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "moet.h"
@@ -12,6 +16,25 @@
 
 #define NS 5
 #define STEPS 12
+#define NC 64
+
+static const float *g_l;
+static int cmp_logit(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (g_l[x] != g_l[y]) return g_l[x] > g_l[y] ? -1 : 1;
+    return x - y;
+}
+/* 1 when (ids, vals) are the k largest of l (value descending, equal values by lower id), values bit-equal */
+static int cands_ok(const float *l, int32_t V, const int32_t *ids, const float *vals, int32_t k) {
+    static int32_t order[1 << 18];
+    if (V > (int32_t)(sizeof order / sizeof order[0]) || !ids || !vals) return 0;
+    for (int32_t i = 0; i < V; i++) order[i] = i;
+    g_l = l;
+    qsort(order, (size_t)V, sizeof order[0], cmp_logit);
+    for (int32_t i = 0; i < k; i++)
+        if (ids[i] != order[i] || memcmp(&vals[i], &l[order[i]], sizeof(float))) return 0;
+    return 1;
+}
 
 int main(int argc, char **argv) {
     REQUIRE(argc >= 2, "usage: test_batch MODEL_DIR [device]");
@@ -27,8 +50,10 @@ int main(int argc, char **argv) {
     so.n_ctx = 256;
     moet_session *a[NS], *b[NS];
     int32_t next_a[NS], next_b[NS];
+    moet_session_options sc = so;
+    sc.n_candidates = NC;
     for (int i = 0; i < NS; i++) {
-        REQUIRE(moet_session_create(m, &so, &a[i], err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_create(m, i & 1 ? &sc : &so, &a[i], err, sizeof err) == 0, "%s", err);
         REQUIRE(moet_session_create(m, &so, &b[i], err, sizeof err) == 0, "%s", err);
         int32_t prompt[64];
         const int n = 3 + 7 * i;  /* different lengths: the rows sit at different positions */
@@ -43,7 +68,7 @@ int main(int argc, char **argv) {
     moet_batch *bt;
     REQUIRE(moet_batch_create(m, NS, so.n_ctx, &bt, err, sizeof err) == 0, "%s", err);
     double worst = 0;
-    int identical = 1, same_ids = 1;
+    int identical = 1, same_ids = 1, cand_rows = 0, cand_bad = 0;
     for (int step = 0; step < STEPS; step++) {
         /* a shrinking, reordered batch: rows join and leave, as in a server */
         int n = step < 4 ? NS : NS - (step % 3);
@@ -59,7 +84,13 @@ int main(int argc, char **argv) {
         for (int r = 0; r < n; r++) {
             const int i = map[r];
             REQUIRE(moet_session_eval(a[i], &next_a[i], 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+            const int32_t *ca = NULL, *cb = NULL;
+            const float *va = NULL, *vb = NULL;
+            const int32_t ka = moet_session_candidates(a[i], &ca, &va), kb = moet_batch_candidates(bt, r, &cb, &vb);
             const float *la = moet_session_logits(a[i], NULL), *lb = moet_batch_logits(bt, r);
+            if (ka) { cand_rows++; cand_bad += ka != (NC < V ? NC : V) || !cands_ok(la, V, ca, va, ka); }
+            if (kb) { cand_rows++; cand_bad += !cands_ok(lb, V, cb, vb, kb); }
+            CHECK(ka == 0 || i & 1, "row %d: a session without candidates has some", r);
             double mx = 0, md = 0;
             int32_t ba = 0, bb = 0;
             for (int32_t v = 0; v < V; v++) {
@@ -78,6 +109,8 @@ int main(int argc, char **argv) {
     }
     fprintf(stderr, "batched decode of up to %d sessions vs alone, %d steps: max relative logit difference %.3g (%s), "
             "greedy ids %s\n", NS, STEPS, worst, identical ? "bit-identical" : "close", same_ids ? "equal" : "DIFFER");
+    fprintf(stderr, "sampling candidates: %d rows checked, %d wrong\n", cand_rows, cand_bad);
+    CHECK(cand_rows > 0 && cand_bad == 0, "candidates: %d of %d rows are not the rows' top %d", cand_bad, cand_rows, NC);
     CHECK(worst <= 1e-5, "batched logits differ from single-session decode by %.3g", worst);
     CHECK(same_ids, "greedy continuations differ");
     /* misuse is an error, not a crash */

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "backend/topk_key.h"
 #include "quant/formats.h"
 #include "quant/matq.h"
 #include "quant/types.h"
@@ -48,6 +49,10 @@ static void report(const char *op, const char *variant, double v, double tol) {
 
 /* Backend buffers: dev() uploads a host array, pull() downloads into a poisoned host array. */
 static moet_backend *g_be;
+static int cmp_key_desc(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
 static void *dev(const void *host, size_t bytes) {
     void *d = g_be->ops->alloc(g_be, bytes);
     REQUIRE(d, "alloc %zu", bytes);
@@ -466,6 +471,45 @@ int main(int argc, char **argv) {
             drop(qd); drop(kd); drop(vd); drop(od); drop(pd);
             op->release(be, scr);
             free(q); free(kc); free(vc); free(o); free(rr); free(sc); free(pos);
+        }
+    }
+    /* topk (sampling candidates) against a full sort of (value desc, index asc), bit for bit: rows with ties,
+     * -0 beside +0, NaN and -inf, at the Qwen3 vocabulary (two passes on CUDA), a small one, k = 1 and k = 64 */
+    {
+        static const struct { int64_t n, V; int32_t k; } tk[] = {{3, 151936, 64}, {4, 4096, 64}, {5, 1000, 1},
+                                                                  {2, 70, 64}, {1, 9000, 17}};
+        for (size_t ci = 0; ci < sizeof tk / sizeof tk[0]; ci++) {
+            const int64_t n = tk[ci].n, V = tk[ci].V;
+            const int32_t k = tk[ci].k;
+            float *x = malloc(sizeof(float) * (size_t)(n * V)), *vals = malloc(sizeof(float) * (size_t)(n * k));
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n * k));
+            uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)V);
+            for (int64_t i = 0; i < n * V; i++) {
+                const double u = gauss();
+                x[i] = (float)(ci & 1 ? u : rint(u * 4) / 4); /* quantized rows: many ties */
+            }
+            x[3] = -0.0f; x[4] = 0.0f; x[5] = NAN; x[6] = -INFINITY;
+            if (n > 1) { x[V + 7] = 1e30f; x[V + 8] = 1e30f; }
+            float *xd = dev(x, sizeof(float) * (size_t)(n * V)), *vd = dev_poisoned((size_t)(n * k));
+            int32_t *id_d = dev(NULL, sizeof(int32_t) * (size_t)(n * k));
+            void *scr = dev(NULL, op->topk_scratch_bytes(be, n, V, k));
+            op->topk(be, xd, n, V, k, scr, id_d, vd);
+            op->download(be, ids, id_d, sizeof(int32_t) * (size_t)(n * k));
+            op->download(be, vals, vd, sizeof(float) * (size_t)(n * k));
+            int bad = 0;
+            for (int64_t r = 0; r < n && !bad; r++) {
+                for (int64_t i = 0; i < V; i++) keys[i] = moet_topk_key(x[r * V + i], (uint32_t)i);
+                qsort(keys, (size_t)V, sizeof *keys, cmp_key_desc);
+                for (int32_t i = 0; i < k; i++) {
+                    const uint32_t id = moet_topk_key_index(keys[i]);
+                    if (ids[r * k + i] != (int32_t)id || memcmp(&vals[r * k + i], &x[r * V + id], sizeof(float))) bad = 1;
+                }
+            }
+            char what[64];
+            snprintf(what, sizeof what, "n%lld V%lld k%d", (long long)n, (long long)V, k);
+            report("topk", what, bad ? 1.0 : 0.0, 0);
+            drop(xd); drop(vd); drop(id_d); drop(scr);
+            free(x); free(vals); free(ids); free(keys);
         }
     }
     /* attn_fused (backends that have it): one decode token, against attn_prep then attention on the same backend,
@@ -907,6 +951,39 @@ int perf_main(moet_backend *be) {
             drop(x); drop(y);
         }
         op->release(be, wd);
+    }
+    { /* sampling candidates at the Qwen3 vocabulary: topk of 1 and 64 rows (k = 64) against copying the rows to the
+       * host (what a decode step did before candidates: download, then the host scans the row) */
+        const int64_t V = 151936, rows[] = {1, 16, 64};
+        const int32_t k = 64;
+        printf("%-28s %8s %10s %10s\n", "topk V=151936 k=64", "rows", "us/op", "MB/op");
+        float *host = malloc(sizeof(float) * (size_t)(64 * V));
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+            const int64_t n = rows[i];
+            float *x = dev(NULL, sizeof(float) * (size_t)(n * V)), *vals = dev(NULL, sizeof(float) * (size_t)(n * k));
+            int32_t *ids = dev(NULL, sizeof(int32_t) * (size_t)(n * k));
+            void *scr = dev(NULL, op->topk_scratch_bytes(be, n, V, k));
+            op->fill_random(be, x, MOET_TYPE_F32, n, V, 1.0f, 31);
+            int32_t probe[64];
+            double best = 1e30, bestdl = 1e30;
+            for (int it = 0; it < 10; it++) {
+                double t0 = now_s();
+                op->topk(be, x, n, V, k, scr, ids, vals);
+                op->download(be, probe, ids, sizeof probe);
+                double d = now_s() - t0;
+                if (d < best) best = d;
+                t0 = now_s();
+                op->download(be, host, x, sizeof(float) * (size_t)(n * V));
+                d = now_s() - t0;
+                if (d < bestdl) bestdl = d;
+            }
+            printf("%-28s %8lld %10.2f %10.2f\n", "  topk + 256 B download", (long long)n, best * 1e6,
+                   (double)n * V * 4 / 1e6);
+            printf("%-28s %8lld %10.2f %10.2f\n", "  whole rows to the host", (long long)n, bestdl * 1e6,
+                   (double)n * V * 4 / 1e6);
+            drop(x); drop(vals); drop(ids); drop(scr);
+        }
+        free(host);
     }
     { /* prefill attention over a fresh cache (query t at position t): the 30b and 235b head shapes, the CUDA-core
        * kernel (MOET_ATTN_TC=0) and the tensor-core one (attn_tc.cu); FLOPs 4 x head_dim a (query head, key) pair */

@@ -18,6 +18,62 @@ static moet_sampler *mk(moet_sampler_options o) {
     return s;
 }
 
+/* ---- candidates: moet_sampler_sample_candidates against moet_sampler_sample on the full row ----------------------
+ * Two samplers with one seed, one fed full rows, the other the row's K largest (sorted as the backends' topk gives
+ * them: value descending, ties by lower id) and the full row only where it answers -1: the two token streams must
+ * be identical (a wrong decision, or a draw where it should have declined, shifts the random stream), and the
+ * candidates must decide where the options allow (and never where they do not). Every other row is quantised to
+ * quarters, so ties, also at the boundary, are common there. */
+#define CV 3000
+#define CK 64
+static uint64_t g_rs = 0x9E3779B97F4A7C15ull;
+static double urand(void) {
+    g_rs ^= g_rs << 13; g_rs ^= g_rs >> 7; g_rs ^= g_rs << 17;
+    return (double)(g_rs >> 11) * (1.0 / 9007199254740992.0);
+}
+static const float *g_row;
+static int cmp_row(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (g_row[x] != g_row[y]) return g_row[x] > g_row[y] ? -1 : 1;
+    return x - y;
+}
+static int check_candidates(moet_sampler_options o, int32_t k, int expect_decide, const char *what) {
+    char err[256];
+    moet_sampler *a, *b;
+    REQUIRE(moet_sampler_create(&o, CV, &a, err, sizeof err) == 0 && moet_sampler_create(&o, CV, &b, err, sizeof err) == 0,
+            "%s", err);
+    static float row[CV], vals[CV];
+    static int32_t order[CV], hist[256];
+    int decided = 0, same = 1;
+    const int steps = 400;
+    for (int st = 0; st < steps; st++) {
+        const double spread = st % 3 == 0 ? 0.5 : 4.0; /* flat rows too, where the boundary is reached */
+        for (int i = 0; i < CV; i++) { /* odd steps: quarters (ties everywhere); even: continuous, as real logits */
+            const double u = (urand() * 2 - 1) * spread;
+            row[i] = (float)(st & 1 ? rint(u * 4) / 4 : u);
+        }
+        for (int i = 0; i < 40; i++) hist[i] = (int32_t)(urand() * CV);
+        for (int i = 0; i < 8; i++) hist[40 + i] = order[i]; /* earlier leaders in the window: penalties bite */
+        for (int i = 0; i < CV; i++) order[i] = i;
+        g_row = row;
+        qsort(order, CV, sizeof order[0], cmp_row);
+        for (int i = 0; i < k; i++) vals[i] = row[order[i]];
+        const int32_t x = moet_sampler_sample(a, row, hist, 48);
+        int32_t y = moet_sampler_sample_candidates(b, order, vals, k, hist, 48);
+        if (y >= 0) decided++;
+        else y = moet_sampler_sample(b, row, hist, 48);
+        same &= x == y;
+    }
+    fprintf(stderr, "candidates %-34s k %4d: decided %3d of %d, streams %s\n", what, k, decided, steps,
+            same ? "equal" : "DIFFER");
+    CHECK(same, "candidates (%s): the token stream differs from full-row sampling", what);
+    if (expect_decide) CHECK(decided > steps / 4, "candidates (%s) decided only %d of %d", what, decided, steps);
+    else CHECK(decided == 0, "candidates (%s) decided %d times where they cannot know", what, decided);
+    moet_sampler_free(a);
+    moet_sampler_free(b);
+    return 0;
+}
+
 int main(void) {
     const float logits[V] = {1.0f, 3.0f, 2.5f, -1.0f, 0.0f, 2.9f, -3.0f, 0.5f};
     moet_sampler_options o = moet_sampler_default_options();
@@ -115,5 +171,27 @@ int main(void) {
     o = moet_sampler_default_options();
     o.temperature = -1;
     CHECK(moet_sampler_create(&o, V, &bad, err, sizeof err) != 0, "negative temperature accepted");
+    {
+        moet_sampler_options d = moet_sampler_default_options();
+        check_candidates(d, CK, 1, "greedy");
+        d.repetition_penalty = 1.3f; d.presence_penalty = 0.5f; d.frequency_penalty = 0.25f; d.penalty_last_n = -1;
+        check_candidates(d, CK, 1, "greedy, penalties");
+        d = moet_sampler_default_options();
+        d.temperature = 0.8f; d.top_k = 20; d.seed = 7;
+        check_candidates(d, CK, 1, "T 0.8 top_k 20");
+        d.top_p = 0.9f; d.min_p = 0.05f; d.repetition_penalty = 1.2f;
+        check_candidates(d, CK, 1, "top_k 20 top_p min_p penalty");
+        d.top_k = CK - 8; /* room for penalised candidates to fall below the bound */
+        check_candidates(d, CK, 1, "top_k = k - 8, penalty");
+        d.top_k = CK; /* the k-th candidate is the bound itself: never strictly above it */
+        check_candidates(d, CK, 0, "top_k = k");
+        d.top_k = 0; /* nucleus over the whole vocabulary: not decidable from 64 */
+        check_candidates(d, CK, 0, "top_k off");
+        check_candidates(d, CV, 1, "top_k off, k = vocab");
+        d = moet_sampler_default_options();
+        d.presence_penalty = -1.0f; /* can lift a token from outside the candidates */
+        check_candidates(d, CK, 0, "greedy, negative presence");
+        check_candidates(d, CV, 1, "greedy, negative presence, k = vocab");
+    }
     TEST_END();
 }

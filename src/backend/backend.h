@@ -155,6 +155,14 @@ typedef struct {
      * depends only on the shape (heads, head_dim, rot_dim). Optional: NULL means always declined. */
     int (*attn_rows)(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
                      float eps, int32_t rot_dim, double theta, float *const *caches, const moet_attn_args *a);
+    /* Sampling candidates: the k largest of each of n rows of `vocab` floats (logits, row r at x + r vocab), in the
+     * order of topk_key.h (larger first, equal values by lower index, NaN last): ids[r k + i] and vals[r k + i] =
+     * x[r][ids[r k + i]] (backend memory). 1 <= k <= MOET_TOPK_MAX, k <= vocab; scratch: topk_scratch_bytes(n,
+     * vocab, k) bytes of backend memory. Exact (values are copied, the order is total), so every backend gives the
+     * same bits; reads only backend memory, so it records into a step like the other ops. */
+    void (*topk)(moet_backend *be, const float *x, int64_t n, int64_t vocab, int32_t k, void *scratch, int32_t *ids,
+                 float *vals);
+    size_t (*topk_scratch_bytes)(moet_backend *be, int64_t n, int64_t vocab, int32_t k);
 } moet_backend_ops;
 
 struct moet_backend {

@@ -11,6 +11,9 @@
  * docs/performance.md sets against the GPU's measured copy bandwidth.
  * -b 4,16: batched decode as a server runs it: B sessions after a short prompt each, tg steps of one forward over
  * the next token of all B (moet_batch_decode); reported as aggregate tokens/s ("tg128 b16").
+ * Every decode step also picks its greedy next token, as a client does (the ids fed stay the fixed sequence): from
+ * the k candidates the backend kept (--candidates k, default 64: moet_session_options.n_candidates) or, with
+ * --candidates 0, from the whole logit row copied to the host (what every step cost before candidates existed).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,9 +52,22 @@ static void cpu_name(char *buf, size_t cap) {
     fclose(f);
 }
 
+/* The greedy next token of a session's last row (s) or a batch's row i: its first candidate, or the argmax of the
+ * whole row copied to the host where there are none (--candidates 0). */
+static int32_t bench_greedy(const moet_session *s, const moet_batch *b, int32_t i, int32_t V) {
+    const int32_t *ids;
+    if ((s ? moet_session_candidates(s, &ids, NULL) : moet_batch_candidates(b, i, &ids, NULL)) > 0) return ids[0];
+    const float *l = s ? moet_session_logits(s, NULL) : moet_batch_logits(b, i);
+    int32_t best = 0;
+    for (int32_t k = 1; k < V; k++)
+        if (l[k] > l[best]) best = k;
+    return best;
+}
+
 int cmd_bench(int argc, char **argv) {
     cli_common c = {0};
-    long pp = 512, tg = 128, reps = 3;
+    long pp = 512, tg = 128, reps = 3, cands = 64;
+    int32_t picked = 0; /* the greedy picks, folded so they are not optimised away (logged at the end) */
     const char *threads = "1,2", *json_path = NULL, *synthetic = NULL, *experts = "w2", *batches = NULL;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);
@@ -67,6 +83,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--synthetic")) { VAL(); synthetic = v; }
         else if (!strcmp(a, "--experts")) { VAL(); experts = v; }
         else if (!strcmp(a, "-b")) { VAL(); batches = v; }
+        else if (!strcmp(a, "--candidates")) { VAL(); if (cli_parse_int(v, 0, 64, &cands)) return 2; }
         else { fprintf(stderr, "moet bench: unknown option '%s'\n", a); return 2; }
 #undef VAL
     }
@@ -136,6 +153,7 @@ int cmd_bench(int argc, char **argv) {
             tok_bytes += 2.0 * (double)(4 + tg / 2) * hp->n_kv_heads * hp->head_dim * 4;
         }
         moet_session_options so = moet_session_default_options();
+        so.n_candidates = (int32_t)cands;
         so.n_ctx = (int32_t)(pp + tg + 8);
         so.n_batch = pp > 0 ? (int32_t)(pp < 512 ? pp : 512) : 256;
         moet_session *s;
@@ -153,7 +171,10 @@ int cmd_bench(int argc, char **argv) {
             moet_session_truncate(s, 0, NULL, 0);
             erc |= moet_session_eval(s, ids, 4, MOET_LOGITS_LAST, err, sizeof err);
             t0 = moet_time_s();
-            for (long i = 0; i < tg && !erc; i++) erc |= moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
+            for (long i = 0; i < tg && !erc; i++) {
+                erc |= moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
+                if (!erc) picked ^= bench_greedy(s, NULL, 0, info.vocab_size);
+            }
             if (erc) {
                 fprintf(stderr, "moet: error: %s\n", err);
                 free(ids);
@@ -196,6 +217,7 @@ int cmd_bench(int argc, char **argv) {
             moet_session_options bo = moet_session_default_options();
             bo.n_ctx = (int32_t)(tg + 16);
             int erc = !ss || !tok || moet_batch_create(m, (int32_t)B, bo.n_ctx, &bt, err, sizeof err);
+            bo.n_candidates = (int32_t)cands;
             for (long i = 0; i < B && !erc; i++)
                 erc = moet_session_create(m, &bo, &ss[i], err, sizeof err) ||
                       moet_session_eval(ss[i], ids + i % 8, 4, MOET_LOGITS_LAST, err, sizeof err);
@@ -206,6 +228,7 @@ int cmd_bench(int argc, char **argv) {
                 for (long st = 0; st < tg && !erc; st++) {
                     for (long i = 0; i < B; i++) tok[i] = ids[(4 + st + 3 * i) % (pp + tg + 8)];
                     erc = moet_batch_decode(bt, ss, tok, (int32_t)B, err, sizeof err);
+                    for (long i = 0; i < B && !erc; i++) picked ^= bench_greedy(NULL, bt, (int32_t)i, info.vocab_size);
                 }
                 tb[r] = (double)B * (double)tg / (moet_time_s() - t0);
                 fprintf(stderr, "moet: bench batched b=%ld rep %ld/%ld: %.1f t/s\n", B, r + 1, reps, tb[r]);
@@ -238,11 +261,13 @@ int cmd_bench(int argc, char **argv) {
         if (!f) { fprintf(stderr, "moet: cannot write %s\n", json_path); return 1; }
         fprintf(f, "{\n  \"tool\": \"moet bench\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
                    "  \"machine\": {\"cpu\": \"%s\", \"cores\": %ld, \"os\": \"%s %s\", \"arch\": \"%s\", \"gpu\": \"%s\"},\n"
-                   "  \"model\": \"%s\",\n  \"reps\": %ld,\n  \"peak_rss_bytes\": %llu,\n  \"results\": [%s\n  ]\n}\n",
+                   "  \"model\": \"%s\",\n  \"reps\": %ld,\n  \"candidates\": %ld,\n  \"peak_rss_bytes\": %llu,\n"
+                   "  \"results\": [%s\n  ]\n}\n",
                 cli_git_commit(), date, cpu, sysconf(_SC_NPROCESSORS_ONLN), un.sysname, un.release, un.machine, gpu,
-                model_path, reps, (unsigned long long)moet_peak_rss_bytes(), results);
+                model_path, reps, cands, (unsigned long long)moet_peak_rss_bytes(), results);
         fclose(f);
         fprintf(stderr, "moet: wrote %s\n", json_path);
     }
+    fprintf(stderr, "moet: bench greedy picks folded: %d\n", (int)picked);
     return 0;
 }

@@ -104,6 +104,7 @@ int cmd_run(int argc, char **argv) {
     moet_model_info info;
     moet_model_info_get(m, &info);
     moet_session_options sopt = moet_session_default_options();
+    sopt.n_candidates = 64; /* the step copies 64 candidates, the whole row only when the sampler needs it */
     sopt.n_ctx = ctx ? (int32_t)ctx : (int32_t)(n_prompt + (size_t)n_gen < (size_t)info.max_positions
                                                     ? n_prompt + (size_t)n_gen : (size_t)info.max_positions);
     if (moet_session_create(m, &sopt, &s, err, sizeof err) ||
@@ -134,7 +135,11 @@ int cmd_run(int argc, char **argv) {
     size_t n = n_prompt;
     long generated = 0;
     while (generated < n_gen) {
-        int32_t next = moet_sampler_sample(smp, moet_session_logits(s, NULL), ids, n);
+        const int32_t *cid;
+        const float *cval;
+        const int32_t kc = moet_session_candidates(s, &cid, &cval);
+        int32_t next = kc > 0 ? moet_sampler_sample_candidates(smp, cid, cval, kc, ids, n) : -1;
+        if (next < 0) next = moet_sampler_sample(smp, moet_session_logits(s, NULL), ids, n);
         int stop = 0;
         for (int k = 0; k < n_eos; k++) stop |= next == eos[k];
         if (stop) break;

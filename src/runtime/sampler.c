@@ -22,6 +22,7 @@ struct moet_sampler {
     int32_t *count;     /* occurrences in the penalty window [V] */
     int32_t *idx;       /* candidate ids [V] */
     float *prob;        /* candidate probabilities [V] */
+    uint8_t *mark;      /* [V], zero between calls: which ids are candidates (moet_sampler_sample_candidates) */
 };
 
 moet_sampler_options moet_sampler_default_options(void) {
@@ -64,7 +65,8 @@ int moet_sampler_create(const moet_sampler_options *opt, int32_t vocab_size, moe
     s->count = calloc((size_t)vocab_size, sizeof(int32_t));
     s->idx = malloc((size_t)vocab_size * sizeof(int32_t));
     s->prob = malloc((size_t)vocab_size * sizeof(float));
-    if (!s->logit || !s->count || !s->idx || !s->prob) {
+    s->mark = calloc((size_t)vocab_size, 1);
+    if (!s->logit || !s->count || !s->idx || !s->prob || !s->mark) {
         moet_sampler_free(s);
         return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     }
@@ -80,6 +82,7 @@ void moet_sampler_free(moet_sampler *s) {
     free(s->count);
     free(s->idx);
     free(s->prob);
+    free(s->mark);
     free(s);
 }
 
@@ -90,37 +93,31 @@ static int cmp_desc(const void *a, const void *b, void *key) {
     return *(const int32_t *)a - *(const int32_t *)b;
 }
 
-int32_t moet_sampler_sample(moet_sampler *s, const float *logits, const int32_t *history, size_t n_history) {
+/* Repetition / presence / frequency penalties on l (indexed by id) for the tokens of the window; only != NULL: just
+ * the ids marked there (the others' entries are not read). The counts are left zeroed. */
+static void apply_penalties(moet_sampler *s, float *l, const int32_t *history, size_t n_history, const uint8_t *only) {
     const moet_sampler_options *o = &s->o;
     const int32_t V = s->V;
-    float *l = s->logit;
-    memcpy(l, logits, (size_t)V * sizeof(float));
-
-    int penal = o->repetition_penalty != 1.0f || o->presence_penalty != 0.0f || o->frequency_penalty != 0.0f;
-    if (penal && n_history) {
-        size_t from = (o->penalty_last_n < 0 || (size_t)o->penalty_last_n >= n_history) ? 0
-                                                                                        : n_history - (size_t)o->penalty_last_n;
-        for (size_t i = from; i < n_history; i++)
-            if (history[i] >= 0 && history[i] < V) s->count[history[i]]++;
-        for (size_t i = from; i < n_history; i++) {
-            int32_t t = history[i];
-            if (t < 0 || t >= V || s->count[t] == 0) continue;
+    size_t from = (o->penalty_last_n < 0 || (size_t)o->penalty_last_n >= n_history) ? 0
+                                                                                    : n_history - (size_t)o->penalty_last_n;
+    for (size_t i = from; i < n_history; i++)
+        if (history[i] >= 0 && history[i] < V) s->count[history[i]]++;
+    for (size_t i = from; i < n_history; i++) {
+        int32_t t = history[i];
+        if (t < 0 || t >= V || s->count[t] == 0) continue;
+        if (!only || only[t]) {
             if (o->repetition_penalty != 1.0f) l[t] = l[t] > 0 ? l[t] / o->repetition_penalty : l[t] * o->repetition_penalty;
             l[t] -= o->presence_penalty + o->frequency_penalty * (float)s->count[t];
-            s->count[t] = 0; /* apply once per distinct token, and leave the array zeroed */
         }
+        s->count[t] = 0; /* apply once per distinct token, and leave the array zeroed */
     }
-    if (o->temperature <= 0.0f) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < V; i++)
-            if (l[i] > l[best]) best = i;
-        return best;
-    }
-    for (int32_t i = 0; i < V; i++) l[i] /= o->temperature;
-    /* Candidates sorted by logit, descending; top-k cuts the list first. */
-    int32_t n = V;
-    for (int32_t i = 0; i < V; i++) s->idx[i] = i;
-    qsort_r(s->idx, (size_t)V, sizeof(int32_t), cmp_desc, l);
+}
+
+/* From the n candidates in s->idx, sorted by s->logit (already divided by the temperature) descending: top-k,
+ * softmax, top-p, min-p, the draw. */
+static int32_t draw_sorted(moet_sampler *s, int32_t n) {
+    const moet_sampler_options *o = &s->o;
+    const float *l = s->logit;
     if (o->top_k > 0 && o->top_k < n) n = o->top_k;
     double sum = 0;
     float mx = l[s->idx[0]];
@@ -153,4 +150,70 @@ int32_t moet_sampler_sample(moet_sampler *s, const float *logits, const int32_t 
         if (r < c) return s->idx[i];
     }
     return s->idx[n - 1];
+}
+
+static int penalized(const moet_sampler_options *o) {
+    return o->repetition_penalty != 1.0f || o->presence_penalty != 0.0f || o->frequency_penalty != 0.0f;
+}
+
+int32_t moet_sampler_sample(moet_sampler *s, const float *logits, const int32_t *history, size_t n_history) {
+    const moet_sampler_options *o = &s->o;
+    const int32_t V = s->V;
+    float *l = s->logit;
+    memcpy(l, logits, (size_t)V * sizeof(float));
+    if (penalized(o) && n_history) apply_penalties(s, l, history, n_history, NULL);
+    if (o->temperature <= 0.0f) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < V; i++)
+            if (l[i] > l[best]) best = i;
+        return best;
+    }
+    for (int32_t i = 0; i < V; i++) l[i] /= o->temperature;
+    /* Candidates sorted by logit, descending; top-k cuts the list first. */
+    for (int32_t i = 0; i < V; i++) s->idx[i] = i;
+    qsort_r(s->idx, (size_t)V, sizeof(int32_t), cmp_desc, l);
+    return draw_sorted(s, V);
+}
+
+/* Why the candidates decide exactly: every id outside them has a raw logit <= the last candidate's (b), and
+ * penalties that only lower logits (repetition_penalty >= 1, presence and frequency >= 0) keep it <= b, and
+ * dividing by the temperature keeps it <= b / T. So when the greedy pick, or the top_k-th candidate after
+ * penalties and temperature, is strictly above that bound, the full vocabulary's argmax, or its first top_k in the
+ * sampler's order, are among the candidates, in the same order with the same values: the same arithmetic follows
+ * on the same numbers. */
+int32_t moet_sampler_sample_candidates(moet_sampler *s, const int32_t *ids, const float *vals, int32_t k,
+                                       const int32_t *history, size_t n_history) {
+    const moet_sampler_options *o = &s->o;
+    const int32_t V = s->V;
+    if (k <= 0 || k > V) return -1;
+    const int all = k == V;
+    if (!all) {
+        if (o->repetition_penalty < 1.0f || o->presence_penalty < 0.0f || o->frequency_penalty < 0.0f) return -1;
+        if (o->temperature > 0.0f && !(o->top_k > 0 && o->top_k < k)) return -1; /* the k-th is the bound itself */
+    }
+    float *l = s->logit;
+    for (int32_t i = 0; i < k; i++) {
+        if (ids[i] < 0 || ids[i] >= V || vals[i] != vals[i] || s->mark[ids[i]]) { /* bad or repeated id, NaN */
+            for (int32_t j = 0; j < i; j++) s->mark[ids[j]] = 0;
+            return -1;
+        }
+        l[ids[i]] = vals[i];
+        s->mark[ids[i]] = 1;
+    }
+    if (penalized(o) && n_history) apply_penalties(s, l, history, n_history, s->mark);
+    for (int32_t i = 0; i < k; i++) s->mark[ids[i]] = 0;
+    const float bound = vals[k - 1];
+    if (o->temperature <= 0.0f) {
+        int32_t best = ids[0];
+        for (int32_t i = 1; i < k; i++)
+            if (l[ids[i]] > l[best] || (l[ids[i]] == l[best] && ids[i] < best)) best = ids[i];
+        return all || l[best] > bound ? best : -1;
+    }
+    for (int32_t i = 0; i < k; i++) {
+        l[ids[i]] /= o->temperature;
+        s->idx[i] = ids[i];
+    }
+    qsort_r(s->idx, (size_t)k, sizeof(int32_t), cmp_desc, l);
+    if (!all && !(l[s->idx[o->top_k - 1]] > bound / o->temperature)) return -1;
+    return draw_sorted(s, k);
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/topk_key.h"
 #include "core/util.h"
 #include "model/model.h"
 #include "runtime/session_int.h"
@@ -30,6 +31,12 @@ struct moet_session {
     int graphs;                     /* record/replay decode steps */
     uint32_t uid;                   /* owner of this session's graph records (keys are uid << 32 | shape) */
     int32_t n_logit_rows;
+    int logits_stale;               /* the last eval left its logit rows on the backend only (candidates on) */
+    int32_t n_cand, cand_cap;       /* candidates a row (0: off), rows they are kept for */
+    int32_t cand_rows;              /* rows of candidates the last eval kept (0: none) */
+    int32_t *cand_dev;              /* backend memory: [rows][n_cand] ids, then [rows][n_cand] values (floats) */
+    int32_t *cand;                  /* host copy, the same layout */
+    void *cand_scr;                 /* topk scratch */
     void **allocs;
     int n_allocs;
     moet_calib *calib;              /* statistics hook, NULL normally */
@@ -60,7 +67,7 @@ int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corr
     s->use_delta = 0;
     int rc = moet_session_eval(s, &token, 1, MOET_LOGITS_LAST, err, errlen);
     if (rc) return rc;
-    if (!(moet_gate_top1(s->logits, s->m->hp.vocab) < tau)) return MOET_OK;
+    if (!(moet_gate_top1(moet_session_logits(s, NULL), s->m->hp.vocab) < tau)) return MOET_OK;
     rc = moet_session_redo_delta(s, token, err, errlen);
     if (!rc && corrected) *corrected = 1;
     return rc;
@@ -69,7 +76,7 @@ int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corr
 void moet_session_set_calib(moet_session *s, moet_calib *c) { s->calib = c; }
 
 moet_session_options moet_session_default_options(void) {
-    moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0, .graphs = 1};
+    moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0, .graphs = 1, .n_candidates = 0};
     return o;
 }
 
@@ -88,6 +95,7 @@ void moet_session_free(moet_session *s) {
     free(s->v_cache);
     free(s->pos_host);
     free(s->logits);
+    free(s->cand);
     free(s);
 }
 
@@ -118,6 +126,8 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
         return moet_err(err, errlen, MOET_ERANGE, "n_ctx %d exceeds the model's max_position_embeddings %d", o.n_ctx,
                         hp->max_pos);
     if (o.n_logits > o.n_ctx) o.n_logits = o.n_ctx;
+    if (o.n_candidates < 0 || o.n_candidates > MOET_TOPK_MAX)
+        return moet_err(err, errlen, MOET_EINVAL, "n_candidates %d outside [0, %d]", o.n_candidates, MOET_TOPK_MAX);
     moet_session *s = calloc(1, sizeof(*s));
     if (!s) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     s->m = m;
@@ -163,6 +173,15 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
         if (!(s->moe_scr = salloc(s, mb))) goto oom;
     }
     if (!(s->att_scr = salloc(s, s->be->ops->attn_scratch_bytes(s->be, o.n_ctx)))) goto oom;
+    if (o.n_candidates > 0 && s->be->ops->topk) {
+        /* a session keeps its last row's; a batch (no KV of its own) one a row */
+        s->n_cand = o.n_candidates < hp->vocab ? o.n_candidates : hp->vocab;
+        s->cand_cap = with_kv ? 1 : o.n_batch;
+        A(s->cand_dev, 2 * (size_t)s->cand_cap * (size_t)s->n_cand);
+        if (!(s->cand = malloc(2 * (size_t)s->cand_cap * (size_t)s->n_cand * sizeof(int32_t)))) goto oom;
+        if (!(s->cand_scr = salloc(s, s->be->ops->topk_scratch_bytes(s->be, s->cand_cap, hp->vocab, s->n_cand))))
+            goto oom;
+    }
 #undef A
     *out = s;
     return MOET_OK;
@@ -183,6 +202,7 @@ typedef struct {
     float *const *kvtab;        /* batched decode, backend memory: layer il's row caches at kvtab + il * kv_stride */
     int32_t kv_stride;
     int *declined;              /* set when the backend's attn_rows declined the shape (the rows were composed) */
+    int cand;                   /* the logit rows' candidates too (s->n_cand of each, to s->cand_dev) */
 } chunk_args;
 
 static void forward_chunk(void *vctx) {
@@ -268,21 +288,25 @@ static void forward_chunk(void *vctx) {
     const int32_t nl = n - ca->first_logit;
     const moet_weight *lm = &m->output;
     op->norm_mul_mat(be, s->x + (size_t)ca->first_logit * H, m->out_norm, hp->rms_eps, nl, H, s->h, 1, &lm, &ca->out);
+    if (ca->cand)
+        op->topk(be, ca->out, nl, hp->vocab, s->n_cand, s->cand_scr, s->cand_dev,
+                 (float *)(s->cand_dev + (size_t)nl * (size_t)s->n_cand));
 }
 
 /* Decode-sized chunks are replayed from a record (graph_run); prefill chunks of every other size launch directly. */
 #define GRAPH_MAX_TOKENS 64
 
-static int run_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t first_logit, float *out, char *err,
-                     size_t errlen) {
+static int run_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t first_logit, float *out, int cand,
+                     char *err, size_t errlen) {
     const moet_backend_ops *op = s->be->ops;
     for (int32_t t = 0; t < n; t++) s->pos_host[t] = s->pos + t;
     op->upload(s->be, s->tok_dev, tokens, (size_t)n * sizeof(int32_t));
     op->upload(s->be, s->pos_dev, s->pos_host, (size_t)n * sizeof(int32_t));
-    chunk_args ca = {s, n, first_logit, out, NULL, NULL, 0, NULL};
+    chunk_args ca = {s, n, first_logit, out, NULL, NULL, 0, NULL, cand};
     if (s->graphs && !s->calib && n <= GRAPH_MAX_TOKENS && out == s->logits_dev) {
         /* a record bakes in this session's buffers and the chunk's shape: both are in the key */
-        uint64_t key = (uint64_t)s->uid << 32 | (uint64_t)n << 16 | (uint64_t)first_logit << 4 | (uint64_t)(s->use_delta != 0);
+        uint64_t key = (uint64_t)s->uid << 32 | (uint64_t)n << 16 | (uint64_t)first_logit << 4 |
+                       (uint64_t)(cand != 0) << 1 | (uint64_t)(s->use_delta != 0);
         if (op->graph_run(s->be, key, forward_chunk, &ca))
             return moet_err(err, errlen, MOET_EDEVICE, "%s backend: recording or replaying a decode step failed", op->name);
     } else {
@@ -308,19 +332,56 @@ int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int log
         int32_t c = n - off < s->n_batch ? n - off : s->n_batch;
         int last = off + c == n;
         if (logits_mode == MOET_LOGITS_ALL)
-            rc = run_chunk(s, tokens + off, c, 0, s->logits_dev + (size_t)off * V, err, errlen);
+            rc = run_chunk(s, tokens + off, c, 0, s->logits_dev + (size_t)off * V, 0, err, errlen);
         else
-            rc = run_chunk(s, tokens + off, c, last ? c - 1 : c, s->logits_dev, err, errlen);
+            rc = run_chunk(s, tokens + off, c, last ? c - 1 : c, s->logits_dev, last && s->n_cand > 0, err, errlen);
         if (rc) return rc;
     }
     s->n_logit_rows = logits_mode == MOET_LOGITS_ALL ? n : 1;
-    s->be->ops->download(s->be, s->logits, s->logits_dev, (size_t)s->n_logit_rows * (size_t)V * sizeof(float));
+    if (logits_mode != MOET_LOGITS_ALL && s->n_cand > 0) { /* the k candidates now, the row when it is asked for */
+        s->cand_rows = 1;
+        s->logits_stale = 1;
+        s->be->ops->download(s->be, s->cand, s->cand_dev, 2 * (size_t)s->n_cand * sizeof(int32_t));
+    } else {
+        s->cand_rows = 0;
+        s->logits_stale = 0;
+        s->be->ops->download(s->be, s->logits, s->logits_dev, (size_t)s->n_logit_rows * (size_t)V * sizeof(float));
+    }
     return s->be->ops->status(s->be, err, errlen);
+}
+
+/* The host copy of the last eval's logit rows, fetched from the backend here when the eval left them there
+ * (candidates on). The session is logically const: only its host cache of the rows changes. */
+static const float *session_rows(const moet_session *cs) {
+    moet_session *s = (moet_session *)cs;
+    if (s->logits_stale) {
+        s->be->ops->download(s->be, s->logits, s->logits_dev,
+                             (size_t)s->n_logit_rows * (size_t)s->m->hp.vocab * sizeof(float));
+        s->logits_stale = 0;
+    }
+    return s->logits;
 }
 
 const float *moet_session_logits(const moet_session *s, int32_t *n_rows) {
     if (n_rows) *n_rows = s->n_logit_rows;
-    return s->logits;
+    return session_rows(s);
+}
+
+/* row r of the last eval's candidates */
+static int32_t session_cands(const moet_session *s, int32_t r, const int32_t **ids, const float **vals) {
+    if (r < 0 || r >= s->cand_rows) {
+        if (ids) *ids = NULL;
+        if (vals) *vals = NULL;
+        return 0;
+    }
+    const size_t k = (size_t)s->n_cand, n = (size_t)s->cand_rows;
+    if (ids) *ids = s->cand + (size_t)r * k;
+    if (vals) *vals = (const float *)(s->cand + n * k) + (size_t)r * k;
+    return s->n_cand;
+}
+
+int32_t moet_session_candidates(const moet_session *s, const int32_t **ids, const float **vals) {
+    return session_cands(s, 0, ids, vals);
 }
 
 int32_t moet_session_pos(const moet_session *s) { return s->pos; }
@@ -355,7 +416,7 @@ int moet_batch_create(const moet_model *m, int32_t max_seqs, int32_t n_ctx, moet
     if (!b) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     /* n_ctx sizes the attention scratch (the longest member context); no KV cache of its own */
     moet_session_options o = {.n_ctx = n_ctx > max_seqs ? n_ctx : max_seqs, .n_batch = max_seqs, .n_logits = max_seqs,
-                              .graphs = 1};
+                              .graphs = 1, .n_candidates = MOET_TOPK_MAX};
     int rc = session_create(m, NULL, &o, 0, &b->s, err, errlen);
     if (rc) { free(b); return rc; }
     b->max_seqs = max_seqs;
@@ -402,7 +463,7 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
     s->use_delta = seqs[0]->use_delta;
     const int32_t L = s->m->hp.n_layers, stride = 2 * b->max_seqs;
     int declined = 0;
-    chunk_args ca = {s, n, 0, s->logits_dev, seqs, NULL, stride, &declined};
+    chunk_args ca = {s, n, 0, s->logits_dev, seqs, NULL, stride, &declined, s->n_cand > 0};
     if (b->rows_ok != 0 && op->attn_rows) {
         for (int32_t il = 0; il < L; il++)
             for (int32_t i = 0; i < n; i++) {
@@ -421,14 +482,27 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
         forward_chunk(&ca);
         if (b->rows_ok < 0) b->rows_ok = op->attn_rows && !declined;
     }
-    op->download(s->be, s->logits, s->logits_dev, (size_t)n * (size_t)V * sizeof(float));
-    int rc = op->status(s->be, err, errlen);
-    if (rc) return rc;
-    for (int32_t i = 0; i < n; i++) seqs[i]->pos++;
     s->n_logit_rows = n;
+    if (s->n_cand > 0) { /* the candidates now, the rows when one is asked for */
+        s->cand_rows = n;
+        s->logits_stale = 1;
+        op->download(s->be, s->cand, s->cand_dev, 2 * (size_t)n * (size_t)s->n_cand * sizeof(int32_t));
+    } else {
+        s->cand_rows = 0;
+        s->logits_stale = 0;
+        op->download(s->be, s->logits, s->logits_dev, (size_t)n * (size_t)V * sizeof(float));
+    }
+    int rc = op->status(s->be, err, errlen);
+    if (rc) { s->n_logit_rows = s->cand_rows = 0; s->logits_stale = 0; return rc; }
+    for (int32_t i = 0; i < n; i++) seqs[i]->pos++;
     return MOET_OK;
 }
 
 const float *moet_batch_logits(const moet_batch *b, int32_t i) {
-    return i >= 0 && i < b->s->n_logit_rows ? b->s->logits + (size_t)i * (size_t)b->s->m->hp.vocab : NULL;
+    if (i < 0 || i >= b->s->n_logit_rows) return NULL;
+    return session_rows(b->s) + (size_t)i * (size_t)b->s->m->hp.vocab;
+}
+
+int32_t moet_batch_candidates(const moet_batch *b, int32_t i, const int32_t **ids, const float **vals) {
+    return session_cands(b->s, i, ids, vals);
 }

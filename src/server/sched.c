@@ -36,7 +36,9 @@ struct srv_choice {
     size_t echo_off;         /* text offset of the next echoed prompt token */
     double t_last;
     int role_sent;
-    const float *lg;         /* logits the next token is sampled from (a session's last row or a batch row) */
+    int ready;               /* a distribution to sample the next token from is there: */
+    int src;                 /*   -1 its session's last logit row, i >= 0 row i of the last batched step */
+    const float *lg;         /*   that row on the host, NULL until something needs it (choice_logits) */
 };
 
 struct sched {
@@ -514,14 +516,41 @@ static int choice_start(sched *s, srv_choice *c, int slot) {
     return 0;
 }
 
+/* The row c samples from, copied from the backend on first use (sessions and the batch keep only sampling
+ * candidates on the host after a step). */
+static const float *choice_logits(sched *s, srv_choice *c) {
+    if (!c->lg) {
+        if (c->src >= 0) {
+            c->lg = moet_batch_logits(s->batch, c->src);
+        } else {
+            int32_t rows = 1;
+            const float *lg = moet_session_logits(s->slots[c->slot], &rows);
+            c->lg = lg + (size_t)(rows > 0 ? rows - 1 : 0) * (size_t)s->vocab; /* echo kept every row: the last */
+        }
+    }
+    return c->lg;
+}
+
+static int32_t choice_candidates(sched *s, srv_choice *c, const int32_t **ids, const float **vals) {
+    return c->src >= 0 ? moet_batch_candidates(s->batch, c->src, ids, vals)
+                       : moet_session_candidates(s->slots[c->slot], ids, vals);
+}
+
+/* c's next distribution is its session's last row (src -1) or row src of the batched step just run */
+static void choice_ready(srv_choice *c, int src) {
+    c->ready = 1;
+    c->src = src;
+    c->lg = NULL;
+}
+
 /* --delta gate: a decode step whose distribution is unconfident (top-1 probability below tau) is redone on base +
  * delta for that sequence alone, and the sequence samples from the corrected logits. 0, or -1 on failure. */
 static int gate_step(sched *s, srv_choice *c, moet_session *ss, int32_t id) {
     metrics_add(s->mx, &s->mx->gate_steps, 1);
-    if (!(moet_gate_top1(c->lg, s->vocab) < s->o.tau)) return 0;
+    if (!(moet_gate_top1(choice_logits(s, c), s->vocab) < s->o.tau)) return 0;
     char err[256];
     if (moet_session_redo_delta(ss, id, err, sizeof err)) { MOET_LOGE("%s: gate: %s", c->q->id, err); return -1; }
-    c->lg = moet_session_logits(ss, NULL);
+    choice_ready(c, -1); /* the session's redone step */
     metrics_add(s->mx, &s->mx->gate_corrected, 1);
     return 0;
 }
@@ -563,9 +592,7 @@ static void choice_prefill(sched *s, srv_choice *c) {
         c->n_pre += n;
         metrics_add(s->mx, &s->mx->prompt_tokens, n);
         if (c->n_pre == c->n_prompt) {
-            int32_t rows = 1;
-            const float *lg = moet_session_logits(ss, &rows);
-            c->lg = lg + (size_t)(rows > 0 ? rows - 1 : 0) * (size_t)s->vocab;  /* echo kept every row: the last */
+            choice_ready(c, -1);
             /* the gate decides every step a token is sampled from, the prompt's last included (its earlier
              * positions stay on the base experts: prefill is not redone token by token) */
             if (s->o.delta_mode == 2 && r->max_tokens != 0 && gate_step(s, c, ss, c->hist[c->n_prompt - 1])) {
@@ -579,15 +606,21 @@ static void choice_prefill(sched *s, srv_choice *c) {
     }
 }
 
-/* Samples c's next token from c->lg, emits it, and returns it for the next forward, or -1 when c finished. */
+/* Samples c's next token from its distribution (choice_ready), emits it, and returns it for the next forward, or -1 when c finished. */
 static int32_t choice_sample(sched *s, srv_choice *c) {
     srv_req *q = c->q;
     const oai_request *r = &q->r;
     moet_session *ss = s->slots[c->slot];
-    const float *logits = c->lg;
     int full_hist = r->so.repetition_penalty != 1.0f;
-    int32_t id = full_hist ? moet_sampler_sample(c->smp, logits, c->hist, c->n_hist)
-                           : moet_sampler_sample(c->smp, logits, c->hist + c->n_prompt, c->n_hist - c->n_prompt);
+    const int32_t *hist = full_hist ? c->hist : c->hist + c->n_prompt;
+    const size_t n_hist = full_hist ? c->n_hist : c->n_hist - c->n_prompt;
+    /* from the step's candidates where they decide exactly (moet_sampler_sample_candidates), else the whole row;
+     * logprobs need the row anyway */
+    const int32_t *cid;
+    const float *cval;
+    const int32_t kc = r->logprobs >= 0 ? 0 : choice_candidates(s, c, &cid, &cval);
+    int32_t id = kc > 0 ? moet_sampler_sample_candidates(c->smp, cid, cval, kc, hist, n_hist) : -1;
+    if (id < 0) id = moet_sampler_sample(c->smp, choice_logits(s, c), hist, n_hist);
     double now = moet_time_s();
     if (c->n_gen == 0) metrics_observe(s->mx, &s->mx->ttft, now - q->t_arrive);
     else metrics_observe(s->mx, &s->mx->itl, now - c->t_last);
@@ -605,7 +638,7 @@ static int32_t choice_sample(sched *s, srv_choice *c) {
     size_t off = c->tlen;
     if (b > 0) text_put(c, buf, (size_t)b);
     if (r->logprobs >= 0) {
-        log_softmax(logits, s->vocab, s->lsm);
+        log_softmax(choice_logits(s, c), s->vocab, s->lsm);
         lp_add(s, c, id, s->lsm, 0, off);
     }
     if (r->n_stop && find_stop(c, b > 0 ? (size_t)b : 0)) {
@@ -617,6 +650,7 @@ static int32_t choice_sample(sched *s, srv_choice *c) {
         return -1;
     }
     if (r->stream) stream_choice(s, c);
+    c->ready = 0;
     c->lg = NULL;
     return id;
 }
@@ -631,7 +665,7 @@ static void feed(sched *s, srv_choice **cs, const int32_t *ids, int n) {
         for (int i = 0; i < n; i++) {
             rc = moet_session_eval(ss[i], &ids[i], 1, MOET_LOGITS_LAST, err, sizeof err);
             if (rc) { MOET_LOGE("%s: decode: %s", cs[i]->q->id, err); choice_done(s, cs[i], FIN_LENGTH); continue; }
-            cs[i]->lg = moet_session_logits(ss[i], NULL);
+            choice_ready(cs[i], -1);
             if (s->o.delta_mode == 2 && gate_step(s, cs[i], ss[i], ids[i])) choice_done(s, cs[i], FIN_LENGTH);
         }
         return;
@@ -639,7 +673,7 @@ static void feed(sched *s, srv_choice **cs, const int32_t *ids, int n) {
     rc = moet_batch_decode(s->batch, ss, ids, n, err, sizeof err);
     for (int i = 0; i < n; i++) {
         if (rc) { MOET_LOGE("%s: batched decode: %s", cs[i]->q->id, err); choice_done(s, cs[i], FIN_LENGTH); continue; }
-        cs[i]->lg = moet_batch_logits(s->batch, i);
+        choice_ready(cs[i], i);
         if (s->o.delta_mode == 2 && gate_step(s, cs[i], ss[i], ids[i])) choice_done(s, cs[i], FIN_LENGTH);
     }
 }
@@ -737,7 +771,7 @@ static void *sched_main(void *arg) {
         }
         for (int i = 0; i < s->o.max_seqs; i++) {
             srv_choice *c = s->slot_owner[i];
-            if (!c || c->state != ST_DECODE || !c->lg) continue;
+            if (!c || c->state != ST_DECODE || !c->ready) continue;
             const int32_t id = choice_sample(s, c);
             if (id >= 0) { fc[nf] = c; fid[nf++] = id; }
         }
@@ -825,6 +859,8 @@ int sched_create(const moet_model *m, const sched_options *o, metrics *mx, sched
     }
     moet_session_options so = moet_session_default_options();
     so.n_ctx = o->n_ctx;
+    so.n_candidates = 64; /* a decode step copies 64 candidates a row; whole rows only for logprobs, the gate or
+                           * sampling options the candidates cannot decide (moet_sampler_sample_candidates) */
     s->n_batch = so.n_batch < o->n_ctx ? so.n_batch : o->n_ctx;
     for (int i = 0; i < o->max_seqs; i++) {
         int rc = moet_session_create(m, &so, &s->slots[i], err, errlen);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/topk_key.h"
 #include "core/pool.h"
 #include "core/util.h"
 #include "quant/formats.h"
@@ -537,6 +538,35 @@ static int cpu_attn_rows(moet_backend *be, float *q, float *k, const float *v, c
     return 0;
 }
 
+/* top-k: a sorted list of the k best keys a row, an element inserted where it beats the last (k <= 64, so the
+ * shifts are cheap against the scan of the row) */
+static void cpu_topk(moet_backend *be, const float *x, int64_t n, int64_t vocab, int32_t k, void *scratch, int32_t *ids,
+                     float *vals) {
+    (void)be;
+    uint64_t *best = scratch;
+    for (int64_t r = 0; r < n; r++) {
+        const float *row = x + r * vocab;
+        int32_t have = 0;
+        for (int64_t i = 0; i < vocab; i++) {
+            const uint64_t key = moet_topk_key(row[i], (uint32_t)i);
+            if (have == k && key <= best[k - 1]) continue;
+            int32_t j = have < k ? have++ : k - 1;
+            while (j > 0 && best[j - 1] < key) { best[j] = best[j - 1]; j--; }
+            best[j] = key;
+        }
+        for (int32_t i = 0; i < k; i++) {
+            const uint32_t id = moet_topk_key_index(best[i]);
+            ids[r * k + i] = (int32_t)id;
+            vals[r * k + i] = row[id];
+        }
+    }
+}
+
+static size_t cpu_topk_scratch_bytes(moet_backend *be, int64_t n, int64_t vocab, int32_t k) {
+    (void)be; (void)n; (void)vocab;
+    return (size_t)(k > 0 ? k : 1) * sizeof(uint64_t);
+}
+
 static const moet_backend_ops k_cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -566,6 +596,8 @@ static const moet_backend_ops k_cpu_ops = {
     .moe = cpu_moe,
     .moe_scratch_bytes = cpu_moe_scratch_bytes,
     .attn_rows = cpu_attn_rows,
+    .topk = cpu_topk,
+    .topk_scratch_bytes = cpu_topk_scratch_bytes,
 };
 
 moet_backend *moet_backend_cpu_create(int n_threads) {

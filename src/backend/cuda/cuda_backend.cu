@@ -409,6 +409,8 @@ static const moet_backend_ops k_cuda_ops = {
     /* .moe = */ cu_moe,
     /* .moe_scratch_bytes = */ cu_moe_scratch_bytes,
     /* .attn_rows = */ cu_attn_rows,
+    /* .topk = */ cu_topk,
+    /* .topk_scratch_bytes = */ cu_topk_scratch_bytes,
 };
 
 extern "C" int moet_backend_cuda_device_count(void) {

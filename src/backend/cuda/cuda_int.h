@@ -118,6 +118,9 @@ void cu_swiglu(cu_backend *c, float *g, const float *u, int64_t n);
 void cu_fill_random(moet_backend *be, void *p, int32_t type, int64_t rows, int64_t cols, float scale, uint64_t seed);
 void cu_attention(moet_backend *be, const moet_attn_args *a);
 int cu_attn_tc(cu_backend *c, const moet_attn_args *a);
+void cu_topk(moet_backend *be, const float *x, int64_t n, int64_t vocab, int32_t k, void *scratch, int32_t *ids,
+             float *vals);
+size_t cu_topk_scratch_bytes(moet_backend *be, int64_t n, int64_t vocab, int32_t k);
 void cu_attn_fused(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
                    float eps, int32_t rot_dim, double theta, float *k_cache, float *v_cache, const moet_attn_args *a);
 size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx);

@@ -481,16 +481,16 @@ int main(int argc, char **argv) {
         for (size_t ci = 0; ci < sizeof tk / sizeof tk[0]; ci++) {
             const int64_t n = tk[ci].n, V = tk[ci].V;
             const int32_t k = tk[ci].k;
-            float *x = malloc(sizeof(float) * (size_t)(n * V)), *vals = malloc(sizeof(float) * (size_t)(n * k));
+            float *lg = malloc(sizeof(float) * (size_t)(n * V)), *vals = malloc(sizeof(float) * (size_t)(n * k));
             int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n * k));
             uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)V);
             for (int64_t i = 0; i < n * V; i++) {
                 const double u = gauss();
-                x[i] = (float)(ci & 1 ? u : rint(u * 4) / 4); /* quantized rows: many ties */
+                lg[i] = (float)(ci & 1 ? u : rint(u * 4) / 4); /* quantized rows: many ties */
             }
-            x[3] = -0.0f; x[4] = 0.0f; x[5] = NAN; x[6] = -INFINITY;
-            if (n > 1) { x[V + 7] = 1e30f; x[V + 8] = 1e30f; }
-            float *xd = dev(x, sizeof(float) * (size_t)(n * V)), *vd = dev_poisoned((size_t)(n * k));
+            lg[3] = -0.0f; lg[4] = 0.0f; lg[5] = NAN; lg[6] = -INFINITY;
+            if (n > 1) { lg[V + 7] = 1e30f; lg[V + 8] = 1e30f; }
+            float *xd = dev(lg, sizeof(float) * (size_t)(n * V)), *vd = dev_poisoned((size_t)(n * k));
             int32_t *id_d = dev(NULL, sizeof(int32_t) * (size_t)(n * k));
             void *scr = dev(NULL, op->topk_scratch_bytes(be, n, V, k));
             op->topk(be, xd, n, V, k, scr, id_d, vd);
@@ -498,18 +498,18 @@ int main(int argc, char **argv) {
             op->download(be, vals, vd, sizeof(float) * (size_t)(n * k));
             int bad = 0;
             for (int64_t r = 0; r < n && !bad; r++) {
-                for (int64_t i = 0; i < V; i++) keys[i] = moet_topk_key(x[r * V + i], (uint32_t)i);
+                for (int64_t i = 0; i < V; i++) keys[i] = moet_topk_key(lg[r * V + i], (uint32_t)i);
                 qsort(keys, (size_t)V, sizeof *keys, cmp_key_desc);
                 for (int32_t i = 0; i < k; i++) {
                     const uint32_t id = moet_topk_key_index(keys[i]);
-                    if (ids[r * k + i] != (int32_t)id || memcmp(&vals[r * k + i], &x[r * V + id], sizeof(float))) bad = 1;
+                    if (ids[r * k + i] != (int32_t)id || memcmp(&vals[r * k + i], &lg[r * V + id], sizeof(float))) bad = 1;
                 }
             }
             char what[64];
             snprintf(what, sizeof what, "n%lld V%lld k%d", (long long)n, (long long)V, k);
             report("topk", what, bad ? 1.0 : 0.0, 0);
             drop(xd); drop(vd); drop(id_d); drop(scr);
-            free(x); free(vals); free(ids); free(keys);
+            free(lg); free(vals); free(ids); free(keys);
         }
     }
     /* attn_fused (backends that have it): one decode token, against attn_prep then attention on the same backend,

@@ -173,7 +173,8 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
         if (!(s->moe_scr = salloc(s, mb))) goto oom;
     }
     if (!(s->att_scr = salloc(s, s->be->ops->attn_scratch_bytes(s->be, o.n_ctx)))) goto oom;
-    if (o.n_candidates > 0 && s->be->ops->topk) {
+    const char *ce = getenv("MOET_CANDIDATES"); /* "0": none, whatever the options say (A/B measurements) */
+    if (o.n_candidates > 0 && s->be->ops->topk && !(ce && ce[0] == '0')) {
         /* a session keeps its last row's; a batch (no KV of its own) one a row */
         s->n_cand = o.n_candidates < hp->vocab ? o.n_candidates : hp->vocab;
         s->cand_cap = with_kv ? 1 : o.n_batch;

@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "backend/topk_key.h"
+#include "core/util.h"
 #include "quant/formats.h"
 #include "quant/matq.h"
 #include "quant/types.h"
@@ -73,8 +74,10 @@ static void pull(float *host, const void *d, size_t n_floats) {
 static void drop(void *d) { g_be->ops->release(g_be, d); }
 
 /* Quantizes W (rows × cols) to a type and returns the packed buffer and the dequantized rows (original basis). */
+static float g_w2_beta; /* > 0: W2 weights quantized with this beta instead of the fitted one (an f16 value) */
 static void *make_weight(int qf, const float *W, int64_t rows, int64_t cols, moet_weight *w, float *deq) {
     moet_matq_options o = moet_matq_default_options((moet_qformat)qf);
+    if (qf == MOET_QF_W2 && g_w2_beta > 0) o.beta = g_w2_beta;
     o.seed = 11;
     moet_matq_info info;
     size_t rb = moet_type_row_bytes(moet_qformat_type((moet_qformat)qf), cols);
@@ -671,6 +674,9 @@ int main(int argc, char **argv) {
             for (int i = 0; i < H; i++) xr[t * H + i] = gn[i] * (xraw[t * H + i] * inv);
         }
         for (int i = 0; i < E * H; i++) rw[i] = gauss() * 0.3f;
+        /* shape 7 with a beta that is not an f16 value: CUDA's grouped kernels take the sign planes, not the level
+         * operand, there (the fitted betas are f16 values) */
+        g_w2_beta = ms == 7 ? 0.3f : 0.0f;
         for (int e = 0; e < E; e++) {
             moet_weight *ws[3] = {&gw[e], &uw[e], &dw[e]};
             for (int k = 0; k < 3; k++) {
@@ -1047,7 +1053,7 @@ int perf_main(moet_backend *be) {
                 w->row_bytes = moet_type_row_bytes(MOET_TYPE_W2, w->cols);
                 w->data = mem + (size_t)e * (2 * gb + db) + (size_t)k * gb;
                 w->qscale = 0.02f;
-                w->qbeta = 0.3f;
+                w->qbeta = moet_f16_to_f32(moet_f32_to_f16(0.3f)); /* an f16 value, as fitted betas are */
                 w->rotated = 1;
                 w->rot_seed = (uint32_t)(k == 2 ? 2 : 1);
             }
@@ -1080,6 +1086,13 @@ int perf_main(moet_backend *be) {
         double bytes = (double)distinct * (2.0 * gb + db) + (double)E * H * 2, flops = 2.0 * T * K * 3.0 * H * F;
         printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 (router..combine)", T, best * 1e6, bytes / 1e6,
                bytes / best / 1e9, flops / best / 1e12);
+        if (T >= 8) { /* the grouped kernels with the sign planes instead of the level operand (MOET_MOE_LV=0) */
+            setenv("MOET_MOE_LV", "0", 1);
+            const double bs = perf_graph_best(be, 4000 + (uint64_t)T, perf_moe_step, &pc, reps, y);
+            unsetenv("MOET_MOE_LV");
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 sign planes (LV=0)", T, bs * 1e6, bytes / 1e6,
+                   bytes / bs / 1e9, flops / bs / 1e12);
+        }
         if (T == 1) { /* the opt-in single-token block (moe_fused.cu), its own graph */
             setenv("MOET_MOE_FUSED", "1", 1);
             const double bf = perf_graph_best(be, 2000 + (uint64_t)T, perf_moe_step, &pc, reps, y);

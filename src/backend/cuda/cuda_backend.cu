@@ -166,8 +166,14 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
             host[e * 3 + k] = (cu_mat){d, ws[k]->qscale, ws[k]->qbeta, ws[k]->rot_seed, ws[k]->rotated, NULL};
         }
     }
+    int32_t levels_f16 = type == MOET_TYPE_SYM2;
+    if (type == MOET_TYPE_W2) {
+        levels_f16 = 1;
+        for (int32_t i = 0; i < E * 3 && levels_f16; i++)
+            levels_f16 = __half2float(__float2half_rn(host[i].qbeta)) == host[i].qbeta;
+    }
     cu_expert_table t = {a->gate, E, NULL, type, down_uniform, gu_uniform, a->gate[0].rotated, a->down[0].rotated,
-                         a->gate[0].rot_seed, a->down[0].rot_seed, aligned4, aligned16, 0, NULL};
+                         a->gate[0].rot_seed, a->down[0].rot_seed, aligned4, aligned16, 0, NULL, levels_f16};
     if (tiled_ok(a, type, gu_uniform, aligned4)) {
         /* rewrite every matrix not yet tiled (a mirror keeps its layout across tables), through one scratch copy */
         size_t big = 0;

@@ -44,6 +44,8 @@ typedef struct {
     int32_t aligned16;     /* every matrix starts 16-byte aligned: moe_fused.cu bulk-copies tiles */
     int32_t tiled;         /* W2/sym2 in the tiled layout: only moe_tc.cu's kernels may read these matrices */
     uint32_t *signs;       /* device, tiled tables: every rotated matrix's column signs (cu_mat.signs points here) */
+    int32_t levels_f16;    /* every matrix's two level magnitudes (W2: 1 and beta; sym2: 1.5, 0.5) are f16 values, so
+                              a tile of levels is an exact f16 mma operand (moe_grp.cu's LV kernels) */
 } cu_expert_table;
 
 typedef struct {

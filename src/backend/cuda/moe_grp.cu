@@ -109,9 +109,22 @@ struct gb_piece {
     static constexpr size_t bytes = xbytes + wbytes;
 };
 
+/* The level operand (LV kernels): f16x2 register r of half-block s of a lane's word w, holding the two weights'
+ * levels themselves instead of two +-1 sign planes: level = u' (u' == v' ? m_same : m_diff) (W2: 1 and beta; sym2:
+ * 1.5 and 0.5), exact when both magnitudes are f16 values (tab->levels_f16). The sign is u''s bit; where the two
+ * sign bits differ, prmt replicates the difference bit over its half (selector nibbles 9 and B: the sign of bytes 1
+ * and 3) and selects m_diff's bits over m_same's. one2 = m_same in both halves, dpair = one2 ^ (m_diff in both). */
+__device__ __forceinline__ uint32_t gb_level2(uint32_t w, int x, uint32_t one2, uint32_t dpair) {
+    const uint32_t su = w << x, sv = w << (8 + x);
+    uint32_t mask;
+    asm("prmt.b32 %0, %1, 0, 0xBB99;" : "=r"(mask) : "r"(su ^ sv));
+    return (one2 ^ (mask & dpair)) | (su & 0x80008000u);
+}
+
 /* GU = 1: gate and up (rows F of hidden H), act[slot][F] = SwiGLU; GU = 0: down (rows H of F), ydn[slot][H]. xs /
- * qx: the staged input rows (tokens for gate/up, slots for down). */
-template <int NT, int GU>
+ * qx: the staged input rows (tokens for gate/up, slots for down). LV = 1: the level operand (gb_level2): one mma a
+ * half-block and n-tile instead of two, one FMA an accumulator instead of two. */
+template <int NT, int GU, int LV>
 __global__ void __launch_bounds__(GB_W * 32, 2)
 k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, int32_t K,
              const cu_mat *__restrict__ table, int32_t type, const int32_t *count, const int32_t *n_items,
@@ -138,12 +151,23 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     const int live = ti < R / 16, np = (int)(C / GB_KP);
     cu_mat mt[NM];
     float A[NM], B[NM];
+    uint32_t one2[NM], dpair[NM];
 #pragma unroll
     for (int k = 0; k < NM; k++) {
         mt[k] = table[(int64_t)e * 3 + (GU ? k : 2)];
         tc_ab(type, mt[k].qbeta, &A[k], &B[k]);
-        A[k] *= mt[k].qscale;
-        B[k] *= mt[k].qscale;
+        if (LV) { /* the levels' two magnitudes (exact in f16: checked at upload), the scale alone in A */
+            const uint32_t ms = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 1.5f : 1.0f));
+            const uint32_t md = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 0.5f : mt[k].qbeta));
+            one2[k] = ms | ms << 16;
+            dpair[k] = one2[k] ^ (md | md << 16);
+            A[k] = mt[k].qscale;
+            B[k] = 0.f;
+        } else {
+            one2[k] = dpair[k] = 0;
+            A[k] *= mt[k].qscale;
+            B[k] *= mt[k].qscale;
+        }
     }
     /* issue piece p into stage p % GB_ST (every thread: x columns; each live warp: its own weights) */
     auto issue = [&](int p) {
@@ -186,7 +210,53 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
         const unsigned char *st = pieces + (size_t)(p % GB_ST) * P::bytes;
         const __half *xsm = (const __half *)st;
         const unsigned char *wsm = st + P::xbytes + (size_t)warp * NM * (512 + 64);
-        if (live) {
+        if (live && LV) {
+#pragma unroll
+            for (int bi = 0; bi < GB_KP / 32; bi++) {
+                uint32_t lv[NM][2][4];
+                float sa0[NM], sa1[NM];
+#pragma unroll
+                for (int k = 0; k < NM; k++) {
+                    const uint32_t w = ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane];
+                    const unsigned char *sc = wsm + k * 576 + 512 + bi * 16;
+                    sa0[k] = A[k] * lut[sc[g]];
+                    sa1[k] = A[k] * lut[sc[g + 8]];
+#pragma unroll
+                    for (int hb = 0; hb < 2; hb++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) lv[k][hb][r] = gb_level2(w, 4 * hb + r, one2[k], dpair[k]);
+                }
+                constexpr int JJ = NT >= 4 ? 2 : 1;
+#pragma unroll
+                for (int j = 0; j < NT; j += JJ) {
+                    if (j >= ntl) break;
+                    float cl[JJ][NM][4];
+#pragma unroll
+                    for (int jj = 0; jj < JJ; jj++) {
+                        const uint4 bv = *(const uint4 *)(xsm + (size_t)(8 * (j + jj) + g) * GB_LD + bi * 32 + 8 * t);
+                        const uint32_t b0[2] = {bv.x, bv.y}, b1[2] = {bv.z, bv.w};
+#pragma unroll
+                        for (int k = 0; k < NM; k++) {
+#pragma unroll
+                            for (int i = 0; i < 4; i++) cl[jj][k][i] = 0.f;
+                            tc_mma(cl[jj][k], lv[k][0], b0);
+                            tc_mma(cl[jj][k], lv[k][1], b1);
+                        }
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < JJ; jj++)
+#pragma unroll
+                        for (int k = 0; k < NM; k++) {
+                            float *a = acc[k][j + jj];
+                            a[0] = fmaf(sa0[k], cl[jj][k][0], a[0]);
+                            a[1] = fmaf(sa0[k], cl[jj][k][1], a[1]);
+                            a[2] = fmaf(sa1[k], cl[jj][k][2], a[2]);
+                            a[3] = fmaf(sa1[k], cl[jj][k][3], a[3]);
+                        }
+                }
+            }
+        }
+        if (live && !LV) {
 #pragma unroll
             for (int bi = 0; bi < GB_KP / 32; bi++) {
                 uint32_t au[NM][2][4], av[NM][2][4];
@@ -285,8 +355,10 @@ template <int NT, int GU> static size_t gb_smem(void) {
 static int g_gb_attr_dev = -1;
 
 template <int NT> static int gb_attrs_nt(cu_backend *c) {
-    return CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1>())) ||
-           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 0>()));
+    return CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 0>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 0>()));
 }
 
 static int gb_stage(cu_backend *c, const float *src, int64_t rows, int64_t n, const cu_mat *table, int mi,
@@ -325,20 +397,25 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const float
     if (gb_stage(c, xr, T, H, NULL, 0, NULL, xg, qg)) return;
     const dim3 block(GB_W * 32), ggu((unsigned)((F / 16 + GB_W - 1) / GB_W), n_chunks),
             gdn((unsigned)((H / 16 + GB_W - 1) / GB_W), n_chunks);
-#define GB_GO(NT)                                                                                                   \
+#define GB_GO(NT, LV)                                                                                               \
     do {                                                                                                            \
-        k_gb_experts<NT, 1><<<ggu, block, gb_smem<NT, 1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table, tab->type, \
-                                                                         count, n_items, items, list, act);        \
+        k_gb_experts<NT, 1, LV><<<ggu, block, gb_smem<NT, 1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table,        \
+                                                                             tab->type, count, n_items, items,     \
+                                                                             list, act);                           \
         if (CU_LAUNCHED(c, "k_gb_experts gate/up")) return;                                                         \
         if (gb_stage(c, act, T * K, F, tab->table, 2, topk_ids, xd, qd)) return;                                    \
-        k_gb_experts<NT, 0><<<gdn, block, gb_smem<NT, 0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, tab->type, \
-                                                                         count, n_items, items, list, ydn);        \
+        k_gb_experts<NT, 0, LV><<<gdn, block, gb_smem<NT, 0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table,        \
+                                                                             tab->type, count, n_items, items,     \
+                                                                             list, ydn);                           \
         CU_LAUNCHED(c, "k_gb_experts down");                                                                        \
     } while (0)
+    /* the level operand where every matrix's magnitudes are f16 values (MOET_MOE_LV=0: the sign planes, for A/B) */
+    const char *lve = getenv("MOET_MOE_LV");
+    const int lv = tab->levels_f16 && !(lve && lve[0] == '0');
     switch (tile) {
-    case 8: GB_GO(2); break;
-    case 16: GB_GO(4); break;
-    default: GB_GO(8); break;
+    case 8: if (lv) GB_GO(2, 1); else GB_GO(2, 0); break;
+    case 16: if (lv) GB_GO(4, 1); else GB_GO(4, 0); break;
+    default: if (lv) GB_GO(8, 1); else GB_GO(8, 0); break;
     }
 #undef GB_GO
 }

@@ -466,11 +466,17 @@ int main(int argc, char **argv) {
             moet_attn_args aa = {.q = qd, .k_cache = kd, .v_cache = vd, .pos = pd, .n_tok = T, .n_heads = nh,
                                  .n_kv = nkv, .head_dim = hd, .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = od,
                                  .scratch = scr};
-            op->attention(be, &aa);
-            pull(o, od, (size_t)(T * nh * hd));
-            char what[64];
-            snprintf(what, sizeof what, "gqa causal h%d/kv%d hd%d T%d", nh, nkv, hd, T);
-            report("attention", what, nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
+            for (int split = 1; split >= 0; split--) { /* CUDA: heavy row tiles split over two CTAs, and not */
+                if (!split) setenv("MOET_ATTN_SPLIT", "0", 1);
+                poison(o, (size_t)(T * nh * hd));
+                op->upload(be, od, o, sizeof(float) * (size_t)(T * nh * hd)); /* the first run's output gone */
+                op->attention(be, &aa);
+                unsetenv("MOET_ATTN_SPLIT");
+                pull(o, od, (size_t)(T * nh * hd));
+                char what[64];
+                snprintf(what, sizeof what, "gqa causal h%d/kv%d hd%d T%d%s", nh, nkv, hd, T, split ? "" : " nosplit");
+                report("attention", what, nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
+            }
             drop(qd); drop(kd); drop(vd); drop(od); drop(pd);
             op->release(be, scr);
             free(q); free(kc); free(vc); free(o); free(rr); free(sc); free(pos);
@@ -1011,8 +1017,9 @@ int perf_main(moet_backend *be) {
             moet_attn_args aa = {.q = q, .k_cache = kc, .v_cache = vc, .pos = pd, .n_tok = T, .n_heads = nh,
                                  .n_kv = nkv, .head_dim = hd, .n_ctx = T, .scale = 1.0f / sqrtf((float)hd), .out = o,
                                  .scratch = scr};
-            for (int path = 0; path < 2; path++) {
+            for (int path = 0; path < 3; path++) { /* CUDA cores, tensor cores, tensor cores without the split */
                 setenv("MOET_ATTN_TC", path ? "1" : "0", 1);
+                if (path == 2) setenv("MOET_ATTN_SPLIT", "0", 1);
                 float probe;
                 op->attention(be, &aa);
                 op->download(be, &probe, o, sizeof probe);
@@ -1027,7 +1034,8 @@ int perf_main(moet_backend *be) {
                 const double bytes = 4.0 * ((double)T * nh * hd * 2 + (double)T * nkv * hd * 2),
                              fl = 4.0 * hd * nh * ((double)T * (T + 1) / 2);
                 char name[64];
-                snprintf(name, sizeof name, "%s %s", as[i].name, path ? "tc" : "cuda-core");
+                snprintf(name, sizeof name, "%s %s", as[i].name, path == 2 ? "tc nosplit" : path ? "tc" : "cuda-core");
+                unsetenv("MOET_ATTN_SPLIT");
                 printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", name, T, best * 1e6, bytes / 1e6, bytes / best / 1e9,
                        fl / best / 1e12);
             }

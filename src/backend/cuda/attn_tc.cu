@@ -17,8 +17,14 @@
  * fragment is read in the same order: P stays in registers, no shuffles. Rows are padded to HD + 4 floats, which
  * makes every fragment load (Q and K: row g, column t; V: row 2t, column g) hit 32 different banks.
  *
+ * Balance: causal row tiles differ in work up to n_tok / 8 times (G = 8), and at 512 tokens the grid is one wave, so
+ * the last tiles bounded the kernel. Where the grid is under two waves (and not being recorded) the heavier half of
+ * the row tiles is split over two CTAs, each taking half of the key tiles; each writes its running (o, m, l) to
+ * scratch and takes a ticket; the second merges both, half 0's terms first whichever finished first, so the result
+ * does not depend on timing, and resets the ticket.
  * Per CTA and key tile: 64 x 32 x HD x 2 useful MACs (x3 for the split), 2 x 32 x HD x 4 bytes from L2 (the cache of
- * a 512-token prefill is 256 KB a kv head). Deterministic: fixed order, no atomics, so graph replays are bit-equal.
+ * a 512-token prefill is 256 KB a kv head). Deterministic: fixed order, no float atomics, so graph replays are
+ * bit-equal.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -71,11 +77,15 @@ __device__ __forceinline__ void ta_load_tile(float *sk, float *sv, const float *
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-/* grid (n_kv, row tiles): blockIdx.y counts from the last (longest) tile down, so the heavy CTAs start first. */
+/* floats a thread leaves for its split partner: o, then m and l of its two rows */
+template <int HD> struct ta_part { static constexpr int per_thread = HD / 8 * 4 + 4; };
+
+/* grid (n_kv, n_rt + n_split): the row tiles by rank, heaviest (the last rows) first; ranks < n_split as two CTAs
+ * (y = 2 rank + half), the rest one (y = n_split + rank). part / tickets: n_kv n_split slots (n_split > 0). */
 template <int HD>
 __global__ void __launch_bounds__(TA_W * 32, 2)
 k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, int32_t n_tok, int32_t n_heads,
-          int32_t n_kv, float scale, float *out) {
+          int32_t n_kv, float scale, float *out, int32_t n_rt, int32_t n_split, float *part, int32_t *tickets) {
     constexpr int LD = ta_dims<HD>::LD, ND = HD / 8;
     extern __shared__ __align__(16) float ta_sm[];
     float *sq = ta_sm, *sk = sq + TA_ROWS * LD, *sv = sk + 2 * TA_KT * LD;
@@ -84,8 +94,9 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
     cu_pdl_trigger();
     cu_pdl_wait();
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int G = n_heads / n_kv, kvh = blockIdx.x;
-    const int64_t R = (int64_t)n_tok * G, r0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * TA_ROWS;
+    const int G = n_heads / n_kv, kvh = blockIdx.x, Y = blockIdx.y;
+    const int rank = Y < 2 * n_split ? Y >> 1 : Y - n_split, half = Y < 2 * n_split ? Y & 1 : -1;
+    const int64_t R = (int64_t)n_tok * G, r0 = (int64_t)(n_rt - 1 - rank) * TA_ROWS;
     const int64_t kv_stride = (int64_t)n_kv * HD;
     if (tid == 0) s_max = -1;
     __syncthreads();
@@ -104,9 +115,12 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
         ta_cp16(sq + row * LD + 4 * c4, q + (tok * n_heads + h) * HD + 4 * c4, valid);
     }
     __syncthreads(); /* s_max */
-    const int32_t n_keys = s_max + 1, n_tiles = (n_keys + TA_KT - 1) / TA_KT;
+    const int32_t n_keys = s_max + 1, n_all = (n_keys + TA_KT - 1) / TA_KT;
+    /* this CTA's key tiles: all, or half of them (a split row tile) */
+    const int32_t kt0 = half == 1 ? (n_all + 1) / 2 : 0, kt1 = half == 0 ? (n_all + 1) / 2 : n_all;
     const float *kb = kc + (int64_t)kvh * HD, *vb = vc + (int64_t)kvh * HD;
-    if (n_tiles > 0) ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, n_keys, 0, 0);
+    if (kt1 > kt0) ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, n_keys, kt0, 0);
+    else asm volatile("cp.async.commit_group;" ::: "memory"); /* the Q rows' group, waited for below */
 
     const int rw = warp * 16; /* this warp's rows in the tile */
     const int32_t p_lo = s_pos[rw + g], p_hi = s_pos[rw + g + 8];
@@ -115,9 +129,9 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
     for (int d = 0; d < ND; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
 
-    for (int kt = 0; kt < n_tiles; kt++) {
-        const int b = kt & 1;
-        if (kt + 1 < n_tiles) {
+    for (int kt = kt0; kt < kt1; kt++) {
+        const int b = (kt - kt0) & 1;
+        if (kt + 1 < kt1) {
             ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, n_keys, kt + 1, b ^ 1);
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
@@ -225,6 +239,46 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
         }
         __syncthreads(); /* buffer b is refilled by the next iteration's load */
     }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    if (half >= 0) { /* a split row tile: leave the partial, the second to finish merges */
+        constexpr int PS = ta_part<HD>::per_thread, NT = TA_W * 32;
+        const int64_t slot = (int64_t)kvh * n_split + rank;
+        float *mine = part + (slot * 2 + half) * (int64_t)(PS * NT);
+#pragma unroll
+        for (int d = 0; d < ND; d++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) mine[(d * 4 + e) * NT + tid] = o[d][e];
+        mine[(ND * 4 + 0) * NT + tid] = m_lo;
+        mine[(ND * 4 + 1) * NT + tid] = m_hi;
+        mine[(ND * 4 + 2) * NT + tid] = l_lo;
+        mine[(ND * 4 + 3) * NT + tid] = l_hi;
+        __threadfence();
+        __syncthreads();
+        __shared__ int32_t s_first;
+        if (tid == 0) s_first = atomicAdd(&tickets[slot], 1) == 0;
+        __syncthreads();
+        if (s_first) return;
+        __threadfence();
+        const float *oth = part + (slot * 2 + (half ^ 1)) * (int64_t)(PS * NT);
+        const float om_lo = __ldcg(oth + (ND * 4 + 0) * NT + tid), om_hi = __ldcg(oth + (ND * 4 + 1) * NT + tid);
+        const float ol_lo = __ldcg(oth + (ND * 4 + 2) * NT + tid), ol_hi = __ldcg(oth + (ND * 4 + 3) * NT + tid);
+        /* terms in half order: (0, 1) */
+        const float m0l = half ? om_lo : m_lo, m1l = half ? m_lo : om_lo, m0h = half ? om_hi : m_hi, m1h = half ? m_hi : om_hi;
+        const float Ml = fmaxf(m0l, m1l), Mh = fmaxf(m0h, m1h); /* finite: key 0 is in half 0 */
+        const float f0l = m0l == -INFINITY ? 0.f : expf(m0l - Ml), f1l = m1l == -INFINITY ? 0.f : expf(m1l - Ml);
+        const float f0h = m0h == -INFINITY ? 0.f : expf(m0h - Mh), f1h = m1h == -INFINITY ? 0.f : expf(m1h - Mh);
+        const float l0l = half ? ol_lo : l_lo, l1l = half ? l_lo : ol_lo, l0h = half ? ol_hi : l_hi, l1h = half ? l_hi : ol_hi;
+        l_lo = l0l * f0l + l1l * f1l;
+        l_hi = l0h * f0h + l1h * f1h;
+#pragma unroll
+        for (int d = 0; d < ND; d++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float ov = __ldcg(oth + (d * 4 + e) * NT + tid), x0 = half ? ov : o[d][e], x1 = half ? o[d][e] : ov;
+                o[d][e] = e < 2 ? x0 * f0l + x1 * f1l : x0 * f0h + x1 * f1h;
+            }
+        if (tid == 0) tickets[slot] = 0; /* for the next launch */
+    }
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
@@ -261,13 +315,40 @@ extern "C" int cu_attn_tc(cu_backend *c, const moet_attn_args *a) {
             return 0;
         g_ta_attr_dev = c->device;
     }
-    const dim3 grid((unsigned)a->n_kv, (unsigned)tiles), block(TA_W * 32);
+    /* split the heavier half of the row tiles where the grid is under two waves (2 CTAs an SM), outside graph
+     * capture (the scratch may have to grow); MOET_ATTN_SPLIT=0 turns it off */
+    const char *se = getenv("MOET_ATTN_SPLIT");
+    int32_t n_split = 0;
+    if (!(se && se[0] == '0') && !c->capturing && (int64_t)a->n_kv * tiles < 4LL * c->prop.multiProcessorCount)
+        n_split = (int32_t)(tiles / 2);
+    float *part = NULL;
+    int32_t *tickets = NULL;
+    if (n_split > 0) {
+        /* [tickets: attn_part_slots ints, 256-byte aligned][partials]: the tickets sit at a fixed place, zeroed when
+         * the buffer is made and left zero by every launch, whatever the number of slots used */
+        const size_t slots = (size_t)a->n_kv * (size_t)n_split;
+        const size_t pb = slots * 2 * (size_t)ta_part<128>::per_thread * TA_W * 32 * sizeof(float);
+        const size_t tb = (c->attn_part_slots * sizeof(int32_t) + 255) & ~(size_t)255;
+        if (slots > c->attn_part_slots || tb + pb > c->attn_part_bytes) {
+            const size_t ns = slots > c->attn_part_slots ? slots : c->attn_part_slots;
+            const size_t ntb = (ns * sizeof(int32_t) + 255) & ~(size_t)255, need = ntb + pb;
+            if (c->attn_part && CU_CHECK(c, cudaFree(c->attn_part))) return 0;
+            c->attn_part = NULL;
+            c->attn_part_bytes = c->attn_part_slots = 0;
+            if (CU_CHECK(c, cudaMalloc(&c->attn_part, need)) || CU_CHECK(c, cudaMemsetAsync(c->attn_part, 0, need, c->stream))) return 0;
+            c->attn_part_bytes = need;
+            c->attn_part_slots = ns;
+        }
+        tickets = (int32_t *)c->attn_part;
+        part = (float *)((char *)c->attn_part + ((c->attn_part_slots * sizeof(int32_t) + 255) & ~(size_t)255));
+    }
+    const dim3 grid((unsigned)a->n_kv, (unsigned)(tiles + n_split)), block(TA_W * 32);
     if (hd == 64)
         cu_launch_pdl(c, k_attn_tc<64>, grid, block, ta_dims<64>::smem, a->q, a->k_cache, a->v_cache, a->pos,
-                      (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out);
+                      (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out, (int32_t)tiles, n_split, part, tickets);
     else
         cu_launch_pdl(c, k_attn_tc<128>, grid, block, ta_dims<128>::smem, a->q, a->k_cache, a->v_cache, a->pos,
-                      (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out);
+                      (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out, (int32_t)tiles, n_split, part, tickets);
     CU_LAUNCHED(c, "k_attn_tc");
     return 0;
 }

@@ -380,6 +380,7 @@ static void cu_destroy(moet_backend *be) {
     free(c->etabs);
     cudaFree(c->ticket);
     cudaFree(c->fsync);
+    cudaFree(c->attn_part);
     cu_gemm_release(c);
     cudaStreamDestroy(c->stream);
     free(c);

@@ -76,6 +76,9 @@ typedef struct {
     void *blas;            /* gemm.cu: cublasHandle_t, created at the first GEMM (NULL: none yet) */
     void *blas_ws;         /* its workspace (device) */
     void *gemm_buf;        /* split x and partial products (device): GEMM_SCRATCH bytes, made once, never moved */
+    void *attn_part;       /* attn_tc.cu: split row tiles' partial results, then their tickets (0 between launches);
+                              grown outside graph capture only */
+    size_t attn_part_bytes, attn_part_slots;
 } cu_backend;
 
 static inline cu_backend *cu_of(moet_backend *be) { return (cu_backend *)be; }

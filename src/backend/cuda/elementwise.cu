@@ -97,54 +97,66 @@ extern "C" void cu_kv_store(moet_backend *be, float *cache, const float *src, co
     CU_LAUNCHED(c, "k_kv_store");
 }
 
-/* The attention inputs of n_tok tokens in one launch: CTA (head, token) over n_heads q heads, then n_kv k heads, then
- * n_kv v heads. q and k heads: per-head RMSNorm (double sums, as k_rms_norm) when a norm weight is given, then
- * rotate-half RoPE with k_rope's arithmetic, in place; k heads are also written to the cache row pos[t], v heads
- * only copied there. Thread i owns elements i and i + head_dim / 2 (rot_dim == head_dim: the launcher checks). */
-#define AP_THREADS 128
+/* The attention inputs of n_tok tokens in one launch: a CTA a token, its heads in passes of AP_THREADS / T at once
+ * (T = head_dim / 2 rounded up to warps): n_heads q heads, then n_kv k heads, then n_kv v heads. q and k heads:
+ * per-head RMSNorm (double sums, as k_rms_norm) when a norm weight is given, then rotate-half RoPE with k_rope's
+ * arithmetic, in place; k heads are also written to the cache row pos[t], v heads only copied there. Thread i of a
+ * head's group owns elements i and i + head_dim / 2 (rot_dim == head_dim: the launcher checks). The token's RoPE
+ * cos / sin (double-precision pow, cos, sin: the costly part) are computed once into shared memory for all its
+ * heads, not once a head (a CTA a (head, token) took 30 us at 512 tokens of qwen3-30b-a3b). */
+#define AP_THREADS 256
 __global__ void __launch_bounds__(AP_THREADS)
 k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
             const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
             const int32_t *pos, float *k_cache, float *v_cache) {
     __shared__ double part[AP_THREADS / 32];
-    const int hh = blockIdx.x, t = blockIdx.y, i = threadIdx.x, half = head_dim / 2;
+    __shared__ float cs[2][AP_THREADS]; /* cos, sin of element i < head_dim / 2 (head_dim <= 2 AP_THREADS) */
+    const int t = blockIdx.x, half = head_dim / 2, T = ((half + 31) / 32) * 32, slots = AP_THREADS / T;
+    const int slot = threadIdx.x / T, i = threadIdx.x % T, nhw = T / 32;
     const int64_t kvd = (int64_t)n_kv * head_dim;
     cu_pdl_trigger();
     cu_pdl_wait();
     const int32_t p = pos[t];
-    if (hh >= n_heads + n_kv) { /* v head: a copy */
-        const int64_t off = (int64_t)(hh - n_heads - n_kv) * head_dim;
-        for (int j = i; j < head_dim; j += blockDim.x) v_cache[(int64_t)p * kvd + off + j] = v[t * kvd + off + j];
-        return;
-    }
-    const int is_q = hh < n_heads;
-    float *row = is_q ? q + ((int64_t)t * n_heads + hh) * head_dim : k + t * kvd + (int64_t)(hh - n_heads) * head_dim;
-    const float *nw = is_q ? q_norm : k_norm;
-    float a = i < half ? row[i] : 0.f, b = i < half ? row[i + half] : 0.f;
-    if (nw) {
-        double ss = (double)a * a + (double)b * b;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if ((i & 31) == 0) part[i >> 5] = ss;
-        __syncthreads();
-        double tot = 0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) tot += part[w];
-        const float inv = (float)(1.0 / sqrt(tot / (double)head_dim + (double)eps));
-        if (i < half) {
-            a = nw[i] * (a * inv);
-            b = nw[i + half] * (b * inv);
+    for (int j = threadIdx.x; j < half; j += blockDim.x) cu_rope_cs(theta, j, head_dim, p, &cs[0][j], &cs[1][j]);
+    __syncthreads();
+    const int nh = n_heads + 2 * n_kv;
+    for (int h0 = 0; h0 < nh; h0 += slots) { /* every thread runs every pass (the barriers) */
+        const int hh = h0 + slot, live = slot < slots && hh < nh;
+        if (live && hh >= n_heads + n_kv) { /* v head: a copy */
+            const int64_t off = (int64_t)(hh - n_heads - n_kv) * head_dim;
+            for (int j = i; j < head_dim; j += T) v_cache[(int64_t)p * kvd + off + j] = v[t * kvd + off + j];
         }
-    }
-    if (i >= half) return;
-    float co, si;
-    cu_rope_cs(theta, i, head_dim, p, &co, &si);
-    const float ra = a * co - b * si, rb = b * co + a * si;
-    row[i] = ra;
-    row[i + half] = rb;
-    if (!is_q) {
-        float *cr = k_cache + (int64_t)p * kvd + (int64_t)(hh - n_heads) * head_dim;
-        cr[i] = ra;
-        cr[i + half] = rb;
+        const int qk = live && hh < n_heads + n_kv, is_q = hh < n_heads;
+        float *row = !qk ? NULL : is_q ? q + ((int64_t)t * n_heads + hh) * head_dim
+                                       : k + t * kvd + (int64_t)(hh - n_heads) * head_dim;
+        const float *nw = is_q ? q_norm : k_norm;
+        float a = qk && i < half ? row[i] : 0.f, b = qk && i < half ? row[i + half] : 0.f;
+        if (q_norm || k_norm) { /* the same per-warp partials, added in the same order, as one CTA a head; the
+                                  * barriers uniform over the CTA (a pass may mix q, k and v heads) */
+            double ss = (double)a * a + (double)b * b;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (slot < slots && (i & 31) == 0) part[slot * nhw + (i >> 5)] = ss;
+            __syncthreads();
+            double tot = 0;
+            for (int w = 0; w < nhw; w++) tot += part[(slot < slots ? slot : 0) * nhw + w];
+            __syncthreads(); /* part is rewritten by the next pass */
+            const float inv = (float)(1.0 / sqrt(tot / (double)head_dim + (double)eps));
+            if (qk && nw && i < half) {
+                a = nw[i] * (a * inv);
+                b = nw[i + half] * (b * inv);
+            }
+        }
+        if (!qk || i >= half) continue;
+        const float co = cs[0][i], si = cs[1][i];
+        const float ra = a * co - b * si, rb = b * co + a * si;
+        row[i] = ra;
+        row[i + half] = rb;
+        if (!is_q) {
+            float *cr = k_cache + (int64_t)p * kvd + (int64_t)(hh - n_heads) * head_dim;
+            cr[i] = ra;
+            cr[i + half] = rb;
+        }
     }
 }
 
@@ -165,9 +177,8 @@ extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *
         cu_kv_store(be, v_cache, v, pos, n_tok, (int64_t)n_kv * head_dim);
         return;
     }
-    const int threads = ((head_dim / 2 + 31) / 32) * 32;
-    cu_launch_pdl(c, k_attn_prep, dim3((unsigned)(n_heads + 2 * n_kv), (unsigned)n_tok), dim3(threads), 0, q, k, v,
-                  n_heads, n_kv, head_dim, qn, kn, eps, theta, pos, k_cache, v_cache);
+    cu_launch_pdl(c, k_attn_prep, dim3((unsigned)n_tok), dim3(AP_THREADS), 0, q, k, v, n_heads, n_kv, head_dim, qn, kn,
+                  eps, theta, pos, k_cache, v_cache);
     CU_LAUNCHED(c, "k_attn_prep");
 }
 

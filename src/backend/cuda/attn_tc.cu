@@ -18,7 +18,7 @@
  * makes every fragment load (Q and K: row g, column t; V: row 2t, column g) hit 32 different banks.
  *
  * Balance: causal row tiles differ in work up to n_tok / 8 times (G = 8), and at 512 tokens the grid is one wave, so
- * the last tiles bounded the kernel. Where the grid is under two waves (and not being recorded) the heavier half of
+ * the last tiles bounded the kernel. Where the grid is one wave at most (and not being recorded) the heavier half of
  * the row tiles is split over two CTAs, each taking half of the key tiles; each writes its running (o, m, l) to
  * scratch and takes a ticket; the second merges both, half 0's terms first whichever finished first, so the result
  * does not depend on timing, and resets the ticket.
@@ -139,14 +139,15 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
         }
         __syncthreads();
         const float *K = sk + b * TA_KT * LD, *V = sv + b * TA_KT * LD;
-        /* S = Q K^T over this tile's 32 keys: 4 n-tiles of 8. The three products of the split go to three
-         * accumulators (added at the end, small terms first), so each k-step issues 12 independent mma and the
-         * dependent chain over the head dimension is ND long, not 3 ND. */
-        float s[4][4], sx[4][4], sy[4][4];
+        /* S = Q K^T over this tile's 32 keys: 4 n-tiles of 8. Each k-step's three products go to a zeroed
+         * accumulator (small terms first) that is then added to S in fp32: the tensor cores' accumulation
+         * truncates, so adding into the running sum directly lost bits at the sum's scale every step (rows off by
+         * up to 2e-6 of their largest value, against ~4e-7 this way). */
+        float s[4][4];
 #pragma unroll
         for (int n = 0; n < 4; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = sx[n][e] = sy[n][e] = 0.f;
+            for (int e = 0; e < 4; e++) s[n][e] = 0.f;
 #pragma unroll 4
         for (int ks = 0; ks < ND; ks++) {
             const float *qa = sq + (rw + g) * LD + ks * 8 + t;
@@ -161,17 +162,20 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
                 ta_split(kr[0], bb[n][0], bs[n][0]);
                 ta_split(kr[4], bb[n][1], bs[n][1]);
             }
+            float tk[4][4];
 #pragma unroll
-            for (int n = 0; n < 4; n++) ta_mma(sx[n], as, bb[n][0], bb[n][1]);
+            for (int n = 0; n < 4; n++) tk[n][0] = tk[n][1] = tk[n][2] = tk[n][3] = 0.f;
 #pragma unroll
-            for (int n = 0; n < 4; n++) ta_mma(sy[n], ab, bs[n][0], bs[n][1]);
+            for (int n = 0; n < 4; n++) ta_mma(tk[n], as, bb[n][0], bb[n][1]);
 #pragma unroll
-            for (int n = 0; n < 4; n++) ta_mma(s[n], ab, bb[n][0], bb[n][1]);
+            for (int n = 0; n < 4; n++) ta_mma(tk[n], ab, bs[n][0], bs[n][1]);
+#pragma unroll
+            for (int n = 0; n < 4; n++) ta_mma(tk[n], ab, bb[n][0], bb[n][1]);
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[n][e] += tk[n][e];
         }
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] += sx[n][e] + sy[n][e];
         /* scale, causal mask (key j visible to a row at position p iff j <= p), online softmax per row */
         float mx_lo = m_lo, mx_hi = m_hi;
 #pragma unroll
@@ -229,12 +233,19 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
                     ta_split(vr[8 * (d0 + i)], bb[i][0], bs[i][0]);
                     ta_split(vr[LD + 8 * (d0 + i)], bb[i][1], bs[i][1]);
                 }
+                float tv[4][4]; /* as for S: a zeroed accumulator a k-step, added to O in fp32 */
 #pragma unroll
-                for (int i = 0; i < 4; i++) ta_mma(o[d0 + i], as, bb[i][0], bb[i][1]);
+                for (int i = 0; i < 4; i++) tv[i][0] = tv[i][1] = tv[i][2] = tv[i][3] = 0.f;
 #pragma unroll
-                for (int i = 0; i < 4; i++) ta_mma(o[d0 + i], ab, bs[i][0], bs[i][1]);
+                for (int i = 0; i < 4; i++) ta_mma(tv[i], as, bb[i][0], bb[i][1]);
 #pragma unroll
-                for (int i = 0; i < 4; i++) ta_mma(o[d0 + i], ab, bb[i][0], bb[i][1]);
+                for (int i = 0; i < 4; i++) ta_mma(tv[i], ab, bs[i][0], bs[i][1]);
+#pragma unroll
+                for (int i = 0; i < 4; i++) ta_mma(tv[i], ab, bb[i][0], bb[i][1]);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[d0 + i][e] += tv[i][e];
             }
         }
         __syncthreads(); /* buffer b is refilled by the next iteration's load */
@@ -315,11 +326,12 @@ extern "C" int cu_attn_tc(cu_backend *c, const moet_attn_args *a) {
             return 0;
         g_ta_attr_dev = c->device;
     }
-    /* split the heavier half of the row tiles where the grid is under two waves (2 CTAs an SM), outside graph
-     * capture (the scratch may have to grow); MOET_ATTN_SPLIT=0 turns it off */
+    /* split the heavier half of the row tiles where the grid is one wave at most (2 CTAs an SM: 30b at 512 tokens
+     * 109 -> 97 us; at 235b's two waves it lost, 134 -> 146), outside graph capture (the scratch may have to grow);
+     * MOET_ATTN_SPLIT=0 turns it off */
     const char *se = getenv("MOET_ATTN_SPLIT");
     int32_t n_split = 0;
-    if (!(se && se[0] == '0') && !c->capturing && (int64_t)a->n_kv * tiles < 4LL * c->prop.multiProcessorCount)
+    if (!(se && se[0] == '0') && !c->capturing && (int64_t)a->n_kv * tiles <= 2LL * c->prop.multiProcessorCount)
         n_split = (int32_t)(tiles / 2);
     float *part = NULL;
     int32_t *tickets = NULL;

@@ -18,7 +18,7 @@
  * makes every fragment load (Q and K: row g, column t; V: row 2t, column g) hit 32 different banks.
  *
  * Balance: causal row tiles differ in work up to n_tok / 8 times (G = 8), and at 512 tokens the grid is one wave, so
- * the last tiles bounded the kernel. Where the grid is one wave at most (and not being recorded) the heavier half of
+ * the last tiles bounded the kernel. Where the grid is one wave at most the heavier half of
  * the row tiles is split over two CTAs, each taking half of the key tiles; each writes its running (o, m, l) to
  * scratch and takes a ticket; the second merges both, half 0's terms first whichever finished first, so the result
  * does not depend on timing, and resets the ticket.
@@ -327,32 +327,28 @@ extern "C" int cu_attn_tc(cu_backend *c, const moet_attn_args *a) {
         g_ta_attr_dev = c->device;
     }
     /* split the heavier half of the row tiles where the grid is one wave at most (2 CTAs an SM: 30b at 512 tokens
-     * 109 -> 97 us; at 235b's two waves it lost, 134 -> 146), outside graph capture (the scratch may have to grow);
-     * MOET_ATTN_SPLIT=0 turns it off */
+     * 109 -> 97 us; at 235b's two waves it lost, 134 -> 146); MOET_ATTN_SPLIT=0 turns it off. The decision depends
+     * on the shape alone, so a recorded step splits as its eager run did. */
     const char *se = getenv("MOET_ATTN_SPLIT");
+    const int64_t sms = c->prop.multiProcessorCount;
     int32_t n_split = 0;
-    if (!(se && se[0] == '0') && !c->capturing && (int64_t)a->n_kv * tiles <= 2LL * c->prop.multiProcessorCount)
-        n_split = (int32_t)(tiles / 2);
+    if (!(se && se[0] == '0') && (int64_t)a->n_kv * tiles <= 2 * sms) n_split = (int32_t)(tiles / 2);
     float *part = NULL;
     int32_t *tickets = NULL;
     if (n_split > 0) {
-        /* [tickets: attn_part_slots ints, 256-byte aligned][partials]: the tickets sit at a fixed place, zeroed when
-         * the buffer is made and left zero by every launch, whatever the number of slots used */
-        const size_t slots = (size_t)a->n_kv * (size_t)n_split;
-        const size_t pb = slots * 2 * (size_t)ta_part<128>::per_thread * TA_W * 32 * sizeof(float);
-        const size_t tb = (c->attn_part_slots * sizeof(int32_t) + 255) & ~(size_t)255;
-        if (slots > c->attn_part_slots || tb + pb > c->attn_part_bytes) {
-            const size_t ns = slots > c->attn_part_slots ? slots : c->attn_part_slots;
-            const size_t ntb = (ns * sizeof(int32_t) + 255) & ~(size_t)255, need = ntb + pb;
-            if (c->attn_part && CU_CHECK(c, cudaFree(c->attn_part))) return 0;
-            c->attn_part = NULL;
-            c->attn_part_bytes = c->attn_part_slots = 0;
-            if (CU_CHECK(c, cudaMalloc(&c->attn_part, need)) || CU_CHECK(c, cudaMemsetAsync(c->attn_part, 0, need, c->stream))) return 0;
-            c->attn_part_bytes = need;
-            c->attn_part_slots = ns;
+        /* one buffer for every shape, made once and never moved (recorded steps keep its address): n_kv n_split <=
+         * SMs slots by the rule above; [tickets, 256-byte aligned][partials], tickets zero between launches */
+        const size_t tb = ((size_t)sms * sizeof(int32_t) + 255) & ~(size_t)255;
+        if (!c->attn_part) {
+            const size_t need = tb + (size_t)sms * 2 * (size_t)ta_part<128>::per_thread * TA_W * 32 * sizeof(float);
+            if (c->capturing) return 1; /* cannot allocate while recording: the CUDA-core kernel (never reached:
+                                            every recorded step ran eagerly first) */
+            if (CU_CHECK(c, cudaMalloc(&c->attn_part, need)) ||
+                CU_CHECK(c, cudaMemsetAsync(c->attn_part, 0, need, c->stream)))
+                return 0;
         }
         tickets = (int32_t *)c->attn_part;
-        part = (float *)((char *)c->attn_part + ((c->attn_part_slots * sizeof(int32_t) + 255) & ~(size_t)255));
+        part = (float *)((char *)c->attn_part + tb);
     }
     const dim3 grid((unsigned)a->n_kv, (unsigned)(tiles + n_split)), block(TA_W * 32);
     if (hd == 64)

@@ -76,9 +76,8 @@ typedef struct {
     void *blas;            /* gemm.cu: cublasHandle_t, created at the first GEMM (NULL: none yet) */
     void *blas_ws;         /* its workspace (device) */
     void *gemm_buf;        /* split x and partial products (device): GEMM_SCRATCH bytes, made once, never moved */
-    void *attn_part;       /* attn_tc.cu: split row tiles' partial results, then their tickets (0 between launches);
-                              grown outside graph capture only */
-    size_t attn_part_bytes, attn_part_slots;
+    void *attn_part;       /* attn_tc.cu: split row tiles' tickets (0 between launches) and partial results; made
+                              at the first split, sized for any shape, never moved */
 } cu_backend;
 
 static inline cu_backend *cu_of(moet_backend *be) { return (cu_backend *)be; }

@@ -74,9 +74,13 @@ def quality():
         if not runs:
             continue
         any_d = next(iter(runs.values()))
+        # the runs' commits and dates, each with the runs measured there (rows are re-measured when their code moves)
+        by_commit = {}
+        for r, d in sorted(runs.items(), key=lambda kv: kv[1]["date"]):
+            by_commit.setdefault((d["commit"], d["date"][:10]), []).append(r)
+        where = "; ".join(f"commit {c}, {day}: {', '.join(rs)}" for (c, day), rs in by_commit.items())
         out.append(f"**{mname}**, {any_d['data']}, ctx {any_d['result']['ctx']}, {any_d['result']['chunks']} windows "
-                   f"({any_d['result']['tokens']} predictions), KLD to the BF16 model; commit {any_d['commit']}, "
-                   f"{any_d['machine']}, {any_d['date'][:10]}.")
+                   f"({any_d['result']['tokens']} predictions), KLD to the BF16 model; {any_d['machine']}; {where}.")
         out.append("")
         out.append("| experts as | expert bpw | est. size | PPL | mean KLD | p99 KLD | top-1 | steps corrected |")
         out.append("|---|---|---|---|---|---|---|---|")

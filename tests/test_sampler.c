@@ -74,6 +74,69 @@ static int check_candidates(moet_sampler_options o, int32_t k, int expect_decide
     return 0;
 }
 
+/* Large-vocabulary paths of the full-row sampler (no whole-vocabulary sort): a nucleus longer than the first sorted
+ * prefix (flat rows: top-p 0.95 of 3000 ids), checked against a brute-force nucleus; min-p as a threshold; plain
+ * temperature's frequencies against the softmax. */
+static void check_large(void) {
+    char err[256];
+    static float row[CV];
+    static int32_t order[CV];
+    static double p[CV];
+    for (int i = 0; i < CV; i++) row[i] = (float)((urand() * 2 - 1) * 0.2);
+    row[17] = 3.0f; /* one clear leader */
+    g_row = row;
+    for (int i = 0; i < CV; i++) order[i] = i;
+    qsort(order, CV, sizeof order[0], cmp_row);
+    double mx = row[order[0]], z = 0;
+    for (int i = 0; i < CV; i++) z += exp((double)row[i] - mx);
+    for (int i = 0; i < CV; i++) p[i] = exp((double)row[i] - mx) / z;
+    static int rank[CV], in_nucleus[CV];
+    double c = 0;
+    int nuc = 0;
+    for (int i = 0; i < CV; i++) {
+        rank[order[i]] = i;
+        if (c < 0.95 - 1e-4) { in_nucleus[order[i]] = 1; nuc = i + 1; }
+        c += p[order[i]];
+    }
+    moet_sampler_options o = moet_sampler_default_options();
+    o.temperature = 1.0f; o.top_p = 0.95f; o.seed = 11;
+    moet_sampler *s;
+    REQUIRE(moet_sampler_create(&o, CV, &s, err, sizeof err) == 0, "%s", err);
+    int outside = 0, deep = 0;
+    for (int i = 0; i < 2000; i++) {
+        const int32_t t = moet_sampler_sample(s, row, NULL, 0);
+        outside += t < 0 || t >= CV || (!in_nucleus[t] && rank[t] > nuc + 2); /* +2: float vs double at the edge */
+        deep += t >= 0 && t < CV && rank[t] >= 1024;
+    }
+    moet_sampler_free(s);
+    fprintf(stderr, "top-p 0.95 over %d ids: nucleus %d ids, %d of 2000 draws past the first 1024 ranks, %d outside\n", CV,
+            nuc, deep, outside);
+    CHECK(outside == 0, "top-p drew %d tokens outside the nucleus", outside);
+    CHECK(deep > 0, "top-p never drew past the first sorted prefix (the nucleus growth is untested)");
+    /* min-p 0.05 with top-p off: only ids with p >= 0.05 p_max (the leader and part of the flat rest) */
+    o = moet_sampler_default_options();
+    o.temperature = 1.0f; o.min_p = 0.05f; o.seed = 12;
+    REQUIRE(moet_sampler_create(&o, CV, &s, err, sizeof err) == 0, "%s", err);
+    int bad = 0;
+    for (int i = 0; i < 500; i++) {
+        const int32_t t = moet_sampler_sample(s, row, NULL, 0);
+        bad += t < 0 || t >= CV || p[t] < 0.05 * p[order[0]] * (1 - 1e-5);
+    }
+    moet_sampler_free(s);
+    CHECK(bad == 0, "min-p drew %d tokens below its threshold", bad);
+    /* plain temperature: the leader's frequency against its softmax probability */
+    o = moet_sampler_default_options();
+    o.temperature = 1.0f; o.seed = 13;
+    REQUIRE(moet_sampler_create(&o, CV, &s, err, sizeof err) == 0, "%s", err);
+    int lead = 0;
+    const int N = 20000;
+    for (int i = 0; i < N; i++) lead += moet_sampler_sample(s, row, NULL, 0) == 17;
+    moet_sampler_free(s);
+    const double f = (double)lead / N, sd = sqrt(p[17] * (1 - p[17]) / N);
+    fprintf(stderr, "temperature 1 over %d ids: leader drawn %.4f, softmax %.4f\n", CV, f, p[17]);
+    CHECK(fabs(f - p[17]) < 5 * sd, "temperature sampling: leader frequency %.4f, softmax says %.4f", f, p[17]);
+}
+
 int main(void) {
     const float logits[V] = {1.0f, 3.0f, 2.5f, -1.0f, 0.0f, 2.9f, -3.0f, 0.5f};
     moet_sampler_options o = moet_sampler_default_options();
@@ -193,5 +256,6 @@ int main(void) {
         check_candidates(d, CK, 0, "greedy, negative presence");
         check_candidates(d, CV, 1, "greedy, negative presence, k = vocab");
     }
+    check_large();
     TEST_END();
 }

@@ -4,6 +4,8 @@
  * Order (the one llama.cpp and HF's warpers agree on where they overlap): repetition/presence/frequency penalties on
  * raw logits -> temperature -> top-k -> top-p (nucleus) -> min-p (relative to the top probability) -> sample.
  * temperature <= 0 is greedy (argmax after penalties; ties go to the lowest id, as torch.argmax does).
+ * Nothing sorts the whole vocabulary: top-k keeps a bounded heap, top-p sorts a prefix grown until it holds the
+ * nucleus, min-p and plain temperature need no order.
  * The RNG is xoshiro256** seeded through splitmix64, so a seed fixes the whole stream. All buffers are sized by
  * the vocabulary at creation: sampling never allocates.
  */
@@ -152,6 +154,102 @@ static int32_t draw_sorted(moet_sampler *s, int32_t n) {
     return s->idx[n - 1];
 }
 
+/* The first m ids of the sampler's order (cmp_desc on s->logit: larger first, equal values by lower id) into
+ * s->idx[0..m), sorted: a bounded heap of the m best (its root the worst kept), then a sort of those m. The order is
+ * total, so this is exactly the first m of a sort of the whole vocabulary, in O(V log m) instead of O(V log V)
+ * (151936 logits: ~33 ms a sort on the 2-core machine here). */
+static void top_sorted(moet_sampler *s, int32_t m) {
+    const float *l = s->logit;
+    int32_t *h = s->idx, n = 0;
+#define WORSE(a, b) (l[a] < l[b] || (l[a] == l[b] && (a) > (b))) /* a ranks after b */
+    for (int32_t i = 0; i < s->V; i++) {
+        int32_t j;
+        if (n < m) { /* push, sift up */
+            j = n++;
+            while (j > 0 && WORSE(i, h[(j - 1) / 2])) { h[j] = h[(j - 1) / 2]; j = (j - 1) / 2; }
+            h[j] = i;
+            continue;
+        }
+        if (!WORSE(h[0], i)) continue; /* not better than the worst kept */
+        j = 0; /* replace the root, sift down */
+        for (;;) {
+            int32_t c = 2 * j + 1;
+            if (c >= n) break;
+            if (c + 1 < n && WORSE(h[c + 1], h[c])) c++;
+            if (!WORSE(h[c], i)) break;
+            h[j] = h[c];
+            j = c;
+        }
+        h[j] = i;
+    }
+#undef WORSE
+    qsort_r(h, (size_t)m, sizeof(int32_t), cmp_desc, s->logit);
+}
+
+/* Sampling from the whole (penalised) row in s->logit with temperature > 0: top-k through top_sorted and
+ * draw_sorted; without top-k the softmax is over the whole vocabulary (normalised in id order), min-p is a threshold
+ * on it, and only top-p needs an order: the sorted prefix, grown until it holds top_p of the mass. One draw of the
+ * random stream a call, as before. */
+static int32_t sample_row(moet_sampler *s) {
+    const moet_sampler_options *o = &s->o;
+    const int32_t V = s->V;
+    float *l = s->logit;
+    for (int32_t i = 0; i < V; i++) l[i] /= o->temperature;
+    if (o->top_k > 0 && o->top_k < V) {
+        top_sorted(s, o->top_k);
+        return draw_sorted(s, o->top_k);
+    }
+    float mx = l[0];
+    for (int32_t i = 1; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < V; i++) sum += expf(l[i] - mx);
+    const double u = (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0);
+    if (o->top_p >= 1.0f) { /* no order needed: min-p keeps p >= min_p p_max, then the draw walks the ids */
+        const float thr = o->min_p > 0.0f ? o->min_p * (float)(1.0 / sum) : 0.0f;
+        double tot = 0;
+        int32_t last = 0;
+        for (int32_t i = 0; i < V; i++) {
+            const float p = (float)(expf(l[i] - mx) / sum);
+            s->prob[i] = p >= thr ? p : 0.0f;
+            if (s->prob[i] > 0.0f) { tot += s->prob[i]; last = i; }
+        }
+        const double r = u * tot;
+        double c = 0;
+        for (int32_t i = 0; i < V; i++) {
+            c += s->prob[i];
+            if (s->prob[i] > 0.0f && r < c) return i;
+        }
+        return last;
+    }
+    for (int32_t m = V < 1024 ? V : 1024;; m = V / 4 < m ? V : 4 * m) {
+        top_sorted(s, m);
+        double c = 0;
+        int32_t n = -1;
+        for (int32_t i = 0; i < m; i++) {
+            s->prob[i] = (float)(expf(l[s->idx[i]] - mx) / sum);
+            c += s->prob[i];
+            if (c >= o->top_p) { n = i + 1; break; }
+        }
+        if (n < 0 && m < V) continue; /* the nucleus is longer than the prefix */
+        if (n < 0) n = m;
+        if (o->min_p > 0.0f) {
+            const float thr = o->min_p * s->prob[0];
+            int32_t keep = 1;
+            while (keep < n && s->prob[keep] >= thr) keep++;
+            n = keep;
+        }
+        double tot = 0;
+        for (int32_t i = 0; i < n; i++) tot += s->prob[i];
+        const double r = u * tot;
+        c = 0;
+        for (int32_t i = 0; i < n; i++) {
+            c += s->prob[i];
+            if (r < c) return s->idx[i];
+        }
+        return s->idx[n - 1];
+    }
+}
+
 static int penalized(const moet_sampler_options *o) {
     return o->repetition_penalty != 1.0f || o->presence_penalty != 0.0f || o->frequency_penalty != 0.0f;
 }
@@ -168,11 +266,7 @@ int32_t moet_sampler_sample(moet_sampler *s, const float *logits, const int32_t 
             if (l[i] > l[best]) best = i;
         return best;
     }
-    for (int32_t i = 0; i < V; i++) l[i] /= o->temperature;
-    /* Candidates sorted by logit, descending; top-k cuts the list first. */
-    for (int32_t i = 0; i < V; i++) s->idx[i] = i;
-    qsort_r(s->idx, (size_t)V, sizeof(int32_t), cmp_desc, l);
-    return draw_sorted(s, V);
+    return sample_row(s);
 }
 
 /* Why the candidates decide exactly: every id outside them has a raw logit <= the last candidate's (b), and
@@ -209,6 +303,7 @@ int32_t moet_sampler_sample_candidates(moet_sampler *s, const int32_t *ids, cons
             if (l[ids[i]] > l[best] || (l[ids[i]] == l[best] && ids[i] < best)) best = ids[i];
         return all || l[best] > bound ? best : -1;
     }
+    if (all) return sample_row(s); /* every id is a candidate: the row itself */
     for (int32_t i = 0; i < k; i++) {
         l[ids[i]] /= o->temperature;
         s->idx[i] = ids[i];

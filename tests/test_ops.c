@@ -1081,7 +1081,7 @@ int perf_main(moet_backend *be) {
                 w->row_bytes = moet_type_row_bytes(MOET_TYPE_W2, w->cols);
                 w->data = mem + (size_t)e * (2 * gb + db) + (size_t)k * gb;
                 w->qscale = 0.02f;
-                w->qbeta = moet_f16_to_f32(moet_f32_to_f16(0.3f)); /* an f16 value, as fitted betas are */
+                w->qbeta = moet_f16_round(0.3f); /* an f16 value, as fitted betas are */
                 w->rotated = 1;
                 w->rot_seed = (uint32_t)(k == 2 ? 2 : 1);
             }

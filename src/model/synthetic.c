@@ -145,7 +145,7 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, const moet_mode
                 m->be->ops->fill_random(m->be, (void *)w->data, expert_type, w->rows, w->cols, 0.02f,
                                         seed * 1000003u + (uint64_t)(e * 3 + k));
                 w->qscale = expert_type == MOET_TYPE_NVFP4 ? 0.005f : 0.02f;
-                w->qbeta = moet_f16_to_f32(moet_f32_to_f16(0.3f)); /* an f16 value, as the quantizer's betas are */
+                w->qbeta = moet_f16_round(0.3f); /* an f16 value, as the quantizer's betas are */
                 if (expert_type == MOET_TYPE_W2) {
                     w->rotated = 1;
                     w->rot_seed = moet_expert_rot_seed(l, k);

@@ -62,6 +62,8 @@ uint16_t moet_f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
+float moet_f16_round(float x) { return moet_f16_to_f32(moet_f32_to_f16(x)); }
+
 /* ---- Q8_0 ----------------------------------------------------------------------------------------------------- */
 
 void moet_q8_0_quantize_row(const float *x, moet_block_q8_0 *b, int64_t n) {

@@ -15,6 +15,8 @@
 float moet_e4m3_to_f32(uint8_t v);
 uint8_t moet_f32_to_e4m3(float x); /* round to nearest, saturating at 448 */
 uint16_t moet_f32_to_f16(float x);
+/* x rounded to the nearest f16 value (as an f32) */
+float moet_f16_round(float x);
 
 /* The sixteen E2M1 values, index = 4-bit code (bit 3 sign). */
 extern const float moet_e2m1_values[16];

@@ -279,9 +279,9 @@ int moet_matq_quantize(const float *W, int64_t rows, int64_t cols, const double 
             /* every candidate is an f16 value (a change of < 2^-12 relative against the plain grid), so a tile of
              * levels {-1, -beta, beta, 1} is an exact f16 tensor-core operand (the CUDA backend's moe_grp.cu) */
             double best = INFINITY;
-            float bb = moet_f16_to_f32(moet_f32_to_f16(0.33f));
+            float bb = moet_f16_round(0.33f);
             for (float b = 0.20f; b <= 0.50f; b += 0.02f) {
-                p.beta = moet_f16_to_f32(moet_f32_to_f16(b));
+                p.beta = moet_f16_round(b);
                 double e = q2_rows(Wr, rows, cols, &p, imp, NULL, search, deq, NULL);
                 if (e < best) { best = e; bb = p.beta; }
             }

@@ -115,6 +115,38 @@ static void apply_penalties(moet_sampler *s, float *l, const int32_t *history, s
     }
 }
 
+static double uniform01(moet_sampler *s) { return (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0); }
+
+/* The shortest prefix of s->prob[0..n) (probabilities in the sampler's order) that holds top_p of the mass, or -1
+ * when all n hold less. */
+static int32_t nucleus_len(const moet_sampler *s, int32_t n) {
+    double c = 0;
+    for (int32_t i = 0; i < n; i++) {
+        c += s->prob[i];
+        if (c >= s->o.top_p) return i + 1;
+    }
+    return -1;
+}
+
+/* Min-p over the first n of s->prob / s->idx, then the draw at u (uniform in [0, 1)) of what is left. */
+static int32_t draw_prefix(moet_sampler *s, int32_t n, double u) {
+    if (s->o.min_p > 0.0f) {
+        const float thr = s->o.min_p * s->prob[0];
+        int32_t keep = 1;
+        while (keep < n && s->prob[keep] >= thr) keep++;
+        n = keep;
+    }
+    double tot = 0;
+    for (int32_t i = 0; i < n; i++) tot += s->prob[i];
+    const double r = u * tot;
+    double c = 0;
+    for (int32_t i = 0; i < n; i++) {
+        c += s->prob[i];
+        if (r < c) return s->idx[i];
+    }
+    return s->idx[n - 1];
+}
+
 /* From the n candidates in s->idx, sorted by s->logit (already divided by the temperature) descending: top-k,
  * softmax, top-p, min-p, the draw. */
 static int32_t draw_sorted(moet_sampler *s, int32_t n) {
@@ -129,29 +161,10 @@ static int32_t draw_sorted(moet_sampler *s, int32_t n) {
     }
     for (int32_t i = 0; i < n; i++) s->prob[i] = (float)(s->prob[i] / sum);
     if (o->top_p < 1.0f) {
-        double c = 0;
-        int32_t keep = n;
-        for (int32_t i = 0; i < n; i++) {
-            c += s->prob[i];
-            if (c >= o->top_p) { keep = i + 1; break; }
-        }
-        n = keep;
+        const int32_t keep = nucleus_len(s, n);
+        if (keep > 0) n = keep;
     }
-    if (o->min_p > 0.0f) {
-        float thr = o->min_p * s->prob[0];
-        int32_t keep = 1;
-        while (keep < n && s->prob[keep] >= thr) keep++;
-        n = keep;
-    }
-    double tot = 0;
-    for (int32_t i = 0; i < n; i++) tot += s->prob[i];
-    double r = (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0) * tot;
-    double c = 0;
-    for (int32_t i = 0; i < n; i++) {
-        c += s->prob[i];
-        if (r < c) return s->idx[i];
-    }
-    return s->idx[n - 1];
+    return draw_prefix(s, n, uniform01(s));
 }
 
 /* The first m ids of the sampler's order (cmp_desc on s->logit: larger first, equal values by lower id) into
@@ -203,7 +216,7 @@ static int32_t sample_row(moet_sampler *s) {
     for (int32_t i = 1; i < V; i++) mx = l[i] > mx ? l[i] : mx;
     double sum = 0;
     for (int32_t i = 0; i < V; i++) sum += expf(l[i] - mx);
-    const double u = (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0);
+    const double u = uniform01(s);
     if (o->top_p >= 1.0f) { /* no order needed: min-p keeps p >= min_p p_max, then the draw walks the ids */
         const float thr = o->min_p > 0.0f ? o->min_p * (float)(1.0 / sum) : 0.0f;
         double tot = 0;
@@ -223,30 +236,10 @@ static int32_t sample_row(moet_sampler *s) {
     }
     for (int32_t m = V < 1024 ? V : 1024;; m = V / 4 < m ? V : 4 * m) {
         top_sorted(s, m);
-        double c = 0;
-        int32_t n = -1;
-        for (int32_t i = 0; i < m; i++) {
-            s->prob[i] = (float)(expf(l[s->idx[i]] - mx) / sum);
-            c += s->prob[i];
-            if (c >= o->top_p) { n = i + 1; break; }
-        }
+        for (int32_t i = 0; i < m; i++) s->prob[i] = (float)(expf(l[s->idx[i]] - mx) / sum);
+        int32_t n = nucleus_len(s, m);
         if (n < 0 && m < V) continue; /* the nucleus is longer than the prefix */
-        if (n < 0) n = m;
-        if (o->min_p > 0.0f) {
-            const float thr = o->min_p * s->prob[0];
-            int32_t keep = 1;
-            while (keep < n && s->prob[keep] >= thr) keep++;
-            n = keep;
-        }
-        double tot = 0;
-        for (int32_t i = 0; i < n; i++) tot += s->prob[i];
-        const double r = u * tot;
-        c = 0;
-        for (int32_t i = 0; i < n; i++) {
-            c += s->prob[i];
-            if (r < c) return s->idx[i];
-        }
-        return s->idx[n - 1];
+        return draw_prefix(s, n < 0 ? m : n, u);
     }
 }
 

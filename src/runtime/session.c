@@ -317,6 +317,18 @@ static int run_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t 
     return MOET_OK;
 }
 
+/* After a forward of `rows` logit rows: with cand, only their candidates come to the host now (the rows when they
+ * are asked for: session_rows); else the rows. */
+static void session_keep(moet_session *s, int32_t rows, int cand) {
+    s->n_logit_rows = rows;
+    s->cand_rows = cand ? rows : 0;
+    s->logits_stale = cand;
+    if (cand)
+        s->be->ops->download(s->be, s->cand, s->cand_dev, 2 * (size_t)rows * (size_t)s->n_cand * sizeof(int32_t));
+    else
+        s->be->ops->download(s->be, s->logits, s->logits_dev, (size_t)rows * (size_t)s->m->hp.vocab * sizeof(float));
+}
+
 int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int logits_mode, char *err, size_t errlen) {
     const int32_t V = s->m->hp.vocab;
     if (n <= 0) return moet_err(err, errlen, MOET_EINVAL, "eval of %d tokens", n);
@@ -338,16 +350,7 @@ int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int log
             rc = run_chunk(s, tokens + off, c, last ? c - 1 : c, s->logits_dev, last && s->n_cand > 0, err, errlen);
         if (rc) return rc;
     }
-    s->n_logit_rows = logits_mode == MOET_LOGITS_ALL ? n : 1;
-    if (logits_mode != MOET_LOGITS_ALL && s->n_cand > 0) { /* the k candidates now, the row when it is asked for */
-        s->cand_rows = 1;
-        s->logits_stale = 1;
-        s->be->ops->download(s->be, s->cand, s->cand_dev, 2 * (size_t)s->n_cand * sizeof(int32_t));
-    } else {
-        s->cand_rows = 0;
-        s->logits_stale = 0;
-        s->be->ops->download(s->be, s->logits, s->logits_dev, (size_t)s->n_logit_rows * (size_t)V * sizeof(float));
-    }
+    session_keep(s, logits_mode == MOET_LOGITS_ALL ? n : 1, logits_mode != MOET_LOGITS_ALL && s->n_cand > 0);
     return s->be->ops->status(s->be, err, errlen);
 }
 
@@ -483,16 +486,7 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
         forward_chunk(&ca);
         if (b->rows_ok < 0) b->rows_ok = op->attn_rows && !declined;
     }
-    s->n_logit_rows = n;
-    if (s->n_cand > 0) { /* the candidates now, the rows when one is asked for */
-        s->cand_rows = n;
-        s->logits_stale = 1;
-        op->download(s->be, s->cand, s->cand_dev, 2 * (size_t)n * (size_t)s->n_cand * sizeof(int32_t));
-    } else {
-        s->cand_rows = 0;
-        s->logits_stale = 0;
-        op->download(s->be, s->logits, s->logits_dev, (size_t)n * (size_t)V * sizeof(float));
-    }
+    session_keep(s, n, s->n_cand > 0);
     int rc = op->status(s->be, err, errlen);
     if (rc) { s->n_logit_rows = s->cand_rows = 0; s->logits_stale = 0; return rc; }
     for (int32_t i = 0; i < n; i++) seqs[i]->pos++;

@@ -146,8 +146,10 @@ static void check_mul_mat(int qf, const char *label, const float *W, float *deq,
 int perf_main(moet_backend *be);
 
 int main(int argc, char **argv) {
-    g_rng = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull | 1;
-    fprintf(stderr, "seed %llu\n", (unsigned long long)g_rng);
+    /* a new seed each run, printed; MOET_TEST_SEED replays one */
+    const char *seed_env = getenv("MOET_TEST_SEED");
+    g_rng = seed_env ? (uint64_t)strtoull(seed_env, NULL, 10) : (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull | 1;
+    fprintf(stderr, "seed %llu (MOET_TEST_SEED replays it)\n", (unsigned long long)g_rng);
     const char *which = argc > 1 ? argv[1] : "cpu";
     moet_backend *be;
     if (!strcmp(which, "cuda")) {
@@ -454,7 +456,8 @@ int main(int argc, char **argv) {
             const int nh = sh[si].nh, nkv = sh[si].nkv, hd = sh[si].hd, pos0 = sh[si].pos0, T = sh[si].T, ctx = sh[si].ctx;
             float *q = malloc(sizeof(float) * T * nh * hd), *kc = malloc(sizeof(float) * ctx * nkv * hd),
                   *vc = malloc(sizeof(float) * ctx * nkv * hd), *o = malloc(sizeof(float) * T * nh * hd);
-            double *rr = malloc(sizeof(double) * T * nh * hd), *sc = malloc(sizeof(double) * ctx);
+            double *rr = malloc(sizeof(double) * T * nh * hd), *sc = malloc(sizeof(double) * ctx),
+                   *cond = malloc(sizeof(double) * T * nh);
             int32_t *pos = malloc(sizeof(int32_t) * T);
             for (int i = 0; i < T * nh * hd; i++) q[i] = (float)(sh[si].amp * gauss());
             for (int i = 0; i < ctx * nkv * hd; i++) { kc[i] = gauss(); vc[i] = gauss(); }
@@ -462,18 +465,32 @@ int main(int argc, char **argv) {
                 for (int h = 0; h < nh; h++) {
                     int kh = h / (nh / nkv), nk = pos0 + t + 1;
                     double mx = -1e300, sum = 0;
+                    double amax = 0, pv = 0;
                     for (int j = 0; j < nk; j++) {
-                        double s = 0;
-                        for (int d = 0; d < hd; d++) s += (double)q[(t * nh + h) * hd + d] * kc[(j * nkv + kh) * hd + d];
+                        double s = 0, a = 0;
+                        for (int d = 0; d < hd; d++) {
+                            const double qk = (double)q[(t * nh + h) * hd + d] * kc[(j * nkv + kh) * hd + d];
+                            s += qk;
+                            a += fabs(qk);
+                        }
                         sc[j] = s / sqrt((double)hd);
+                        amax = fmax(amax, a / sqrt((double)hd));
                         mx = fmax(mx, sc[j]);
                     }
                     for (int j = 0; j < nk; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
                     for (int d = 0; d < hd; d++) {
-                        double acc = 0;
-                        for (int j = 0; j < nk; j++) acc += sc[j] / sum * vc[(j * nkv + kh) * hd + d];
+                        double acc = 0, aabs = 0;
+                        for (int j = 0; j < nk; j++) {
+                            acc += sc[j] / sum * vc[(j * nkv + kh) * hd + d];
+                            aabs += sc[j] / sum * fabs(vc[(j * nkv + kh) * hd + d]);
+                        }
                         rr[(t * nh + h) * hd + d] = acc;
+                        pv = fmax(pv, aabs);
                     }
+                    /* the row's fp32 condition (its error scale, in units of the fp32 unit roundoff u): a score
+                     * error of ~u sqrt(hd) sum|q k| moves the output by twice that times sum p |v|, and the
+                     * P V sum adds ~u sqrt(n_keys) sum p |v| (rounding errors as a random walk) */
+                    cond[t * nh + h] = 0x1p-24 * pv * (2 * sqrt((double)hd) * amax + sqrt((double)nk) + 4);
                 }
             void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
             for (int t = 0; t < T; t++) pos[t] = pos0 + t;
@@ -494,12 +511,24 @@ int main(int argc, char **argv) {
                 snprintf(what, sizeof what, "gqa causal h%d/kv%d hd%d T%d%s", nh, nkv, hd, T, split ? "" : " nosplit");
                 report("attention", what, nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
                 const double mr = row_maxrel(o, rr, (size_t)(T * nh), (size_t)hd);
-                fprintf(stderr, "%-5s %-10s %-14s worst row: max error / max |ref| %.3g\n", g_be_name, "attention", what, mr);
-                CHECK(mr <= 1.5e-6, "%s attention %s: a row is off by %.3g of its largest value", g_be_name, what, mr);
+                double mc = 0;
+                for (int r = 0; r < T * nh; r++) {
+                    double e = 0;
+                    for (int d = 0; d < hd; d++) e = fmax(e, fabs((double)o[r * hd + d] - rr[r * hd + d]));
+                    mc = fmax(mc, isnan(e) ? INFINITY : e / cond[r]);
+                }
+                fprintf(stderr, "%-5s %-10s %-14s worst row: max error / max |ref| %.3g, / its condition %.3g\n", g_be_name, "attention", what, mr, mc);
+                /* Against the row's own condition, not its largest value: a fixed 1.5e-6 of max |ref| failed the
+                 * CPU's plain fp32 loop on one seed in CI (1.87e-6, hd 64, peaked rows), while in condition units
+                 * the same rows sit at 0.03-0.08 over 21 seeds and every shape (the bound above is a loose one).
+                 * 0.2 leaves that spread ~3x headroom; the CUDA kernel's tensor-core truncation (stop 19) is also
+                 * guarded by test_logits' incremental-vs-prefill check on the real model. */
+                CHECK(mc <= 0.2, "%s attention %s: a row is off by %.3g of its fp32 condition (%.3g of its largest value)",
+                      g_be_name, what, mc, mr);
             }
             drop(qd); drop(kd); drop(vd); drop(od); drop(pd);
             op->release(be, scr);
-            free(q); free(kc); free(vc); free(o); free(rr); free(sc); free(pos);
+            free(q); free(kc); free(vc); free(o); free(rr); free(sc); free(pos); free(cond);
         }
     }
     /* topk (sampling candidates) against a full sort of (value desc, index asc), bit for bit: rows with ties,

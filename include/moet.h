@@ -4,6 +4,7 @@
  * Two opaque objects:
  *   moet_model    immutable after load: hyperparameters, mmap'd weights, tokenizer. Safe to share between threads.
  *   moet_session  everything that changes per sequence: KV cache, scratch, logits. One thread at a time.
+ *   moet_kv       a paged KV cache pool that sessions take blocks from (optional: a session makes its own).
  *
  * Conventions, everywhere in this header:
  *   - functions that can fail return int: 0 (MOET_OK) on success, a negative MOET_E* code on failure, and write a
@@ -102,16 +103,46 @@ int32_t moet_tokenizer_vocab_size(const moet_tokenizer *t);
 /* Id of a token string (vocab or added token), or -1. */
 int32_t moet_tokenizer_token_id(const moet_tokenizer *t, const char *token);
 
+/* ---- KV cache pool ---------------------------------------------------------------------------------------- */
+
+/* The KV cache is paged: every layer's keys and values live in blocks of block_tokens token rows, and a session
+ * holds a table of the blocks its sequence uses, taking them from its pool as it grows and giving them back when it
+ * is truncated or freed. By default a session makes a pool of its own for n_ctx tokens (the memory a contiguous
+ * cache would take). Sessions that share one pool (a server's slots) hold only what their sequences use, so the
+ * pool can be far smaller than sessions x n_ctx; an eval that needs more blocks than are free fails with
+ * MOET_ENOMEM before it computes anything. A pool and its sessions are used by one thread at a time. */
+typedef struct moet_kv moet_kv;
+
+typedef struct {
+    int32_t n_tokens;     /* capacity in tokens (rounded up to whole blocks); <= 0: max_position_embeddings */
+    int32_t block_tokens; /* tokens a block: a power of two in [1, 65536]; <= 0: 32 */
+} moet_kv_options;
+
+moet_kv_options moet_kv_default_options(void);
+
+/* A pool on m's backend (its memory is allocated here, once). */
+int moet_kv_create(const moet_model *m, const moet_kv_options *opt, moet_kv **out, char *err, size_t errlen);
+/* Drops the caller's reference; the memory goes when the last session using the pool is freed too. */
+void moet_kv_free(moet_kv *kv);
+/* Tokens' worth of blocks not held by any session, and the tokens a block holds (a power of two). */
+int32_t moet_kv_free_tokens(const moet_kv *kv);
+int32_t moet_kv_block_tokens(const moet_kv *kv);
+/* The pool's capacity in tokens (whole blocks). */
+int32_t moet_kv_tokens(const moet_kv *kv);
+
 /* ---- session ---------------------------------------------------------------------------------------------- */
 
 typedef struct {
-    int32_t n_ctx;      /* KV capacity in tokens; <= 0: the model's max_position_embeddings */
+    int32_t n_ctx;      /* the sequence's longest context in tokens; <= 0: the model's max_position_embeddings */
     int32_t n_batch;    /* tokens per forward chunk (scratch is sized for it); longer evals run in chunks */
     int32_t n_logits;   /* rows MOET_LOGITS_ALL can return from one eval; <= 0: n_batch */
     int32_t graphs;     /* 1 (default): decode steps are recorded once and replayed (CUDA graphs); 0: launched */
     int32_t n_candidates; /* 0 (default): off. k in 1..64: an eval in MOET_LOGITS_LAST mode also finds the k largest
                            * logits of its row on the backend and copies only those to the host
                            * (moet_session_candidates); the whole row is copied when moet_session_logits asks */
+    moet_kv *kv;        /* NULL (default): a KV pool of the session's own, for n_ctx tokens; else blocks from kv
+                         * (a pool of the same model; the session keeps a reference, so kv may be freed first) */
+    int32_t kv_block;   /* tokens a block of the session's own pool (kv NULL); <= 0: 32 */
 } moet_session_options;
 
 moet_session_options moet_session_default_options(void);
@@ -133,7 +164,11 @@ const float *moet_session_logits(const moet_session *s, int32_t *n_rows);
  * none (candidates off, MOET_LOGITS_ALL, or a backend without them). Valid until the next eval. */
 int32_t moet_session_candidates(const moet_session *s, const int32_t **ids, const float **vals);
 int32_t moet_session_pos(const moet_session *s);
-/* Forget KV entries from position pos on (pos <= current position). */
+/* Takes the KV blocks the next n tokens will need now (an eval would take them itself): MOET_ENOMEM, with nothing
+ * taken, when the pool has too few free; MOET_ERANGE past n_ctx. What a scheduler calls before it commits a
+ * sequence to a step. */
+int moet_session_reserve(moet_session *s, int32_t n, char *err, size_t errlen);
+/* Forget KV entries from position pos on (pos <= current position); blocks past it go back to the pool. */
 int moet_session_truncate(moet_session *s, int32_t pos, char *err, size_t errlen);
 
 /* ---- batched decode ----------------------------------------------------------------------------------------- */

@@ -2,7 +2,8 @@
  * test_batch.c — batched decode (moet_batch_decode: one forward over the next token of several sessions) against
  * each session decoding alone: same logits (to float rounding; the CPU backend computes rows independently, so
  * bit-identical there) and same greedy continuations, for sessions at different positions with different prompts.
- * Runs on the model's default device (cuda on the device machine, cpu here). Half the single sessions and the
+ * Runs on the model's default device (cuda on the device machine, cpu here). The batch's sessions share a paged KV
+ * pool, the single ones have their own. Half the single sessions and the
  * batch keep sampling candidates (n_candidates; a batch always does where the backend has topk): each row's must be
  * the k largest of the row fetched afterwards (moet_session_logits / moet_batch_logits copy it on demand), and that
  * row must still equal the other path's.
@@ -50,11 +51,17 @@ int main(int argc, char **argv) {
     so.n_ctx = 256;
     moet_session *a[NS], *b[NS];
     int32_t next_a[NS], next_b[NS];
-    moet_session_options sc = so;
+    moet_session_options sc = so, sb = so;
     sc.n_candidates = NC;
+    /* the batch's sessions share one paged pool of 4-token blocks (their tables interleave as they grow); the
+     * single sessions have pools of their own */
+    moet_kv_options ko = moet_kv_default_options();
+    ko.n_tokens = NS * 64;
+    ko.block_tokens = 4;
+    REQUIRE(moet_kv_create(m, &ko, &sb.kv, err, sizeof err) == 0, "%s", err);
     for (int i = 0; i < NS; i++) {
         REQUIRE(moet_session_create(m, i & 1 ? &sc : &so, &a[i], err, sizeof err) == 0, "%s", err);
-        REQUIRE(moet_session_create(m, &so, &b[i], err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_create(m, &sb, &b[i], err, sizeof err) == 0, "%s", err);
         int32_t prompt[64];
         const int n = 3 + 7 * i;  /* different lengths: the rows sit at different positions */
         for (int k = 0; k < n; k++) prompt[k] = (int32_t)((k * 131 + i * 977 + 17) % (V - 1));
@@ -121,6 +128,7 @@ int main(int argc, char **argv) {
     CHECK(moet_batch_decode(bt, b, &bad, 1, err, sizeof err) != 0, "a token past the vocabulary was accepted");
     moet_batch_free(bt);
     for (int i = 0; i < NS; i++) { moet_session_free(a[i]); moet_session_free(b[i]); }
+    moet_kv_free(sb.kv);
     moet_model_free(m);
     TEST_END();
 }

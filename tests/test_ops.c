@@ -89,6 +89,53 @@ static void pull(float *host, const void *d, size_t n_floats) {
 }
 static void drop(void *d) { g_be->ops->release(g_be, d); }
 
+/* A paged KV layout under test (kv_page.h): ctx positions in blocks of 2^shift, the blocks shuffled over a pool of
+ * twice as many plus one, whose other rows stay NaN (a read outside the table poisons the result). */
+typedef struct {
+    int32_t shift, nb;
+    int64_t rows; /* pool rows */
+    int32_t *tab; /* host copy of the table */
+    int32_t *tab_d;
+} test_kv;
+static test_kv test_kv_make(int64_t ctx, int32_t shift) {
+    test_kv k = {.shift = shift, .nb = (int32_t)((ctx + (1 << shift) - 1) >> shift)};
+    const int32_t np = 2 * k.nb + 1;
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)np);
+    for (int32_t i = 0; i < np; i++) perm[i] = i;
+    for (int32_t i = np - 1; i > 0; i--) {
+        const int32_t j = (int32_t)(urand() * (i + 1)) % (i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    k.tab = perm; /* its first nb entries */
+    k.rows = (int64_t)np << shift;
+    k.tab_d = dev(perm, sizeof(int32_t) * (size_t)k.nb);
+    return k;
+}
+static void test_kv_drop(test_kv *k) { drop(k->tab_d); free(k->tab); }
+/* logical rows [ctx][dim] (NULL: none) into a new NaN pool of k's layout */
+static float *test_kv_pool(const test_kv *k, const float *rows, int64_t ctx, int64_t dim) {
+    float *h = malloc(sizeof(float) * (size_t)(k->rows * dim));
+    poison(h, (size_t)(k->rows * dim));
+    for (int64_t p = 0; rows && p < ctx; p++)
+        memcpy(h + moet_kv_row(k->tab, k->shift, p) * dim, rows + p * dim, sizeof(float) * (size_t)dim);
+    float *d = dev(h, sizeof(float) * (size_t)(k->rows * dim));
+    free(h);
+    return d;
+}
+/* the pool's logical rows [ctx][dim] back to the host */
+static void test_kv_pull(float *rows, const float *pool, const test_kv *k, int64_t ctx, int64_t dim) {
+    float *h = malloc(sizeof(float) * (size_t)(k->rows * dim));
+    pull(h, pool, (size_t)(k->rows * dim));
+    for (int64_t p = 0; p < ctx; p++)
+        memcpy(rows + p * dim, h + moet_kv_row(k->tab, k->shift, p) * dim, sizeof(float) * (size_t)dim);
+    free(h);
+}
+static moet_kv_ref test_kv_ref(const test_kv *k, float *kp, float *vp) {
+    const moet_kv_ref r = {kp, vp, k->tab_d, k->shift, 0};
+    return r;
+}
+
 /* Quantizes W (rows × cols) to a type and returns the packed buffer and the dequantized rows (original basis). */
 static float g_w2_beta; /* > 0: W2 weights quantized with this beta instead of the fitted one (an f16 value) */
 static void *make_weight(int qf, const float *W, int64_t rows, int64_t cols, moet_weight *w, float *deq) {
@@ -285,13 +332,15 @@ int main(int argc, char **argv) {
         pull(o, ad, (size_t)(T * nh * hd));
         report("rope", "neox theta1e6", nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
         const int64_t Dk = nh * hd;
-        float *cache = dev_poisoned((size_t)(1001 * Dk));
-        op->kv_store(be, cache, ad, pd, T, Dk);
+        test_kv kl = test_kv_make(1001, 3);
+        float *cache = test_kv_pool(&kl, NULL, 1001, Dk);
+        op->kv_store(be, cache, kl.tab_d, kl.shift, ad, pd, T, Dk);
         float *back = malloc(sizeof(float) * 1001 * Dk);
-        pull(back, cache, (size_t)(1001 * Dk));
+        test_kv_pull(back, cache, &kl, 1001, Dk);
         for (int t = 0; t < T; t++) memcpy(o + t * Dk, back + (size_t)pos[t] * Dk, sizeof(float) * Dk);
-        report("kv_store", "scattered", nmse(o, rr, (size_t)(T * Dk)), 1e-12);
+        report("kv_store", "scattered paged", nmse(o, rr, (size_t)(T * Dk)), 1e-12);
         drop(ad); drop(pd); drop(cache);
+        test_kv_drop(&kl);
         free(a); free(o); free(rr); free(back);
     }
 
@@ -423,16 +472,18 @@ int main(int argc, char **argv) {
                     }
             }
             float *qd = dev(qa, sizeof(float) * T * Dq), *kd = dev(ka, sizeof(float) * T * Dk), *vd = dev(va, sizeof(float) * T * Dk);
-            float *kc = dev_poisoned((size_t)(ctx * Dk)), *vc = dev_poisoned((size_t)(ctx * Dk));
+            test_kv kl = test_kv_make(ctx, 2);
+            float *kc = test_kv_pool(&kl, NULL, ctx, Dk), *vc = test_kv_pool(&kl, NULL, ctx, Dk);
             int32_t *pd = dev(pos, sizeof pos);
+            const moet_kv_ref kr = test_kv_ref(&kl, kc, vc);
             op->attn_prep(be, qd, kd, vd, T, nh, nkv, hd, with_norm ? qn : NULL, with_norm ? kn : NULL, 1e-6f, hd, theta,
-                          pd, kc, vc);
+                          pd, &kr);
             const char *vn = with_norm ? "qk-norm" : "no norm";
             pull(o, qd, (size_t)(T * Dq));
             report("attn_prep", with_norm ? "q qk-norm" : "q no norm", nmse(o, rq, (size_t)(T * Dq)), 1e-12);
             float *back = malloc(sizeof(float) * T * Dk);
             for (int cache = 0; cache < 2; cache++) {
-                pull(o, cache ? vc : kc, (size_t)(ctx * Dk));
+                test_kv_pull(o, cache ? vc : kc, &kl, ctx, Dk);
                 for (int t = 0; t < T; t++) memcpy(back + t * Dk, o + (size_t)pos[t] * Dk, sizeof(float) * Dk);
                 char v[48];
                 snprintf(v, sizeof v, "%s cache %s", cache ? "v" : "k", vn);
@@ -440,6 +491,7 @@ int main(int argc, char **argv) {
             }
             free(back);
             drop(qd); drop(kd); drop(vd); drop(kc); drop(vc); drop(pd);
+            test_kv_drop(&kl);
         }
         op->forget(be, qn);
         op->forget(be, kn);
@@ -449,9 +501,12 @@ int main(int argc, char **argv) {
      * the CUDA-core kernel), and chunks at head_dim 64 / 128 that take the CUDA tensor-core kernel (attn_tc.cu) with
      * partial row and key tiles, groups of 4 and 8, peaked and flat softmaxes (q scaled by `amp`) */
     {
-        static const struct { int nh, nkv, hd, pos0, T, ctx; double amp; } sh[] = {
-            {4, 2, 32, 9, 6, 32, 1.0}, {8, 2, 64, 5, 70, 96, 3.0}, {16, 2, 128, 40, 37, 96, 1.0}, {8, 1, 128, 0, 130, 160, 0.3},
-            {4, 2, 64, 0, 33, 64, 1.0}}; /* the last: moe-mini-a's heads, a 33-token prefill (one split row tile) */
+        /* each through a shuffled block table (kv_page.h): blocks of 2^shift, smaller than the tensor-core
+         * kernel's 32-key tiles in some, one row a block in one */
+        static const struct { int nh, nkv, hd, pos0, T, ctx; double amp; int shift; } sh[] = {
+            {4, 2, 32, 9, 6, 32, 1.0, 2}, {8, 2, 64, 5, 70, 96, 3.0, 5}, {16, 2, 128, 40, 37, 96, 1.0, 4},
+            {8, 1, 128, 0, 130, 160, 0.3, 0}, {4, 2, 64, 0, 33, 64, 1.0, 5}};
+        /* the last: moe-mini-a's heads, a 33-token prefill (one split row tile) */
         for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
             const int nh = sh[si].nh, nkv = sh[si].nkv, hd = sh[si].hd, pos0 = sh[si].pos0, T = sh[si].T, ctx = sh[si].ctx;
             float *q = malloc(sizeof(float) * T * nh * hd), *kc = malloc(sizeof(float) * ctx * nkv * hd),
@@ -494,10 +549,11 @@ int main(int argc, char **argv) {
                 }
             void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
             for (int t = 0; t < T; t++) pos[t] = pos0 + t;
-            float *qd = dev(q, sizeof(float) * T * nh * hd), *kd = dev(kc, sizeof(float) * ctx * nkv * hd),
-                  *vd = dev(vc, sizeof(float) * ctx * nkv * hd), *od = dev_poisoned((size_t)(T * nh * hd));
+            test_kv kl = test_kv_make(ctx, sh[si].shift);
+            float *qd = dev(q, sizeof(float) * T * nh * hd), *kd = test_kv_pool(&kl, kc, ctx, (int64_t)nkv * hd),
+                  *vd = test_kv_pool(&kl, vc, ctx, (int64_t)nkv * hd), *od = dev_poisoned((size_t)(T * nh * hd));
             int32_t *pd = dev(pos, sizeof(int32_t) * T);
-            moet_attn_args aa = {.q = qd, .k_cache = kd, .v_cache = vd, .pos = pd, .n_tok = T, .n_heads = nh,
+            moet_attn_args aa = {.q = qd, .kv = test_kv_ref(&kl, kd, vd), .pos = pd, .n_tok = T, .n_heads = nh,
                                  .n_kv = nkv, .head_dim = hd, .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = od,
                                  .scratch = scr};
             for (int split = 1; split >= 0; split--) { /* CUDA: heavy row tiles split over two CTAs, and not */
@@ -508,7 +564,8 @@ int main(int argc, char **argv) {
                 unsetenv("MOET_ATTN_SPLIT");
                 pull(o, od, (size_t)(T * nh * hd));
                 char what[64];
-                snprintf(what, sizeof what, "gqa causal h%d/kv%d hd%d T%d%s", nh, nkv, hd, T, split ? "" : " nosplit");
+                snprintf(what, sizeof what, "gqa causal h%d/kv%d hd%d T%d b%d%s", nh, nkv, hd, T, 1 << sh[si].shift,
+                         split ? "" : " nosplit");
                 report("attention", what, nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
                 const double mr = row_maxrel(o, rr, (size_t)(T * nh), (size_t)hd);
                 double mc = 0;
@@ -527,6 +584,7 @@ int main(int argc, char **argv) {
                       g_be_name, what, mc, mr);
             }
             drop(qd); drop(kd); drop(vd); drop(od); drop(pd);
+            test_kv_drop(&kl);
             op->release(be, scr);
             free(q); free(kc); free(vc); free(o); free(rr); free(sc); free(pos); free(cond);
         }
@@ -589,18 +647,20 @@ int main(int argc, char **argv) {
             float *qd[2], *kd[2], *vd[2], *kcd[2], *vcd[2], *od[2];
             int32_t *pd = dev(&p, sizeof p);
             void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
+            test_kv kl = test_kv_make(ctx, variant & 1 ? 4 : 1);
             for (int f = 0; f < 2; f++) {
                 qd[f] = dev(qa, sizeof(float) * Dq); kd[f] = dev(ka, sizeof(float) * Dk); vd[f] = dev(va, sizeof(float) * Dk);
-                kcd[f] = dev(kc0, sizeof(float) * ctx * Dk); vcd[f] = dev(vc0, sizeof(float) * ctx * Dk);
+                kcd[f] = test_kv_pool(&kl, kc0, ctx, Dk); vcd[f] = test_kv_pool(&kl, vc0, ctx, Dk);
                 od[f] = dev_poisoned((size_t)Dq);
-                moet_attn_args aa = {.q = qd[f], .k_cache = kcd[f], .v_cache = vcd[f], .pos = pd, .n_tok = 1,
+                const moet_kv_ref kr = test_kv_ref(&kl, kcd[f], vcd[f]);
+                moet_attn_args aa = {.q = qd[f], .kv = kr, .pos = pd, .n_tok = 1,
                                      .n_heads = nh, .n_kv = nkv, .head_dim = hd, .n_ctx = ctx,
                                      .scale = 1.0f / sqrtf((float)hd), .out = od[f], .scratch = scr};
                 const float *qnn = with_norm ? qn : NULL, *knn = with_norm ? kn : NULL;
                 if (f) {
-                    op->attn_fused(be, qd[f], kd[f], vd[f], qnn, knn, 1e-6f, hd, 1e6, kcd[f], vcd[f], &aa);
+                    op->attn_fused(be, qd[f], kd[f], vd[f], qnn, knn, 1e-6f, hd, 1e6, &aa);
                 } else {
-                    op->attn_prep(be, qd[f], kd[f], vd[f], 1, nh, nkv, hd, qnn, knn, 1e-6f, hd, 1e6, pd, kcd[f], vcd[f]);
+                    op->attn_prep(be, qd[f], kd[f], vd[f], 1, nh, nkv, hd, qnn, knn, 1e-6f, hd, 1e6, pd, &kr);
                     op->attention(be, &aa);
                 }
             }
@@ -608,8 +668,13 @@ int main(int argc, char **argv) {
                 {"out", od, (size_t)Dq}, {"q", qd, (size_t)Dq}, {"k cache", kcd, (size_t)(ctx * Dk)},
                 {"v cache", vcd, (size_t)(ctx * Dk)}};
             for (int c = 0; c < 4; c++) {
-                pull(r1, cmp[c].d[0], cmp[c].n);
-                pull(r2, cmp[c].d[1], cmp[c].n);
+                if (c < 2) {
+                    pull(r1, cmp[c].d[0], cmp[c].n);
+                    pull(r2, cmp[c].d[1], cmp[c].n);
+                } else { /* the caches' rows in position order */
+                    test_kv_pull(r1, cmp[c].d[0], &kl, ctx, Dk);
+                    test_kv_pull(r2, cmp[c].d[1], &kl, ctx, Dk);
+                }
                 for (size_t i = 0; i < cmp[c].n; i++) rd[i] = r1[i];
                 char vname[48];
                 snprintf(vname, sizeof vname, "%s d%d %s", cmp[c].name, hd, with_norm ? "norm" : "-");
@@ -619,6 +684,7 @@ int main(int argc, char **argv) {
             }
             for (int f = 0; f < 2; f++) { drop(qd[f]); drop(kd[f]); drop(vd[f]); drop(kcd[f]); drop(vcd[f]); drop(od[f]); }
             drop(pd);
+            test_kv_drop(&kl);
             op->release(be, scr);
             op->forget(be, qn);
             op->forget(be, kn);
@@ -641,32 +707,34 @@ int main(int argc, char **argv) {
         float *qd[2], *kd[2], *vd[2], *od[2], *kcd[2][3], *vcd[2][3];
         int32_t *pd = dev(ps, sizeof ps);
         void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
-        float *tab[6];
+        moet_kv_ref tab[3];
+        test_kv kl[3]; /* each row its own pools and block table, blocks of 1, 8 and 32 */
+        for (int r = 0; r < NR; r++) kl[r] = test_kv_make(ctx, r == 0 ? 0 : r == 1 ? 3 : 5);
         for (int f = 0; f < 2; f++) {
             qd[f] = dev(qa, sizeof(float) * NR * Dq); kd[f] = dev(ka, sizeof(float) * NR * Dk);
             vd[f] = dev(va, sizeof(float) * NR * Dk); od[f] = dev_poisoned((size_t)(NR * Dq));
             for (int r = 0; r < NR; r++) {
                 for (int i = 0; i < ctx * Dk; i++) c0[i] = gauss();
-                kcd[f][r] = dev(c0, sizeof(float) * ctx * Dk);
+                kcd[f][r] = test_kv_pool(&kl[r], c0, ctx, Dk);
                 for (int i = 0; i < ctx * Dk; i++) c0[i] = gauss();
-                vcd[f][r] = dev(c0, sizeof(float) * ctx * Dk);
+                vcd[f][r] = test_kv_pool(&kl[r], c0, ctx, Dk);
                 if (f) { /* the same cache contents in both runs */
-                    op->copy(be, kcd[1][r], kcd[0][r], sizeof(float) * ctx * Dk);
-                    op->copy(be, vcd[1][r], vcd[0][r], sizeof(float) * ctx * Dk);
+                    op->copy(be, kcd[1][r], kcd[0][r], sizeof(float) * (size_t)(kl[r].rows * Dk));
+                    op->copy(be, vcd[1][r], vcd[0][r], sizeof(float) * (size_t)(kl[r].rows * Dk));
                 }
             }
         }
         for (int r = 0; r < NR; r++) {
-            moet_attn_args aa = {.q = qd[0] + r * Dq, .k_cache = kcd[0][r], .v_cache = vcd[0][r], .pos = pd + r,
+            const moet_kv_ref kr = test_kv_ref(&kl[r], kcd[0][r], vcd[0][r]);
+            moet_attn_args aa = {.q = qd[0] + r * Dq, .kv = kr, .pos = pd + r,
                                  .n_tok = 1, .n_heads = nh, .n_kv = nkv, .head_dim = hd, .n_ctx = ctx,
                                  .scale = 1.0f / sqrtf((float)hd), .out = od[0] + r * Dq, .scratch = scr};
             op->attn_prep(be, qd[0] + r * Dq, kd[0] + r * Dk, vd[0] + r * Dk, 1, nh, nkv, hd, qn, kn, 1e-6f, hd, 1e6,
-                          pd + r, kcd[0][r], vcd[0][r]);
+                          pd + r, &kr);
             op->attention(be, &aa);
-            tab[2 * r] = kcd[1][r];
-            tab[2 * r + 1] = vcd[1][r];
+            tab[r] = test_kv_ref(&kl[r], kcd[1][r], vcd[1][r]);
         }
-        float **tabd = dev(tab, sizeof tab);
+        moet_kv_ref *tabd = dev(tab, sizeof tab);
         moet_attn_args ab = {.q = qd[1], .pos = pd, .n_tok = NR, .n_heads = nh, .n_kv = nkv, .head_dim = hd,
                              .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = od[1], .scratch = scr};
         CHECK(op->attn_rows(be, qd[1], kd[1], vd[1], qn, kn, 1e-6f, hd, 1e6, tabd, &ab) == 0,
@@ -675,8 +743,13 @@ int main(int argc, char **argv) {
             const float *a0 = c == 0 ? od[0] : c == 1 ? qd[0] : c % 2 ? vcd[0][(c - 2) / 2] : kcd[0][(c - 2) / 2];
             const float *a1 = c == 0 ? od[1] : c == 1 ? qd[1] : c % 2 ? vcd[1][(c - 2) / 2] : kcd[1][(c - 2) / 2];
             const size_t n = c < 2 ? (size_t)(NR * Dq) : (size_t)(ctx * Dk);
-            pull(r1, a0, n);
-            pull(r2, a1, n);
+            if (c < 2) {
+                pull(r1, a0, n);
+                pull(r2, a1, n);
+            } else {
+                test_kv_pull(r1, a0, &kl[(c - 2) / 2], ctx, Dk);
+                test_kv_pull(r2, a1, &kl[(c - 2) / 2], ctx, Dk);
+            }
             for (size_t i = 0; i < n; i++) rd[i] = r1[i];
             char vname[48];
             snprintf(vname, sizeof vname, "%s", c == 0 ? "out" : c == 1 ? "q" : c % 2 ? "v cache" : "k cache");
@@ -688,6 +761,7 @@ int main(int argc, char **argv) {
             for (int r = 0; r < NR; r++) { drop(kcd[f][r]); drop(vcd[f][r]); }
         }
         drop(pd); drop(tabd);
+        for (int r = 0; r < NR; r++) test_kv_drop(&kl[r]);
         op->release(be, scr);
         op->forget(be, qn);
         op->forget(be, kn);
@@ -1063,7 +1137,11 @@ int perf_main(moet_backend *be) {
             for (int t = 0; t < T; t++) pos[t] = t;
             int32_t *pd = dev(pos, sizeof(int32_t) * T);
             void *scr = op->alloc(be, op->attn_scratch_bytes(be, T));
-            moet_attn_args aa = {.q = q, .k_cache = kc, .v_cache = vc, .pos = pd, .n_tok = T, .n_heads = nh,
+            int32_t *blk = malloc(sizeof(int32_t) * (size_t)(T / 32 + 1));
+            for (int b = 0; b <= T / 32; b++) blk[b] = b; /* the cache as 32-token blocks in order */
+            int32_t *blk_d = dev(blk, sizeof(int32_t) * (size_t)(T / 32 + 1));
+            const moet_kv_ref kr = {kc, vc, blk_d, 5, 0};
+            moet_attn_args aa = {.q = q, .kv = kr, .pos = pd, .n_tok = T, .n_heads = nh,
                                  .n_kv = nkv, .head_dim = hd, .n_ctx = T, .scale = 1.0f / sqrtf((float)hd), .out = o,
                                  .scratch = scr};
             for (int path = 0; path < 3; path++) { /* CUDA cores, tensor cores, tensor cores without the split */
@@ -1089,7 +1167,7 @@ int perf_main(moet_backend *be) {
                        fl / best / 1e12);
             }
             unsetenv("MOET_ATTN_TC");
-            drop(q); drop(kc); drop(vc); drop(o); drop(pd); op->release(be, scr); free(pos);
+            drop(q); drop(kc); drop(vc); drop(o); drop(pd); drop(blk_d); op->release(be, scr); free(pos); free(blk);
         }
     }
     const int64_t H = 2048, F = 768;

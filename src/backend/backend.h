@@ -6,6 +6,8 @@
  *     copies), immutable while the backend lives; a device backend mirrors each one on first use (the GPU is a cache
  *     of the model), or takes it as-is when it already lies in the backend's memory (synthetic models);
  *   - activations, KV cache, token ids and positions: backend memory from alloc(), moved with upload()/download().
+ *     The KV cache is paged (kv_page.h): ops that read or write it take a moet_kv_ref (a layer's pools and a
+ *     sequence's block table) and address token position p through moet_kv_row.
  * Ops are the units a fused GPU kernel would cover: the whole MoE block (route, top-k, experts, combine) is one op,
  * so a backend runs it without a host round trip. Nothing that changes from one decode step to the next is an op
  * argument: token ids and positions are read from backend memory, so a step's op sequence can be recorded once and
@@ -18,6 +20,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "backend/kv_page.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,7 +68,7 @@ typedef struct {
 
 typedef struct {
     const float *q;            /* [n_tok][n_heads * head_dim], already normed and rotated */
-    const float *k_cache, *v_cache; /* [n_ctx][n_kv * head_dim]; rows 0 .. pos[t] valid for query t */
+    moet_kv_ref kv;            /* the layer's cache (kv_page.h); positions 0 .. pos[t] valid for query t */
     const int32_t *pos;        /* backend memory [n_tok]: query t is at position pos[t] and sees keys 0..pos[t] */
     int64_t n_tok;
     int32_t n_heads, n_kv, head_dim, n_ctx;
@@ -122,23 +126,23 @@ typedef struct {
      * angle = f32(pos) * inv_freq[i] in f32, cos and sin of it rounded to f32. */
     void (*rope)(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
                  double theta, const int32_t *pos);
-    /* cache row pos[t] = src row t, for n_tok rows of dim floats (the KV cache write). */
-    void (*kv_store)(moet_backend *be, float *cache, const float *src, const int32_t *pos, int64_t n_tok, int64_t dim);
+    /* The KV cache write: pool row moet_kv_row(blocks, shift, pos[t]) = src row t, for n_tok rows of dim floats. */
+    void (*kv_store)(moet_backend *be, float *pool, const int32_t *blocks, int32_t shift, const float *src,
+                     const int32_t *pos, int64_t n_tok, int64_t dim);
     /* The attention inputs, fused: per-head rms_norm of q (q_norm) and k (k_norm; either NULL: none) over head_dim,
-     * RoPE of both (rot_dim, theta, positions pos[t]), in place; then k and v row t go to cache row pos[t]. Exactly
-     * rms_norm, rope and kv_store in that order. */
+     * RoPE of both (rot_dim, theta, positions pos[t]), in place; then k and v row t go to position pos[t] of kv.
+     * Exactly rms_norm, rope and kv_store (kv->k, then kv->v) in that order. */
     void (*attn_prep)(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
                       int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
-                      int32_t rot_dim, double theta, const int32_t *pos, float *k_cache, float *v_cache);
+                      int32_t rot_dim, double theta, const int32_t *pos, const moet_kv_ref *kv);
     void (*attention)(moet_backend *be, const moet_attn_args *a);
     /* Optional (NULL: the caller composes). attn_prep(q, k, v, a->n_tok, a->n_heads, a->n_kv, a->head_dim, q_norm,
-     * k_norm, eps, rot_dim, theta, a->pos, k_cache, v_cache) then attention(a), where a->q == q and a->k_cache /
-     * a->v_cache are k_cache / v_cache: exactly that composition, except that k's contents afterwards are
-     * unspecified (the cache holds the rotated keys). A backend may run it as one kernel (the CUDA
-     * backend does for one token: each decode kernel costs a few microseconds of latency however little it moves). */
+     * k_norm, eps, rot_dim, theta, a->pos, &a->kv) then attention(a), where a->q == q: exactly that composition,
+     * except that k's contents afterwards are unspecified (the cache holds the rotated keys). A backend may run it
+     * as one kernel (the CUDA backend does for one token: each decode kernel costs a few microseconds of latency
+     * however little it moves). */
     void (*attn_fused)(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                       float eps, int32_t rot_dim, double theta, float *k_cache, float *v_cache,
-                       const moet_attn_args *a);
+                       float eps, int32_t rot_dim, double theta, const moet_attn_args *a);
     size_t (*attn_scratch_bytes)(moet_backend *be, int32_t n_ctx);
     /* Dense SwiGLU MLP: y = down(silu(gate x) * up x); scratch: 2 * n * ffn floats. */
     void (*mlp)(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
@@ -147,14 +151,14 @@ typedef struct {
     size_t (*moe_scratch_bytes)(moet_backend *be, int64_t n_tok, int64_t hidden, int64_t ffn, int32_t n_experts,
                                 int32_t n_used);
     /* Batched decode's attention: n = a->n_tok rows, row r one token of its own sequence. Exactly, for each r,
-     * attn_prep(q + r Dq, k + r Dkv, v + r Dkv, 1, ..., a->pos + r, caches[2 r], caches[2 r + 1]) then attention
-     * over those caches into a->out + r Dq (Dq = n_heads head_dim, Dkv = n_kv head_dim); a->k_cache / v_cache are
-     * not read, a->q == q. caches is backend memory (2 n pointers): what differs between steps is in backend
-     * memory, so one recorded step serves every set of n sequences. Returns 0 when done (errors: status), nonzero
-     * when it declines the shape before doing anything (the caller then composes per row); whether it declines
-     * depends only on the shape (heads, head_dim, rot_dim). Optional: NULL means always declined. */
+     * attn_prep(q + r Dq, k + r Dkv, v + r Dkv, 1, ..., a->pos + r, &rows[r]) then attention over rows[r] into
+     * a->out + r Dq (Dq = n_heads head_dim, Dkv = n_kv head_dim); a->kv is not read, a->q == q. rows is backend
+     * memory (n moet_kv_ref: each row's pools and block table): what differs between steps is in backend memory,
+     * so one recorded step serves every set of n sequences. Returns 0 when done (errors: status), nonzero when it
+     * declines the shape before doing anything (the caller then composes per row); whether it declines depends
+     * only on the shape (heads, head_dim, rot_dim). Optional: NULL means always declined. */
     int (*attn_rows)(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                     float eps, int32_t rot_dim, double theta, float *const *caches, const moet_attn_args *a);
+                     float eps, int32_t rot_dim, double theta, const moet_kv_ref *rows, const moet_attn_args *a);
     /* Sampling candidates: the k largest of each of n rows of `vocab` floats (logits, row r at x + r vocab), in the
      * order of topk_key.h (larger first, equal values by lower index, NaN last): ids[r k + i] and vals[r k + i] =
      * x[r][ids[r k + i]] (backend memory). 1 <= k <= MOET_TOPK_MAX, k <= vocab; scratch: topk_scratch_bytes(n,

@@ -21,10 +21,14 @@
 static void usage(void) {
     fprintf(stderr,
             "usage: moet serve [-m MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY | --api-key-file F]\n"
-            "                  [--max-seqs N] [--ctx N] [--queue N] [--timeout S] [--max-body BYTES]\n"
+            "                  [--max-seqs N] [--ctx N] [--kv-tokens N] [--kv-block N] [--queue N] [--timeout S]\n"
+            "                  [--max-body BYTES]\n"
             "                  [--served-model-name NAME] [-t THREADS] [--device cpu|cuda[:N]]\n"
             "  --max-seqs  sequences in the running batch (sessions; default 4)\n"
             "  --ctx       context per sequence, prompt + output (default: min(model, 4096))\n"
+            "  --kv-tokens the paged KV cache shared by all sequences, in tokens (default: max-seqs x ctx); a\n"
+            "              request waits until its prompt's blocks are free\n"
+            "  --kv-block  tokens a KV block (a power of two; default 32)\n"
             "  --queue     requests that may wait for a sequence slot; beyond it: 429 (default 64)\n"
             "  --timeout   seconds a request may wait for a slot before 503 (default 600; 0: forever)\n"
             "  --delta     off|on|gate with a delta pack (--delta-file, default X.delta.gguf beside a pack X.gguf):\n"
@@ -44,7 +48,8 @@ static const char *base_name(const char *p) {
 int cmd_serve(int argc, char **argv) {
     cli_common c = {0};
     const char *host = "127.0.0.1", *api_key = NULL, *api_key_file = NULL, *name = NULL;
-    long port = 8000, max_seqs = 4, ctx = 0, queue = 64, timeout = 600, max_body = 8 << 20;
+    long port = 8000, max_seqs = 4, ctx = 0, queue = 64, timeout = 600, max_body = 8 << 20, kv_tokens = 0,
+         kv_block = 32;
     const char *delta_mode = NULL;
     double tau = 0.6;
     for (int i = 1; i < argc; i++) {
@@ -61,6 +66,8 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--api-key-file")) { VAL(); api_key_file = v; }
         else if (!strcmp(a, "--max-seqs")) INT(max_seqs, 1, 256);
         else if (!strcmp(a, "--ctx")) INT(ctx, 16, 1 << 22);
+        else if (!strcmp(a, "--kv-tokens")) INT(kv_tokens, 16, INT32_MAX);
+        else if (!strcmp(a, "--kv-block")) INT(kv_block, 1, 1 << 16);
         else if (!strcmp(a, "--queue")) INT(queue, 0, 1 << 20);
         else if (!strcmp(a, "--timeout")) INT(timeout, 0, 1 << 24);
         else if (!strcmp(a, "--max-body")) INT(max_body, 1024, 1L << 30);
@@ -152,14 +159,15 @@ int cmd_serve(int argc, char **argv) {
                        .bos_token = bos, .eos_token = eos};
     sched_options so = {.max_seqs = (int)max_seqs, .n_ctx = n_ctx, .queue_cap = (int)queue,
                         .queue_timeout = (double)timeout, .model_name = model_name, .delta_mode = dmode,
-                        .tau = (float)tau};
+                        .tau = (float)tau, .kv_tokens = (int32_t)kv_tokens, .kv_block = (int32_t)kv_block};
     if (sched_create(m, &so, &srv.mx, &srv.sched, err, sizeof err)) {
         fprintf(stderr, "moet serve: %s\n", err);
         goto out;
     }
     atomic_store(&srv.state, SERVER_READY);
-    fprintf(stderr, "moet serve: ready: model '%s' (%s), %ld sequences of %d tokens, chat template %s, API key %s, "
-                    "delta %s\n", model_name, info.backend, max_seqs, n_ctx, tmpl ? "yes" : "none",
+    fprintf(stderr, "moet serve: ready: model '%s' (%s), %ld sequences of %d tokens, KV pool %ld tokens in blocks of %ld, "
+                    "chat template %s, API key %s, delta %s\n", model_name, info.backend, max_seqs, n_ctx,
+            kv_tokens ? kv_tokens : max_seqs * n_ctx, kv_block, tmpl ? "yes" : "none",
             api_key ? "required" : "off", dmode == 2 ? "gate" : delta_mode);
 
     int sig = 0;

@@ -3,25 +3,31 @@
  *
  * The forward is architecture-independent: it walks moet_layer entries that an architecture file bound, and does
  * all compute through the backend ABI. Every buffer is allocated when the session is created, sized by n_ctx and
- * n_batch, so eval() never allocates: decode is a loop over preallocated memory.
+ * n_batch, so eval() never allocates: decode is a loop over preallocated memory. The KV cache is paged (kv.c): an
+ * eval takes the blocks its tokens need from the session's pool (a pop from a free list, and a small upload of the
+ * block table) before it computes anything, so a pool that is full fails the eval with nothing changed.
  *
  * Long evals are cut into chunks of n_batch tokens; attention within a chunk is causal over the cache, so chunked
  * prefill, whole prefill and token-by-token decode compute the same function (tests check they agree).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/topk_key.h"
 #include "core/util.h"
 #include "model/model.h"
+#include "runtime/kv_int.h"
 #include "runtime/session_int.h"
 
 struct moet_session {
     const moet_model *m;
     moet_backend *be;
     int32_t n_ctx, n_batch, n_logits_cap, pos;
-    float **k_cache, **v_cache;     /* [layer] -> [n_ctx][n_kv * head_dim] */
+    moet_kv *kv;                    /* the pool its KV blocks come from (NULL: a batch's scratch session) */
+    int32_t *blk_host, *blk_dev;    /* the block table [blk_cap]: position p is in pool block blk[p >> kv->shift] */
+    int32_t n_blk, blk_cap, blk_sent; /* blocks held; the table's size (n_ctx's blocks); entries on the backend */
     float *x, *h, *q, *k, *v, *att, *tmp, *mlp_scr, *moe_scr, *att_scr, *topk_w;
     int32_t *topk_ids;
     int32_t *tok_dev, *pos_dev;     /* backend memory: the chunk's token ids and positions [n_batch] */
@@ -76,7 +82,8 @@ int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corr
 void moet_session_set_calib(moet_session *s, moet_calib *c) { s->calib = c; }
 
 moet_session_options moet_session_default_options(void) {
-    moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0, .graphs = 1, .n_candidates = 0};
+    moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0, .graphs = 1, .n_candidates = 0,
+                              .kv = NULL, .kv_block = 32};
     return o;
 }
 
@@ -90,9 +97,12 @@ void moet_session_free(moet_session *s) {
     if (!s) return;
     if (s->be) s->be->ops->graph_release(s->be, s->uid);
     for (int i = 0; i < s->n_allocs; i++) s->be->ops->release(s->be, s->allocs[i]);
+    if (s->kv) {
+        while (s->n_blk > 0) moet_kv_give(s->kv, s->blk_host[--s->n_blk]);
+        moet_kv_free(s->kv);
+    }
     free(s->allocs);
-    free(s->k_cache);
-    free(s->v_cache);
+    free(s->blk_host);
     free(s->pos_host);
     free(s->logits);
     free(s->cand);
@@ -141,16 +151,26 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
         s->uid = next_uid++;
     }
     const size_t B = (size_t)o.n_batch, H = (size_t)hp->hidden, Dq = (size_t)hp->n_heads * hp->head_dim,
-                 Dkv = (size_t)hp->n_kv_heads * hp->head_dim, L = (size_t)hp->n_layers;
-    s->allocs = calloc(2 * L + 32, sizeof(void *));
-    s->k_cache = calloc(L, sizeof(float *));
-    s->v_cache = calloc(L, sizeof(float *));
+                 Dkv = (size_t)hp->n_kv_heads * hp->head_dim;
+    s->allocs = calloc(32, sizeof(void *));
     s->pos_host = calloc(B, sizeof(int32_t));
     s->logits = calloc((size_t)o.n_logits * (size_t)hp->vocab, sizeof(float));
-    if (!s->allocs || !s->k_cache || !s->v_cache || !s->pos_host || !s->logits) goto oom;
-    for (size_t l = 0; with_kv && l < L; l++) {
-        if (!(s->k_cache[l] = salloc(s, (size_t)o.n_ctx * Dkv * sizeof(float)))) goto oom;
-        if (!(s->v_cache[l] = salloc(s, (size_t)o.n_ctx * Dkv * sizeof(float)))) goto oom;
+    if (!s->allocs || !s->pos_host || !s->logits) goto oom;
+    if (with_kv) {
+        if (o.kv) {
+            if (o.kv->m != m || o.kv->be != s->be) {
+                moet_session_free(s);
+                return moet_err(err, errlen, MOET_EINVAL, "the KV pool belongs to another model or backend");
+            }
+            moet_kv_retain(o.kv);
+            s->kv = o.kv;
+        } else {
+            int rc = moet_kv_create_on(m, s->be, o.n_ctx, o.kv_block, &s->kv, err, errlen);
+            if (rc) { moet_session_free(s); return rc; }
+        }
+        s->blk_cap = (int32_t)(((int64_t)o.n_ctx + ((int64_t)1 << s->kv->shift) - 1) >> s->kv->shift);
+        if (!(s->blk_host = calloc((size_t)s->blk_cap, sizeof(int32_t)))) goto oom;
+        if (!(s->blk_dev = salloc(s, (size_t)s->blk_cap * sizeof(int32_t)))) goto oom;
     }
     size_t F = (size_t)(hp->dense_ffn > 0 ? hp->dense_ffn : 1);
 #define A(ptr, count) do { if (!((ptr) = salloc(s, (size_t)(count) * sizeof(*(ptr))))) goto oom; } while (0)
@@ -200,7 +220,7 @@ typedef struct {
     int32_t n, first_logit;
     float *out;
     moet_session *const *rows;  /* batched decode: row i is the next token of rows[i] (its KV cache); NULL: all s's */
-    float *const *kvtab;        /* batched decode, backend memory: layer il's row caches at kvtab + il * kv_stride */
+    const moet_kv_ref *kvtab;   /* batched decode, backend memory: layer il's row caches at kvtab + il * kv_stride */
     int32_t kv_stride;
     int *declined;              /* set when the backend's attn_rows declined the shape (the rows were composed) */
     int cand;                   /* the logit rows' candidates too (s->n_cand of each, to s->cand_dev) */
@@ -242,17 +262,17 @@ static void forward_chunk(void *vctx) {
         for (int32_t r = 0; !rows_done && r < (ca->rows ? n : 1); r++) {
             const moet_session *o = ca->rows ? ca->rows[r] : s;
             const int32_t nr = ca->rows ? 1 : n;
-            moet_attn_args aa = {.q = s->q + r * Dq, .k_cache = o->k_cache[il], .v_cache = o->v_cache[il],
-                                 .pos = s->pos_dev + r, .n_tok = nr, .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv,
-                                 .head_dim = (int32_t)hd, .n_ctx = o->n_ctx, .scale = (float)(1.0 / sqrt((double)hd)),
+            const moet_kv_ref kv = {o->kv->k[il], o->kv->v[il], o->blk_dev, o->kv->shift, 0};
+            moet_attn_args aa = {.q = s->q + r * Dq, .kv = kv, .pos = s->pos_dev + r, .n_tok = nr,
+                                 .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd, .n_ctx = o->n_ctx, .scale = (float)(1.0 / sqrt((double)hd)),
                                  .out = s->att + r * Dq, .scratch = s->att_scr};
             if (op->attn_fused) {
                 op->attn_fused(be, s->q + r * Dq, s->k + r * Dkv, s->v + r * Dkv, L->q_norm, L->k_norm, hp->rms_eps,
-                               hp->rope_dim, hp->rope_theta, o->k_cache[il], o->v_cache[il], &aa);
+                               hp->rope_dim, hp->rope_theta, &aa);
             } else {
                 op->attn_prep(be, s->q + r * Dq, s->k + r * Dkv, s->v + r * Dkv, nr, (int32_t)nh, (int32_t)nkv,
                               (int32_t)hd, L->q_norm, L->k_norm, hp->rms_eps, hp->rope_dim, hp->rope_theta,
-                              s->pos_dev + r, o->k_cache[il], o->v_cache[il]);
+                              s->pos_dev + r, &kv);
                 op->attention(be, &aa);
             }
         }
@@ -329,6 +349,42 @@ static void session_keep(moet_session *s, int32_t rows, int cand) {
         s->be->ops->download(s->be, s->logits, s->logits_dev, (size_t)rows * (size_t)s->m->hp.vocab * sizeof(float));
 }
 
+/* ---- KV blocks --------------------------------------------------------------------------------------------- */
+
+/* Blocks for positions [0, end): taken from the pool (all or none: a pool without enough free blocks changes
+ * nothing), and the table's new entries sent to the backend. */
+static int session_reserve(moet_session *s, int64_t end, char *err, size_t errlen) {
+    const int32_t need = (int32_t)((end + ((int64_t)1 << s->kv->shift) - 1) >> s->kv->shift);
+    if (need > s->n_blk) {
+        if (need - s->n_blk > s->kv->n_free)
+            return moet_err(err, errlen, MOET_ENOMEM,
+                            "KV pool exhausted: %d more blocks of %d tokens needed, %d free", need - s->n_blk,
+                            1 << s->kv->shift, s->kv->n_free);
+        while (s->n_blk < need) s->blk_host[s->n_blk++] = moet_kv_take(s->kv);
+    }
+    if (s->blk_sent < s->n_blk) {
+        s->be->ops->upload(s->be, s->blk_dev + s->blk_sent, s->blk_host + s->blk_sent,
+                           (size_t)(s->n_blk - s->blk_sent) * sizeof(int32_t));
+        s->blk_sent = s->n_blk;
+    }
+    return MOET_OK;
+}
+
+/* Gives back the blocks past those positions [0, end) need. */
+static void session_release(moet_session *s, int64_t end) {
+    const int32_t keep = (int32_t)((end + ((int64_t)1 << s->kv->shift) - 1) >> s->kv->shift);
+    while (s->n_blk > keep) moet_kv_give(s->kv, s->blk_host[--s->n_blk]);
+    if (s->blk_sent > s->n_blk) s->blk_sent = s->n_blk;
+}
+
+int moet_session_reserve(moet_session *s, int32_t n, char *err, size_t errlen) {
+    if (n < 0) return moet_err(err, errlen, MOET_EINVAL, "reserve of %d tokens", n);
+    if (!s->kv) return moet_err(err, errlen, MOET_EINVAL, "a session without a KV cache");
+    if ((int64_t)s->pos + n > s->n_ctx)
+        return moet_err(err, errlen, MOET_ERANGE, "context full: %d + %d tokens exceed n_ctx %d", s->pos, n, s->n_ctx);
+    return session_reserve(s, (int64_t)s->pos + n, err, errlen);
+}
+
 int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int logits_mode, char *err, size_t errlen) {
     const int32_t V = s->m->hp.vocab;
     if (n <= 0) return moet_err(err, errlen, MOET_EINVAL, "eval of %d tokens", n);
@@ -340,7 +396,8 @@ int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int log
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return moet_err(err, errlen, MOET_EINVAL, "token id %d at %d outside [0, %d)", tokens[i], i, V);
-    int rc;
+    int rc = session_reserve(s, (int64_t)s->pos + n, err, errlen);
+    if (rc) return rc;
     for (int32_t off = 0; off < n; off += s->n_batch) {
         int32_t c = n - off < s->n_batch ? n - off : s->n_batch;
         int last = off + c == n;
@@ -394,22 +451,24 @@ int moet_session_truncate(moet_session *s, int32_t pos, char *err, size_t errlen
     if (pos < 0 || pos > s->pos)
         return moet_err(err, errlen, MOET_EINVAL, "truncate to %d outside [0, %d]", pos, s->pos);
     s->pos = pos;
+    session_release(s, pos);
     return MOET_OK;
 }
 
 /* ---- batched decode -----------------------------------------------------------------------------------------
  * A batch is a session without a KV cache of its own, sized for max_seqs rows: row i of a step is the next token of
  * sessions[i], so the weights are read once for all of them (matmuls and the MoE take the rows together) and only
- * the KV writes and attention run per row, on each session's cache. The rows' caches go to the backend as a table
- * in its memory (attn_rows: one op a layer for all rows), so everything that differs between steps with the same
- * number of rows is in backend memory and a step of n rows is recorded once and replayed (graph_run) whatever
- * sessions fill it. A backend that declines attn_rows for the model's shape gets the rows one by one, launched
+ * the KV writes and attention run per row, on each session's cache. The rows' caches (pools and block tables) go to
+ * the backend as a table in its memory (attn_rows: one op a layer for all rows; uploaded only when the rows change),
+ * so everything that differs between steps with the same number of rows is in backend memory and a step of n rows
+ * is recorded once and replayed (graph_run) whatever sessions fill it. A backend that declines attn_rows for the model's shape gets the rows one by one, launched
  * directly (their cache pointers would be baked into a record). */
 struct moet_batch {
     moet_session *s;     /* scratch and logits for max_seqs rows, no KV cache */
     int32_t max_seqs;
-    float **kvtab_host;  /* [n_layers][max_seqs][2] the rows' k / v caches, staged for kvtab_dev */
-    float **kvtab_dev;   /* backend memory, the same */
+    moet_kv_ref *kvtab_host; /* [n_layers][max_seqs] the rows' caches, staged for kvtab_dev */
+    moet_kv_ref *kvtab_dev;  /* backend memory, the same */
+    int32_t kvtab_rows;      /* rows of kvtab_dev that hold what kvtab_host holds (0: resend) */
     int rows_ok;         /* attn_rows: -1 not tried yet, 1 takes this model's shape, 0 declines it */
 };
 
@@ -425,8 +484,8 @@ int moet_batch_create(const moet_model *m, int32_t max_seqs, int32_t n_ctx, moet
     if (rc) { free(b); return rc; }
     b->max_seqs = max_seqs;
     b->rows_ok = -1;
-    const size_t tab = (size_t)m->hp.n_layers * (size_t)max_seqs * 2 * sizeof(float *);
-    b->kvtab_host = malloc(tab);
+    const size_t tab = (size_t)m->hp.n_layers * (size_t)max_seqs * sizeof(moet_kv_ref);
+    b->kvtab_host = calloc(1, tab);
     b->kvtab_dev = b->s->be->ops->alloc(b->s->be, tab);
     if (!b->kvtab_host || !b->kvtab_dev) {
         moet_batch_free(b);
@@ -453,6 +512,7 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
         const moet_session *q = seqs[i];
         if (q->m != s->m || q->be != s->be)
             return moet_err(err, errlen, MOET_EINVAL, "batch row %d: a session of another model or backend", i);
+        if (!q->kv) return moet_err(err, errlen, MOET_EINVAL, "batch row %d: a session without a KV cache", i);
         if (q->pos >= q->n_ctx) return moet_err(err, errlen, MOET_ERANGE, "batch row %d: context full (%d)", i, q->n_ctx);
         if (q->n_ctx > s->n_ctx) return moet_err(err, errlen, MOET_ERANGE, "batch row %d: context %d exceeds the batch's %d", i, q->n_ctx, s->n_ctx);
         if (q->use_delta != seqs[0]->use_delta) return moet_err(err, errlen, MOET_EINVAL, "batch rows mix delta modes");
@@ -461,20 +521,36 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
             if (seqs[j] == q) return moet_err(err, errlen, MOET_EINVAL, "batch rows %d and %d are one session", j, i);
         s->pos_host[i] = q->pos;
     }
+    for (int32_t i = 0; i < n; i++) { /* every row's block for its next token, or none of them */
+        int rc = session_reserve(seqs[i], (int64_t)seqs[i]->pos + 1, err, errlen);
+        if (rc) {
+            for (int32_t j = 0; j < i; j++) session_release(seqs[j], seqs[j]->pos);
+            char m2[192];
+            snprintf(m2, sizeof m2, "%s", err ? err : "");
+            return moet_err(err, errlen, rc, "batch row %d: %s", i, m2);
+        }
+    }
     const moet_backend_ops *op = s->be->ops;
     op->upload(s->be, s->tok_dev, tokens, (size_t)n * sizeof(int32_t));
     op->upload(s->be, s->pos_dev, s->pos_host, (size_t)n * sizeof(int32_t));
     s->use_delta = seqs[0]->use_delta;
-    const int32_t L = s->m->hp.n_layers, stride = 2 * b->max_seqs;
+    const int32_t L = s->m->hp.n_layers, stride = b->max_seqs;
     int declined = 0;
     chunk_args ca = {s, n, 0, s->logits_dev, seqs, NULL, stride, &declined, s->n_cand > 0};
     if (b->rows_ok != 0 && op->attn_rows) {
+        int same = b->kvtab_rows >= n;
         for (int32_t il = 0; il < L; il++)
             for (int32_t i = 0; i < n; i++) {
-                b->kvtab_host[(size_t)il * stride + 2 * i] = seqs[i]->k_cache[il];
-                b->kvtab_host[(size_t)il * stride + 2 * i + 1] = seqs[i]->v_cache[il];
+                const moet_session *q = seqs[i];
+                const moet_kv_ref r = {q->kv->k[il], q->kv->v[il], q->blk_dev, q->kv->shift, 0};
+                moet_kv_ref *h = &b->kvtab_host[(size_t)il * stride + i];
+                same = same && !memcmp(h, &r, sizeof r);
+                *h = r;
             }
-        op->upload(s->be, b->kvtab_dev, b->kvtab_host, (size_t)L * (size_t)stride * sizeof(float *));
+        if (!same) { /* the first step of a new set of rows: a continuing set finds its table on the backend */
+            op->upload(s->be, b->kvtab_dev, b->kvtab_host, (size_t)L * (size_t)stride * sizeof(moet_kv_ref));
+            b->kvtab_rows = n;
+        }
         ca.kvtab = b->kvtab_dev;
     }
     if (b->rows_ok == 1 && s->graphs) {

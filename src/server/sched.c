@@ -49,6 +49,7 @@ struct sched {
     int32_t vocab, n_batch;
     moet_session **slots;
     moet_batch *batch;       /* one forward for the decode tokens of all running sequences */
+    moet_kv *kv;             /* the slots' shared paged KV pool */
     srv_choice **slot_owner;
     int32_t eos[16], eot[16];
     int n_eos, n_eot;
@@ -459,7 +460,10 @@ static void request_finished(sched *s, srv_req *q) {
 static void choice_done(sched *s, srv_choice *c, int fin) {
     c->finish = fin;
     c->state = ST_DONE;
-    if (c->slot >= 0) s->slot_owner[c->slot] = NULL;
+    if (c->slot >= 0) {
+        s->slot_owner[c->slot] = NULL;
+        moet_session_truncate(s->slots[c->slot], 0, NULL, 0); /* its KV blocks back to the pool */
+    }
     c->slot = -1;
     srv_req *q = c->q;
     if (fin == FIN_CANCEL) metrics_add(s->mx, &s->mx->cancelled, 1);
@@ -656,11 +660,23 @@ static int32_t choice_sample(sched *s, srv_choice *c) {
 }
 
 /* Feeds the sampled tokens of n sequences: one batched forward (one when n = 1), then each samples from its row. */
-static void feed(sched *s, srv_choice **cs, const int32_t *ids, int n) {
+static void feed(sched *s, srv_choice **cs, int32_t *ids, int n) {
     char err[256];
     moet_session *ss[256];
     for (int i = 0; i < n; i++) ss[i] = s->slots[cs[i]->slot];
-    int rc;
+    int rc, k = 0;
+    for (int i = 0; i < n; i++) { /* each row's KV block for this token; a sequence the pool cannot extend ends */
+        if (moet_session_reserve(ss[i], 1, err, sizeof err)) {
+            MOET_LOGE("%s: decode: %s", cs[i]->q->id, err);
+            choice_done(s, cs[i], FIN_LENGTH);
+            continue;
+        }
+        cs[k] = cs[i];
+        ss[k] = ss[i];
+        ids[k++] = ids[i];
+    }
+    n = k;
+    if (n == 0) return;
     if (n == 1 || !s->batch) {
         for (int i = 0; i < n; i++) {
             rc = moet_session_eval(ss[i], &ids[i], 1, MOET_LOGITS_LAST, err, sizeof err);
@@ -719,8 +735,30 @@ static void admit(sched *s) {
             if (c->state != ST_WAIT) continue;
             int slot = free_slot(s);
             if (slot < 0) { placed_all = 0; break; }
+            /* the prompt's KV blocks (and its first generated token's) must be free: else it waits for running
+             * sequences to give theirs back, or fails when the whole pool could not hold it */
+            const int64_t bt = moet_kv_block_tokens(s->kv),
+                          need = ((int64_t)q->r.prompt_len[c->prompt_i] + 1 + bt - 1) / bt * bt;
+            if (need > moet_kv_tokens(s->kv)) {
+                if (!q->started) {
+                    *pp = q->next;
+                    s->n_waiting--;
+                    char msg[160];
+                    snprintf(msg, sizeof msg, "the prompt's %lld tokens need more KV cache than the server's pool "
+                             "holds (%d tokens: --kv-tokens)", (long long)q->r.prompt_len[c->prompt_i],
+                             moet_kv_tokens(s->kv));
+                    fail_request(q, 400, "context_length_exceeded", msg);
+                    srv_req_release(q);
+                    goto next_request;
+                }
+                c->slot = -1;
+                choice_done(s, c, FIN_LENGTH);
+                continue;
+            }
+            if (need > moet_kv_free_tokens(s->kv)) { placed_all = 0; break; }
             if (!q->started) running_add(s, q);  /* the queue's reference moves to the running set */
-            if (choice_start(s, c, slot)) {
+            if (choice_start(s, c, slot) ||
+                moet_session_reserve(s->slots[slot], (int32_t)c->n_prompt + 1, NULL, 0)) {
                 MOET_LOGE("%s: cannot start a sequence (out of memory)", q->id);
                 q->started = 1;
                 choice_done(s, c, FIN_LENGTH);
@@ -729,6 +767,7 @@ static void admit(sched *s) {
         if (!placed_all) break;  /* FIFO: the requests behind one that could not be placed keep waiting */
         *pp = q->next;
         s->n_waiting--;
+    next_request:;
     }
     s->tail = NULL;
     for (srv_req *q = s->head; q; q = q->next) s->tail = q;
@@ -857,8 +896,21 @@ int sched_create(const moet_model *m, const sched_options *o, metrics *mx, sched
         sched_free(s);
         return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     }
+    /* one paged KV pool for every slot: a sequence holds the blocks it uses, so the pool can be far smaller than
+     * max_seqs x n_ctx (admit() waits for a prompt's blocks; a decode step that finds none left ends that sequence
+     * with finish_reason "length") */
+    moet_kv_options ko = moet_kv_default_options();
+    const int64_t all = (int64_t)o->max_seqs * o->n_ctx;
+    ko.n_tokens = o->kv_tokens > 0 ? o->kv_tokens : all > INT32_MAX ? INT32_MAX : (int32_t)all;
+    if (o->kv_block > 0) ko.block_tokens = o->kv_block;
+    int krc = moet_kv_create(m, &ko, &s->kv, err, errlen);
+    if (krc) {
+        sched_free(s);
+        return krc;
+    }
     moet_session_options so = moet_session_default_options();
     so.n_ctx = o->n_ctx;
+    so.kv = s->kv;
     so.n_candidates = 64; /* a decode step copies 64 candidates a row; whole rows only for logprobs, the gate or
                            * sampling options the candidates cannot decide (moet_sampler_sample_candidates) */
     s->n_batch = so.n_batch < o->n_ctx ? so.n_batch : o->n_ctx;
@@ -893,6 +945,7 @@ void sched_free(sched *s) {
     }
     moet_batch_free(s->batch);
     for (int i = 0; s->slots && i < s->o.max_seqs; i++) moet_session_free(s->slots[i]);
+    moet_kv_free(s->kv);
     free(s->slots);
     free(s->slot_owner);
     free(s->running);

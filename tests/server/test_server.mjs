@@ -279,6 +279,28 @@ try {
   check(ex.code === 0, `SIGTERM drains: then exit 0 (got ${ex.code})`);
 }
 
+// ---- a paged KV pool smaller than the slots: requests wait for blocks, a prompt past the pool is refused -----
+{
+  const s3 = await startServer(["--max-seqs", "4", "--ctx", "128", "--kv-tokens", "32", "--kv-block", "16"]);
+  const C = "/v1/completions";
+  try {
+    // each sequence below takes 5-6 prompt + 8 generated tokens: one 16-token block, so two run at a time
+    const ps = ["Once upon", "The cat", "In the", "A long time"];
+    const gen = async (p) => (await post(s3.base, C, { prompt: p, max_tokens: 8, temperature: 0, ignore_eos: true })).json;
+    const seq3 = [];
+    for (const p of ps) seq3.push(await gen(p));
+    const par3 = await Promise.all(ps.map(gen));
+    check(par3.every((r, i) => r.choices[0].text === seq3[i].choices[0].text && r.usage.completion_tokens === 8),
+      "4 concurrent requests, KV blocks for 2: the others wait for blocks and equal the sequential runs");
+    const big = await post(s3.base, C, { prompt: Array.from({ length: 40 }, (_, i) => 100 + i), max_tokens: 1 });
+    check(isOpenAIError(big, 400) && /KV cache/.test(big.json.error.message), `a prompt needing more KV than the pool -> 400 (${big.status})`);
+    check((await post(s3.base, C, { prompt: "x", max_tokens: 2 })).status === 200, "the server goes on after it");
+  } finally {
+    const ex = await stop(s3);
+    check(ex.code === 0, `paged-pool server exits 0 (got ${ex.code})`);
+  }
+}
+
 if (failures) {
   console.error(`${failures} check(s) failed`);
   process.exit(1);

@@ -250,11 +250,12 @@ static void cpu_fill_random(moet_backend *be, void *p, int32_t type, int64_t row
     for (size_t k = 0; k < total / (size_t)tt->type_size; k++) moet_synth_fix_block(type, b + k * (size_t)tt->type_size, q8d);
 }
 
-static void cpu_kv_store(moet_backend *be, float *cache, const float *src, const int32_t *pos, int64_t n_tok,
-                         int64_t dim) {
+static void cpu_kv_store(moet_backend *be, float *pool, const int32_t *blocks, int32_t shift, const float *src,
+                         const int32_t *pos, int64_t n_tok, int64_t dim) {
     (void)be;
     for (int64_t t = 0; t < n_tok; t++)
-        memcpy(cache + (size_t)pos[t] * (size_t)dim, src + (size_t)t * (size_t)dim, (size_t)dim * sizeof(float));
+        memcpy(pool + (size_t)moet_kv_row(blocks, shift, pos[t]) * (size_t)dim, src + (size_t)t * (size_t)dim,
+               (size_t)dim * sizeof(float));
 }
 
 static void cpu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y) {
@@ -316,13 +317,13 @@ static void cpu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads,
 
 static void cpu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
                           int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
-                          int32_t rot_dim, double theta, const int32_t *pos, float *k_cache, float *v_cache) {
+                          int32_t rot_dim, double theta, const int32_t *pos, const moet_kv_ref *kv) {
     if (q_norm) cpu_rms_norm(be, q, q_norm, n_tok * n_heads, head_dim, eps, q);
     if (k_norm) cpu_rms_norm(be, k, k_norm, n_tok * n_kv, head_dim, eps, k);
     cpu_rope(be, q, n_tok, n_heads, head_dim, rot_dim, theta, pos);
     cpu_rope(be, k, n_tok, n_kv, head_dim, rot_dim, theta, pos);
-    cpu_kv_store(be, k_cache, k, pos, n_tok, (int64_t)n_kv * head_dim);
-    cpu_kv_store(be, v_cache, v, pos, n_tok, (int64_t)n_kv * head_dim);
+    cpu_kv_store(be, kv->k, kv->blocks, kv->shift, k, pos, n_tok, (int64_t)n_kv * head_dim);
+    cpu_kv_store(be, kv->v, kv->blocks, kv->shift, v, pos, n_tok, (int64_t)n_kv * head_dim);
 }
 
 /* ---- attention ------------------------------------------------------------------------------------------------ */
@@ -344,7 +345,8 @@ static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
         int32_t n_keys = a->pos[t] + 1;
         float mx = -INFINITY;
         for (int32_t j = 0; j < n_keys; j++) {
-            float s = dot1(q, a->k_cache + (size_t)j * kv_stride + (size_t)kvh * hd, hd) * a->scale;
+            const size_t row = (size_t)moet_kv_row(a->kv.blocks, a->kv.shift, j);
+            float s = dot1(q, a->kv.k + row * kv_stride + (size_t)kvh * hd, hd) * a->scale;
             scores[j] = s;
             if (s > mx) mx = s;
         }
@@ -357,7 +359,8 @@ static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
         float *o = a->out + ((size_t)t * a->n_heads + h) * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
         for (int32_t j = 0; j < n_keys; j++)
-            axpy(o, a->v_cache + (size_t)j * kv_stride + (size_t)kvh * hd, scores[j] * inv, hd);
+            axpy(o, a->kv.v + (size_t)moet_kv_row(a->kv.blocks, a->kv.shift, j) * kv_stride + (size_t)kvh * hd,
+                 scores[j] * inv, hd);
     }
 }
 
@@ -518,10 +521,10 @@ static const char *cpu_device_name(moet_backend *be) { return cpu(be)->desc; }
 static void cpu_forget(moet_backend *be, const void *host) { (void)be; (void)host; }
 static int cpu_status(moet_backend *be, char *err, size_t errlen) { (void)be; (void)err; (void)errlen; return 0; }
 
-/* Batched decode's attention (backend.h): the per-row composition, each row on its own caches (the table is host
+/* Batched decode's attention (backend.h): the per-row composition, each row on its own cache (the table is host
  * memory here, as all CPU backend memory is). */
 static int cpu_attn_rows(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                         float eps, int32_t rot_dim, double theta, float *const *caches, const moet_attn_args *a) {
+                         float eps, int32_t rot_dim, double theta, const moet_kv_ref *rows, const moet_attn_args *a) {
     const int64_t dq = (int64_t)a->n_heads * a->head_dim, dk = (int64_t)a->n_kv * a->head_dim;
     for (int64_t r = 0; r < a->n_tok; r++) {
         moet_attn_args ar = *a;
@@ -529,10 +532,9 @@ static int cpu_attn_rows(moet_backend *be, float *q, float *k, const float *v, c
         ar.out = a->out + r * dq;
         ar.pos = a->pos + r;
         ar.n_tok = 1;
-        ar.k_cache = caches[2 * r];
-        ar.v_cache = caches[2 * r + 1];
+        ar.kv = rows[r];
         cpu_attn_prep(be, q + r * dq, k + r * dk, v + r * dk, 1, a->n_heads, a->n_kv, a->head_dim, q_norm, k_norm, eps,
-                      rot_dim, theta, a->pos + r, caches[2 * r], caches[2 * r + 1]);
+                      rot_dim, theta, a->pos + r, &rows[r]);
         cpu_attention(be, &ar);
     }
     return 0;

@@ -1,5 +1,5 @@
 /*
- * attention.cu — causal GQA attention over the contiguous per-layer KV cache, decode and prefill alike.
+ * attention.cu — causal GQA attention over the paged per-layer KV cache (kv_page.h), decode and prefill alike.
  *
  * One CTA per (query head, token); its warps take groups of AT_G keys in turn (all of a group's K and V rows in
  * flight at once: per key, two dependent round trips to memory made decode attention grow ~0.3 us per key and
@@ -7,7 +7,8 @@
  * order: deterministic, no scores buffer, any context length.
  * A query at position p reads keys 0..p, which it finds in device memory (pos), so one recorded decode step serves
  * every position. Bytes per query head: (p+1) × head_dim × 8 (K and V rows); FLOPs: 4 × (p+1) × head_dim.
- * Paged KV blocks and split-K over long contexts are the next steps (docs/performance.md).
+ * Keys are found through the sequence's block table (one broadcast load a key, from L1 after the first); split-K
+ * over long contexts is the next step (docs/performance.md).
  */
 #include <math.h>
 
@@ -18,11 +19,12 @@
 #define AT_MAX_D 8 /* head_dim <= 256 */
 #define AT_G 4     /* keys a warp takes at once: their K and V rows are all requested before any math */
 
-/* One query row against keys 0 .. n_keys - 1 of one kv head (kp0 / vp0: row 0 of that head, rows kv_stride apart),
+/* One query row against keys 0 .. n_keys - 1 of one kv head (kp0 / vp0: pool row 0 of that head, rows kv_stride
+ * apart; key j at pool row moet_kv_row(blocks, shift, j)),
  * the CTA's warps over groups of AT_G keys, merged in warp order; key `cur` (>= 0) is read from ks / vs instead
  * (the fused decode kernel's own rows, bit-equal to what it wrote to the cache). Writes the head's output row. */
 __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, const float *vp0, int64_t kv_stride,
-                                         int32_t n_keys, int32_t cur, const float *ks, const float *vs, int head_dim,
+                                         const int32_t *blocks, int32_t shift, int32_t n_keys, int32_t cur, const float *ks, const float *vs, int head_dim,
                                          float scale, float *orow, float *sm_m, float *sm_l,
                                          float (*sm_o)[AT_MAX_D * 32]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nd = (head_dim + 31) / 32;
@@ -41,8 +43,9 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
 #pragma unroll
         for (int g = 0; g < AT_G; g++) {
             const int32_t j = j0 + g < n_keys ? j0 + g : j0;
-            const float *kp = j == cur ? ks : kp0 + (int64_t)j * kv_stride;
-            const float *vp = j == cur ? vs : vp0 + (int64_t)j * kv_stride;
+            const int64_t row = moet_kv_row(blocks, shift, j);
+            const float *kp = j == cur ? ks : kp0 + row * kv_stride;
+            const float *vp = j == cur ? vs : vp0 + row * kv_stride;
 #pragma unroll
             for (int d = 0; d < AT_MAX_D; d++) {
                 int i = lane + 32 * d;
@@ -110,7 +113,7 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
 }
 
 __global__ void __launch_bounds__(AT_WARPS * 32)
-k_attention(const float *q, const float *kc, const float *vc, const int32_t *pos, int32_t n_heads, int32_t n_kv,
+k_attention(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_heads, int32_t n_kv,
             int32_t head_dim, float scale, float *__restrict__ out) {
     cu_pdl_trigger();
     cu_pdl_wait();
@@ -119,7 +122,8 @@ k_attention(const float *q, const float *kc, const float *vc, const int32_t *pos
     const int kvh = h / (n_heads / n_kv);
     const int64_t kv_stride = (int64_t)n_kv * head_dim;
     const float *qr = q + ((int64_t)t * n_heads + h) * head_dim;
-    at_heads(qr, kc + (int64_t)kvh * head_dim, vc + (int64_t)kvh * head_dim, kv_stride, pos[t] + 1, -1, NULL, NULL,
+    at_heads(qr, kv.k + (int64_t)kvh * head_dim, kv.v + (int64_t)kvh * head_dim, kv_stride, kv.blocks, kv.shift,
+             pos[t] + 1, -1, NULL, NULL,
              head_dim, scale, out + ((int64_t)t * n_heads + h) * head_dim, sm_m, sm_l, sm_o);
 }
 
@@ -134,13 +138,13 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
     }
     if (!cu_attn_tc(c, a)) return; /* prefill on tensor cores (attn_tc.cu) where it applies */
     dim3 grid((unsigned)a->n_heads, (unsigned)a->n_tok);
-    cu_launch_pdl(c, k_attention, grid, dim3(AT_WARPS * 32), 0, a->q, a->k_cache, a->v_cache, a->pos, a->n_heads,
+    cu_launch_pdl(c, k_attention, grid, dim3(AT_WARPS * 32), 0, a->q, a->kv, a->pos, a->n_heads,
                   a->n_kv, a->head_dim, a->scale, a->out);
     CU_LAUNCHED(c, "k_attention");
 }
 
 /* attn_prep + attention for one token (decode), one CTA per query head (and per row: attn_rows, a batched step
- * whose rows are one token each of different sequences, caches from a device table): the q head and its kv head are normed and
+ * whose rows are one token each of different sequences, each row's cache from a device table): the q head and its kv head are normed and
  * rotated in shared memory with k_attn_prep's arithmetic (threads [0, T) the q row, [T, 2T) the k row, T = the
  * prep kernel's thread count, the same per-warp partial sums added in the same order), the first q head of each
  * group writes k, v to the cache row pos (every CTA writes its q in place), and the attention reads
@@ -149,18 +153,18 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
 __global__ void __launch_bounds__(AT_WARPS * 32)
 k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
               const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
-              const int32_t *pos, float *kc, float *vc, float *const *tab, float scale,
+              const int32_t *pos, moet_kv_ref kv, const moet_kv_ref *rows, float scale,
               float *__restrict__ out) {
     cu_pdl_trigger();
     cu_pdl_wait();
-    { /* row blockIdx.y of a batched step (attn_rows): its q/k/v/out rows, its position, its caches from tab */
+    { /* row blockIdx.y of a batched step (attn_rows): its q/k/v/out rows, its position, its cache from rows */
         const int64_t r = blockIdx.y, dq = (int64_t)n_heads * head_dim, dk = (int64_t)n_kv * head_dim;
         q += r * dq;
         k += r * dk;
         v += r * dk;
         out += r * dq;
         pos += r;
-        if (tab) { kc = tab[2 * r]; vc = tab[2 * r + 1]; }
+        if (rows) kv = rows[r];
     }
     __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
     __shared__ float sq[AT_MAX_D * 32], sk[AT_MAX_D * 32], sv[AT_MAX_D * 32];
@@ -169,6 +173,7 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
     const int half = head_dim / 2, T = ((half + 31) / 32) * 32;
     const int64_t kvd = (int64_t)n_kv * head_dim;
     const int32_t p = pos[0];
+    const int64_t prow = moet_kv_row(kv.blocks, kv.shift, p);
     const int role = tid < T ? 0 : tid < 2 * T ? 1 : 2, i = role == 1 ? tid - T : tid;
     float *row = role == 0 ? q + (int64_t)h * head_dim : k + (int64_t)kvh * head_dim;
     const float *nw = role == 0 ? q_norm : k_norm;
@@ -181,7 +186,7 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
     for (int j = tid; j < head_dim; j += blockDim.x) { /* v row: shared copy, the cache by the group's leader */
         const float x = v[(int64_t)kvh * head_dim + j];
         sv[j] = x;
-        if (leader) vc[(int64_t)p * kvd + (int64_t)kvh * head_dim + j] = x;
+        if (leader) kv.v[prow * kvd + (int64_t)kvh * head_dim + j] = x;
     }
     __syncthreads();
     if (role < 2 && i < half) {
@@ -200,13 +205,14 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         dst[i + half] = rb;
         if (role == 0) { row[i] = ra; row[i + half] = rb; } /* k is not rewritten: other CTAs read it (backend.h) */
         if (role == 1 && leader) {
-            float *cr = kc + (int64_t)p * kvd + (int64_t)kvh * head_dim;
+            float *cr = kv.k + prow * kvd + (int64_t)kvh * head_dim;
             cr[i] = ra;
             cr[i + half] = rb;
         }
     }
     __syncthreads();
-    at_heads(sq, kc + (int64_t)kvh * head_dim, vc + (int64_t)kvh * head_dim, kvd, p + 1, p, sk, sv, head_dim, scale,
+    at_heads(sq, kv.k + (int64_t)kvh * head_dim, kv.v + (int64_t)kvh * head_dim, kvd, kv.blocks, kv.shift, p + 1, p,
+             sk, sv, head_dim, scale,
              out + (int64_t)h * head_dim, sm_m, sm_l, sm_o);
 }
 
@@ -226,7 +232,7 @@ static int at_decode_ok(const moet_attn_args *a, int32_t rot_dim) {
 }
 
 extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v, const float *q_norm,
-                            const float *k_norm, float eps, int32_t rot_dim, double theta, float *const *caches,
+                            const float *k_norm, float eps, int32_t rot_dim, double theta, const moet_kv_ref *rows,
                             const moet_attn_args *a) {
     cu_backend *c = cu_of(be);
     if (!at_decode_ok(a, rot_dim) || a->n_tok < 1 || a->n_tok > 65535 || a->q != q) return 1;
@@ -234,29 +240,29 @@ extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v
     const int hd = a->head_dim;
     const float *qn, *kn;
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return 0;
-    float *nulc = NULL;
+    const moet_kv_ref none = {NULL, NULL, NULL, 0, 0};
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads, (unsigned)a->n_tok), dim3(AT_WARPS * 32), 0, q, k, v,
-                  a->n_heads, a->n_kv, hd, qn, kn, eps, theta, a->pos, nulc, nulc, caches, a->scale, a->out);
+                  a->n_heads, a->n_kv, hd, qn, kn, eps, theta, a->pos, none, rows, a->scale, a->out);
     CU_LAUNCHED(c, "k_attn_decode (rows)");
     return 0;
 }
 
 extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float *v, const float *q_norm,
-                              const float *k_norm, float eps, int32_t rot_dim, double theta, float *k_cache,
-                              float *v_cache, const moet_attn_args *a) {
+                              const float *k_norm, float eps, int32_t rot_dim, double theta,
+                              const moet_attn_args *a) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || a->n_tok <= 0) return;
     const int hd = a->head_dim;
     /* one token whose rows fit the fused kernel; otherwise the composition */
-    if (a->n_tok != 1 || !at_decode_ok(a, rot_dim) || a->q != q || a->k_cache != k_cache || a->v_cache != v_cache) {
+    if (a->n_tok != 1 || !at_decode_ok(a, rot_dim) || a->q != q) {
         cu_attn_prep(be, q, k, v, a->n_tok, a->n_heads, a->n_kv, hd, q_norm, k_norm, eps, rot_dim, theta, a->pos,
-                     k_cache, v_cache);
+                     &a->kv);
         cu_attention(be, a);
         return;
     }
     const float *qn, *kn;
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return;
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv,
-                  hd, qn, kn, eps, theta, a->pos, k_cache, v_cache, (float *const *)NULL, a->scale, a->out);
+                  hd, qn, kn, eps, theta, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, a->out);
     CU_LAUNCHED(c, "k_attn_decode");
 }

@@ -64,13 +64,13 @@ template <int HD> struct ta_dims {
  * sees 0 x 0 there, never stale memory. */
 template <int HD>
 __device__ __forceinline__ void ta_load_tile(float *sk, float *sv, const float *kb, const float *vb, int64_t kv_stride,
-                                             int32_t n_keys, int kt, int b) {
+                                             const int32_t *blocks, int32_t shift, int32_t n_keys, int kt, int b) {
     constexpr int LD = ta_dims<HD>::LD;
     for (int i = threadIdx.x; i < TA_KT * (HD / 4); i += TA_W * 32) {
         const int row = i / (HD / 4), c4 = i % (HD / 4);
         const int64_t j = (int64_t)kt * TA_KT + row;
         const int valid = j < n_keys;
-        const int64_t off = (valid ? j : 0) * kv_stride + 4 * c4;
+        const int64_t off = moet_kv_row(blocks, shift, valid ? j : 0) * kv_stride + 4 * c4;
         ta_cp16(sk + (b * TA_KT + row) * LD + 4 * c4, kb + off, valid);
         ta_cp16(sv + (b * TA_KT + row) * LD + 4 * c4, vb + off, valid);
     }
@@ -84,7 +84,7 @@ template <int HD> struct ta_part { static constexpr int per_thread = HD / 8 * 4 
  * (y = 2 rank + half), the rest one (y = n_split + rank). part / tickets: n_kv n_split slots (n_split > 0). */
 template <int HD>
 __global__ void __launch_bounds__(TA_W * 32, 2)
-k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, int32_t n_tok, int32_t n_heads,
+k_attn_tc(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_tok, int32_t n_heads,
           int32_t n_kv, float scale, float *out, int32_t n_rt, int32_t n_split, float *part, int32_t *tickets) {
     constexpr int LD = ta_dims<HD>::LD, ND = HD / 8;
     extern __shared__ __align__(16) float ta_sm[];
@@ -118,8 +118,8 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
     const int32_t n_keys = s_max + 1, n_all = (n_keys + TA_KT - 1) / TA_KT;
     /* this CTA's key tiles: all, or half of them (a split row tile) */
     const int32_t kt0 = half == 1 ? (n_all + 1) / 2 : 0, kt1 = half == 0 ? (n_all + 1) / 2 : n_all;
-    const float *kb = kc + (int64_t)kvh * HD, *vb = vc + (int64_t)kvh * HD;
-    if (kt1 > kt0) ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, n_keys, kt0, 0);
+    const float *kb = kv.k + (int64_t)kvh * HD, *vb = kv.v + (int64_t)kvh * HD;
+    if (kt1 > kt0) ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, kv.blocks, kv.shift, n_keys, kt0, 0);
     else asm volatile("cp.async.commit_group;" ::: "memory"); /* the Q rows' group, waited for below */
 
     const int rw = warp * 16; /* this warp's rows in the tile */
@@ -132,7 +132,7 @@ k_attn_tc(const float *q, const float *kc, const float *vc, const int32_t *pos, 
     for (int kt = kt0; kt < kt1; kt++) {
         const int b = (kt - kt0) & 1;
         if (kt + 1 < kt1) {
-            ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, n_keys, kt + 1, b ^ 1);
+            ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, kv.blocks, kv.shift, n_keys, kt + 1, b ^ 1);
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -352,10 +352,10 @@ extern "C" int cu_attn_tc(cu_backend *c, const moet_attn_args *a) {
     }
     const dim3 grid((unsigned)a->n_kv, (unsigned)(tiles + n_split)), block(TA_W * 32);
     if (hd == 64)
-        cu_launch_pdl(c, k_attn_tc<64>, grid, block, ta_dims<64>::smem, a->q, a->k_cache, a->v_cache, a->pos,
+        cu_launch_pdl(c, k_attn_tc<64>, grid, block, ta_dims<64>::smem, a->q, a->kv, a->pos,
                       (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out, (int32_t)tiles, n_split, part, tickets);
     else
-        cu_launch_pdl(c, k_attn_tc<128>, grid, block, ta_dims<128>::smem, a->q, a->k_cache, a->v_cache, a->pos,
+        cu_launch_pdl(c, k_attn_tc<128>, grid, block, ta_dims<128>::smem, a->q, a->kv, a->pos,
                       (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out, (int32_t)tiles, n_split, part, tickets);
     CU_LAUNCHED(c, "k_attn_tc");
     return 0;

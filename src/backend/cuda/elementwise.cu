@@ -82,18 +82,19 @@ extern "C" void cu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_hea
     CU_LAUNCHED(c, "k_rope");
 }
 
-__global__ void k_kv_store(float *cache, const float *src, const int32_t *pos, int64_t n_tok, int64_t dim) {
+__global__ void k_kv_store(float *pool, const int32_t *blocks, int32_t shift, const float *src, const int32_t *pos,
+                           int64_t n_tok, int64_t dim) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tok * dim; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / dim;
-        cache[(int64_t)pos[t] * dim + i % dim] = src[i];
+        pool[moet_kv_row(blocks, shift, pos[t]) * dim + i % dim] = src[i];
     }
 }
 
-extern "C" void cu_kv_store(moet_backend *be, float *cache, const float *src, const int32_t *pos, int64_t n_tok,
-                            int64_t dim) {
+extern "C" void cu_kv_store(moet_backend *be, float *pool, const int32_t *blocks, int32_t shift, const float *src,
+                            const int32_t *pos, int64_t n_tok, int64_t dim) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || n_tok <= 0) return;
-    k_kv_store<<<grid_for(n_tok * dim, 256), 256, 0, c->stream>>>(cache, src, pos, n_tok, dim);
+    k_kv_store<<<grid_for(n_tok * dim, 256), 256, 0, c->stream>>>(pool, blocks, shift, src, pos, n_tok, dim);
     CU_LAUNCHED(c, "k_kv_store");
 }
 
@@ -108,7 +109,7 @@ extern "C" void cu_kv_store(moet_backend *be, float *cache, const float *src, co
 __global__ void __launch_bounds__(AP_THREADS)
 k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
             const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
-            const int32_t *pos, float *k_cache, float *v_cache) {
+            const int32_t *pos, moet_kv_ref kv) {
     __shared__ double part[AP_THREADS / 32];
     __shared__ float cs[2][AP_THREADS]; /* cos, sin of element i < head_dim / 2 (head_dim <= 2 AP_THREADS) */
     const int t = blockIdx.x, half = head_dim / 2, T = ((half + 31) / 32) * 32, slots = AP_THREADS / T;
@@ -117,6 +118,7 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
     cu_pdl_trigger();
     cu_pdl_wait();
     const int32_t p = pos[t];
+    const int64_t prow = moet_kv_row(kv.blocks, kv.shift, p); /* the token's row in the pools */
     for (int j = threadIdx.x; j < half; j += blockDim.x) cu_rope_cs(theta, j, head_dim, p, &cs[0][j], &cs[1][j]);
     __syncthreads();
     const int nh = n_heads + 2 * n_kv;
@@ -124,7 +126,7 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
         const int hh = h0 + slot, live = slot < slots && hh < nh;
         if (live && hh >= n_heads + n_kv) { /* v head: a copy */
             const int64_t off = (int64_t)(hh - n_heads - n_kv) * head_dim;
-            for (int j = i; j < head_dim; j += T) v_cache[(int64_t)p * kvd + off + j] = v[t * kvd + off + j];
+            for (int j = i; j < head_dim; j += T) kv.v[prow * kvd + off + j] = v[t * kvd + off + j];
         }
         const int qk = live && hh < n_heads + n_kv, is_q = hh < n_heads;
         float *row = !qk ? NULL : is_q ? q + ((int64_t)t * n_heads + hh) * head_dim
@@ -153,7 +155,7 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
         row[i] = ra;
         row[i + half] = rb;
         if (!is_q) {
-            float *cr = k_cache + (int64_t)p * kvd + (int64_t)(hh - n_heads) * head_dim;
+            float *cr = kv.k + prow * kvd + (int64_t)(hh - n_heads) * head_dim;
             cr[i] = ra;
             cr[i + half] = rb;
         }
@@ -162,7 +164,7 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
 
 extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
                              int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
-                             int32_t rot_dim, double theta, const int32_t *pos, float *k_cache, float *v_cache) {
+                             int32_t rot_dim, double theta, const int32_t *pos, const moet_kv_ref *kv) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || n_tok <= 0) return;
     const float *qn = NULL, *kn = NULL;
@@ -173,12 +175,12 @@ extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *
         if (k_norm) cu_rms_norm(be, k, k_norm, n_tok * n_kv, head_dim, eps, k);
         cu_rope(be, q, n_tok, n_heads, head_dim, rot_dim, theta, pos);
         cu_rope(be, k, n_tok, n_kv, head_dim, rot_dim, theta, pos);
-        cu_kv_store(be, k_cache, k, pos, n_tok, (int64_t)n_kv * head_dim);
-        cu_kv_store(be, v_cache, v, pos, n_tok, (int64_t)n_kv * head_dim);
+        cu_kv_store(be, kv->k, kv->blocks, kv->shift, k, pos, n_tok, (int64_t)n_kv * head_dim);
+        cu_kv_store(be, kv->v, kv->blocks, kv->shift, v, pos, n_tok, (int64_t)n_kv * head_dim);
         return;
     }
     cu_launch_pdl(c, k_attn_prep, dim3((unsigned)n_tok), dim3(AP_THREADS), 0, q, k, v, n_heads, n_kv, head_dim, qn, kn,
-                  eps, theta, pos, k_cache, v_cache);
+                  eps, theta, pos, *kv);
     CU_LAUNCHED(c, "k_attn_prep");
 }
 

@@ -14,6 +14,7 @@ TAIL=40 run ops_cuda $bin/test_ops cuda
 TAIL=12 run cuda_vs_cpu $bin/test_cuda models/moe-mini-a
 run logits_a_cuda $bin/test_logits models/moe-mini-a .carry/shared/reference_fp32.safetensors 16 1
 TAIL=3 run batch_cuda $bin/test_batch models/moe-mini-a
+TAIL=3 run kv_cuda $bin/test_kv models/moe-mini-a
 run logits_b_cuda $bin/test_logits tests/models/moe-mini-b tests/models/moe-mini-b/reference_fp32.safetensors 40 0
 # the server on the GPU: the real-client tests when the image has Node.js (carry tests/server/node_modules), else curl
 if command -v node >/dev/null 2>&1 && [ -d tests/server/node_modules ]; then

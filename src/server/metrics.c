@@ -113,6 +113,11 @@ char *metrics_render(metrics *m, size_t *len) {
             "# HELP moet_gate_corrected_total Decode steps redone with base + delta experts.\n# TYPE moet_gate_corrected_total counter\n"
             "moet_gate_corrected_total %llu\n",
         (unsigned long long)m->gate_steps, (unsigned long long)m->gate_corrected);
+    put(&b, "# HELP moet_preemptions_total Sequences preempted because the KV pool was full (recomputed later).\n"
+            "# TYPE moet_preemptions_total counter\nmoet_preemptions_total %llu\n"
+            "# HELP moet_recomputed_tokens_total Tokens prefilled again after a preemption.\n"
+            "# TYPE moet_recomputed_tokens_total counter\nmoet_recomputed_tokens_total %llu\n",
+        (unsigned long long)m->preemptions, (unsigned long long)m->recomputed_tokens);
     put(&b, "# HELP moet_queue_depth Requests waiting for a sequence slot.\n# TYPE moet_queue_depth gauge\n"
             "moet_queue_depth %lld\n", (long long)m->queue_depth);
     put(&b, "# HELP moet_running_sequences Sequences in the running batch.\n# TYPE moet_running_sequences gauge\n"

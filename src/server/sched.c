@@ -20,7 +20,9 @@
 #include "core/util.h"
 #include "server/toolcall.h"
 
-enum { ST_WAIT, ST_PREFILL, ST_DECODE, ST_DONE };
+/* ST_PREEMPTED: holds its slot but no KV (the pool ran out at a decode step); its history is prefilled again
+ * when the blocks are free, and it goes on as if nothing happened (recompute, as vLLM preempts) */
+enum { ST_WAIT, ST_PREFILL, ST_DECODE, ST_DONE, ST_PREEMPTED };
 enum { FIN_NONE, FIN_STOP, FIN_LENGTH, FIN_CANCEL };
 
 struct srv_choice {
@@ -29,6 +31,7 @@ struct srv_choice {
     moet_sampler *smp;
     int32_t *hist;           /* prompt + generated ids */
     size_t n_prompt, n_hist, n_pre;
+    size_t n_target;         /* tokens the prefill runs to: the prompt, or after a preemption the whole history */
     int32_t n_gen;
     char *text;              /* echo text + generated text, bytes */
     size_t tlen, tcap, sent, gen_start;
@@ -502,6 +505,7 @@ static int choice_start(sched *s, srv_choice *c, int slot) {
     memcpy(c->hist, r->prompt_ids[c->prompt_i], c->n_prompt * sizeof(int32_t));
     c->n_hist = c->n_prompt;
     c->n_pre = 0;
+    c->n_target = c->n_prompt;
     c->state = ST_PREFILL;
     if (moet_session_truncate(s->slots[slot], 0, err, sizeof err)) return -1;
     if (r->echo) {
@@ -566,8 +570,10 @@ static void choice_prefill(sched *s, srv_choice *c) {
     moet_session *ss = s->slots[c->slot];
     char err[256];
     if (c->state == ST_PREFILL) {
-        int want_lp = r->echo && r->logprobs >= 0;
-        size_t n = c->n_prompt - c->n_pre;
+        const int resumed = c->n_target > c->n_prompt; /* recomputing after a preemption: the prompt's echo,
+                                                          * logprobs and counts were done the first time */
+        int want_lp = r->echo && r->logprobs >= 0 && !resumed;
+        size_t n = c->n_target - c->n_pre;
         if (n > (size_t)s->n_batch) n = (size_t)s->n_batch;
         if (moet_session_eval(ss, c->hist + c->n_pre, (int32_t)n, want_lp ? MOET_LOGITS_ALL : MOET_LOGITS_LAST, err,
                               sizeof err)) {
@@ -594,17 +600,17 @@ static void choice_prefill(sched *s, srv_choice *c) {
             }
         }
         c->n_pre += n;
-        metrics_add(s->mx, &s->mx->prompt_tokens, n);
-        if (c->n_pre == c->n_prompt) {
+        metrics_add(s->mx, resumed ? &s->mx->recomputed_tokens : &s->mx->prompt_tokens, n);
+        if (c->n_pre == c->n_target) {
             choice_ready(c, -1);
             /* the gate decides every step a token is sampled from, the prompt's last included (its earlier
              * positions stay on the base experts: prefill is not redone token by token) */
-            if (s->o.delta_mode == 2 && r->max_tokens != 0 && gate_step(s, c, ss, c->hist[c->n_prompt - 1])) {
+            if (s->o.delta_mode == 2 && r->max_tokens != 0 && gate_step(s, c, ss, c->hist[c->n_target - 1])) {
                 choice_done(s, c, FIN_LENGTH);
                 return;
             }
             c->state = ST_DECODE;
-            c->t_last = moet_time_s();
+            if (!resumed) c->t_last = moet_time_s();
             if (r->max_tokens == 0) choice_done(s, c, FIN_LENGTH);
         }
     }
@@ -665,10 +671,26 @@ static void feed(sched *s, srv_choice **cs, int32_t *ids, int n) {
     moet_session *ss[256];
     for (int i = 0; i < n; i++) ss[i] = s->slots[cs[i]->slot];
     int rc, k = 0;
-    for (int i = 0; i < n; i++) { /* each row's KV block for this token; a sequence the pool cannot extend ends */
-        if (moet_session_reserve(ss[i], 1, err, sizeof err)) {
-            MOET_LOGE("%s: decode: %s", cs[i]->q->id, err);
-            choice_done(s, cs[i], FIN_LENGTH);
+    for (int i = 0; i < n; i++) { /* each row's KV block for this token; a sequence the pool cannot extend now
+                                    * is preempted (recomputed later), or ends when the whole pool is too small */
+        rc = moet_session_reserve(ss[i], 1, err, sizeof err);
+        if (rc) {
+            srv_choice *c = cs[i];
+            const int64_t bt = moet_kv_block_tokens(s->kv);
+            if (rc != MOET_ENOMEM || (((int64_t)c->n_hist + 1 + bt - 1) / bt) * bt > moet_kv_tokens(s->kv)) {
+                MOET_LOGE("%s: decode: %s", c->q->id, err);
+                choice_done(s, c, FIN_LENGTH);
+                continue;
+            }
+            MOET_LOGI("%s: preempted (KV pool full): %zu tokens to recompute when blocks are free", c->q->id,
+                      c->n_hist);
+            moet_session_truncate(ss[i], 0, NULL, 0);
+            metrics_add(s->mx, &s->mx->preemptions, 1);
+            c->state = ST_PREEMPTED;
+            c->n_pre = 0;
+            c->n_target = c->n_hist; /* the token just sampled included: its logits row is the next step's */
+            c->ready = 0;
+            c->lg = NULL;
             continue;
         }
         cs[k] = cs[i];
@@ -717,6 +739,8 @@ static void running_add(sched *s, srv_req *q) {
  * s->mu held. */
 static void admit(sched *s) {
     double now = moet_time_s();
+    int preempted = 0; /* a preempted sequence gets the free blocks before any new request */
+    for (int i = 0; i < s->o.max_seqs; i++) preempted |= s->slot_owner[i] && s->slot_owner[i]->state == ST_PREEMPTED;
     srv_req **pp = &s->head;
     while (*pp) {
         srv_req *q = *pp;
@@ -755,7 +779,7 @@ static void admit(sched *s) {
                 choice_done(s, c, FIN_LENGTH);
                 continue;
             }
-            if (need > moet_kv_free_tokens(s->kv)) { placed_all = 0; break; }
+            if (preempted || need > moet_kv_free_tokens(s->kv)) { placed_all = 0; break; }
             if (!q->started) running_add(s, q);  /* the queue's reference moves to the running set */
             if (choice_start(s, c, slot) ||
                 moet_session_reserve(s->slots[slot], (int32_t)c->n_prompt + 1, NULL, 0)) {
@@ -805,8 +829,10 @@ static void *sched_main(void *arg) {
         for (int i = 0; i < s->o.max_seqs; i++) {
             srv_choice *c = s->slot_owner[i];
             if (!c) continue;
-            if (atomic_load(&c->q->cancelled)) choice_done(s, c, FIN_CANCEL);
-            else if (c->state == ST_PREFILL) choice_prefill(s, c);
+            if (atomic_load(&c->q->cancelled)) { choice_done(s, c, FIN_CANCEL); continue; }
+            if (c->state == ST_PREEMPTED && moet_session_reserve(s->slots[i], (int32_t)c->n_target + 1, NULL, 0) == 0)
+                c->state = ST_PREFILL; /* its blocks are free again: recompute its history */
+            if (c->state == ST_PREFILL) choice_prefill(s, c);
         }
         for (int i = 0; i < s->o.max_seqs; i++) {
             srv_choice *c = s->slot_owner[i];

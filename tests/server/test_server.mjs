@@ -292,6 +292,18 @@ try {
     const par3 = await Promise.all(ps.map(gen));
     check(par3.every((r, i) => r.choices[0].text === seq3[i].choices[0].text && r.usage.completion_tokens === 8),
       "4 concurrent requests, KV blocks for 2: the others wait for blocks and equal the sequential runs");
+    // two sequences that outgrow the pool while decoding (5 + 20 tokens each: two blocks, the pool has two): both
+    // are preempted when they need their second block, then recomputed one after the other, and finish whole
+    const gen2 = async (p) => (await post(s3.base, C, { prompt: p, max_tokens: 20, temperature: 0, ignore_eos: true })).json;
+    const ps2 = ["Once upon", "The cat"];
+    const seq2 = [];
+    for (const p of ps2) seq2.push(await gen2(p));
+    const par2 = await Promise.all(ps2.map(gen2));
+    check(par2.every((r, i) => r.usage.completion_tokens === 20 && r.choices[0].finish_reason === "length" &&
+      r.choices[0].text === seq2[i].choices[0].text),
+      `sequences preempted when the pool runs out finish whole, as run alone (${par2.map((r) => r.usage.completion_tokens)})`);
+    const mt3 = await (await fetch(s3.base + "/metrics")).text();
+    check(/moet_preemptions_total [1-9]/.test(mt3), "/metrics counts the preemptions");
     const big = await post(s3.base, C, { prompt: Array.from({ length: 40 }, (_, i) => 100 + i), max_tokens: 1 });
     check(isOpenAIError(big, 400) && /KV cache/.test(big.json.error.message), `a prompt needing more KV than the pool -> 400 (${big.status})`);
     check((await post(s3.base, C, { prompt: "x", max_tokens: 2 })).status === 200, "the server goes on after it");

@@ -116,6 +116,10 @@ typedef struct moet_kv moet_kv;
 typedef struct {
     int32_t n_tokens;     /* capacity in tokens (rounded up to whole blocks); <= 0: max_position_embeddings */
     int32_t block_tokens; /* tokens a block: a power of two in [1, 65536]; <= 0: 32 */
+    int32_t prefix_cache; /* 1: full blocks are kept by the hash of their whole prefix and shared: an eval
+                           * (MOET_LOGITS_LAST) whose leading full blocks were computed before, by any session of
+                           * the pool, takes them instead of computing them; the same logits to float rounding
+                           * (the KV may come from another path: a prefill chunk vs decode steps). 0 (default): off */
 } moet_kv_options;
 
 moet_kv_options moet_kv_default_options(void);
@@ -124,11 +128,14 @@ moet_kv_options moet_kv_default_options(void);
 int moet_kv_create(const moet_model *m, const moet_kv_options *opt, moet_kv **out, char *err, size_t errlen);
 /* Drops the caller's reference; the memory goes when the last session using the pool is freed too. */
 void moet_kv_free(moet_kv *kv);
-/* Tokens' worth of blocks not held by any session, and the tokens a block holds (a power of two). */
+/* Tokens' worth of blocks not held by any session (cached prefix blocks count: they are reclaimed on demand), and
+ * the tokens a block holds (a power of two). */
 int32_t moet_kv_free_tokens(const moet_kv *kv);
 int32_t moet_kv_block_tokens(const moet_kv *kv);
 /* The pool's capacity in tokens (whole blocks). */
 int32_t moet_kv_tokens(const moet_kv *kv);
+/* Tokens evals have taken from the prefix cache instead of computing them, since the pool was made. */
+uint64_t moet_kv_hit_tokens(const moet_kv *kv);
 
 /* ---- session ---------------------------------------------------------------------------------------------- */
 

@@ -6,8 +6,13 @@
  *   - the pool's accounting: blocks are taken as sequences grow and given back by truncate and free; an eval that
  *     needs more than is free fails with MOET_ENOMEM and changes nothing (the same eval succeeds once blocks are
  *     back); the pool outlives moet_kv_free while a session holds it;
+ *   - the prefix cache: a session over a prefix another sealed shares its blocks (holds only its own new ones) and
+ *     gets the logits of computing it all; a session truncated into a shared block and writing copies it first
+ *     (the other's later logits are unchanged); blocks stay cached after their sessions go and are found again,
+ *     and are evicted when the pool needs them;
  *   - bad options are errors.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,11 +122,75 @@ int main(int argc, char **argv) {
         CHECK(rc == 0, "the eval once blocks were back: %s", err);
     }
     free(many);
+    moet_session_free(own);
+    moet_session_free(paged); /* the pool's last reference: ASan sees it all freed */
+
+    /* the prefix cache: blocks of 8 shared between sessions by the hash of their whole prefix */
+    {
+        moet_kv *pc;
+        moet_kv_options pco = moet_kv_default_options();
+        pco.n_tokens = 128;
+        pco.block_tokens = 8;
+        pco.prefix_cache = 1;
+        REQUIRE(moet_kv_create(m, &pco, &pc, err, sizeof err) == 0, "%s", err);
+        moet_session_options sq = so;
+        sq.kv = pc;
+        sq.n_batch = 64;
+        sq.n_ctx = 128;
+        moet_session *A, *Bs, *R, *C;
+        REQUIRE(moet_session_create(m, &sq, &A, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_create(m, &sq, &Bs, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_create(m, &so, &R, err, sizeof err) == 0, "%s", err); /* a pool of its own: computes all */
+        int32_t t[48];
+        for (int i = 0; i < 48; i++) t[i] = (int32_t)((i * 733 + 5) % V);
+        REQUIRE(eval_last(A, t, 40, la, V) == 0, "A");        /* 5 full blocks, sealed */
+        REQUIRE(eval_last(Bs, t, 43, lb, V) == 0, "B");       /* takes A's 5 blocks, computes 3 tokens */
+        REQUIRE(eval_last(R, t, 43, lo, V) == 0, "R");
+        double md = 0, mx = 0;
+        for (int32_t v = 0; v < V; v++) { md = fmax(md, fabs((double)lb[v] - lo[v])); mx = fmax(mx, fabs((double)lo[v])); }
+        const int held = 128 - moet_kv_free_tokens(pc);
+        fprintf(stderr, "prefix cache: a 43-token eval over a sealed 40-token prefix holds %d new tokens of blocks; "
+                "logits vs computing it all: max relative difference %.3g\n", held - 40, md / mx);
+        CHECK(held == 48, "A and B hold %d tokens of blocks: B did not share A's 5 blocks", held);
+        CHECK(md / mx <= 1e-5, "logits over a shared prefix differ by %.3g", md / mx);
+        /* copy on write: B truncated into a shared block and writing other tokens must leave A's KV alone */
+        REQUIRE(moet_session_truncate(Bs, 20, err, sizeof err) == 0, "%s", err);
+        int32_t u[6] = {7, 8, 9, 10, 11, 12};
+        REQUIRE(eval_last(Bs, u, 6, lb, V) == 0, "B rewrite");
+        REQUIRE(moet_session_truncate(R, 40, err, sizeof err) == 0, "%s", err);
+        for (int k = 0; k < 4; k++) { /* A and R decode the same tokens on the same 40-token prefix */
+            REQUIRE(eval_last(A, &t[40 + k], 1, la, V) == 0, "A decode");
+            REQUIRE(eval_last(R, &t[40 + k], 1, lo, V) == 0, "R decode");
+            for (int32_t v = 0; v < V; v++) { md = fmax(md, fabs((double)la[v] - lo[v])); mx = fmax(mx, fabs((double)lo[v])); }
+        }
+        CHECK(md / mx <= 1e-5, "A's logits after B rewrote a shared block: %.3g off", md / mx);
+        /* cached after their sessions went: a new session finds A's prefix (blocks 0-4) */
+        moet_session_free(A);
+        moet_session_free(Bs);
+        CHECK(moet_kv_free_tokens(pc) == 128, "all blocks reclaimable once the sessions went: %d", moet_kv_free_tokens(pc));
+        REQUIRE(moet_session_create(m, &sq, &C, err, sizeof err) == 0, "%s", err);
+        REQUIRE(eval_last(C, t, 41, la, V) == 0, "C");
+        REQUIRE(moet_session_truncate(R, 0, err, sizeof err) == 0, "%s", err);
+        REQUIRE(eval_last(R, t, 41, lo, V) == 0, "R");
+        md = 0; mx = 0;
+        for (int32_t v = 0; v < V; v++) { md = fmax(md, fabs((double)la[v] - lo[v])); mx = fmax(mx, fabs((double)lo[v])); }
+        CHECK(md / mx <= 1e-5, "logits over a cached prefix of freed sessions: %.3g off", md / mx);
+        /* eviction: a pool filled by new tokens takes the cached blocks back */
+        moet_session_free(C);
+        moet_session *D;
+        REQUIRE(moet_session_create(m, &sq, &D, err, sizeof err) == 0, "%s", err);
+        int32_t w[64];
+        for (int i = 0; i < 64; i++) w[i] = (int32_t)((i * 97 + 3) % V);
+        REQUIRE(eval_last(D, w, 64, la, V) == 0, "D (evicting)");
+        REQUIRE(eval_last(D, w, 63, la, V) == 0, "D (evicting more)");
+        CHECK(moet_kv_free_tokens(pc) == 0, "free %d after D took the whole pool", moet_kv_free_tokens(pc));
+        moet_session_free(D);
+        moet_session_free(R);
+        moet_kv_free(pc);
+    }
     free(la);
     free(lb);
     free(lo);
-    moet_session_free(own);
-    moet_session_free(paged); /* the pool's last reference: ASan sees it all freed */
     moet_model_free(m);
     TEST_END();
 }

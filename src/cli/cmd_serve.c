@@ -21,7 +21,7 @@
 static void usage(void) {
     fprintf(stderr,
             "usage: moet serve [-m MODEL] [--host 127.0.0.1] [--port 8000] [--api-key KEY | --api-key-file F]\n"
-            "                  [--max-seqs N] [--ctx N] [--kv-tokens N] [--kv-block N] [--queue N] [--timeout S]\n"
+            "                  [--max-seqs N] [--ctx N] [--kv-tokens N] [--kv-block N] [--no-prefix-cache] [--queue N] [--timeout S]\n"
             "                  [--max-body BYTES]\n"
             "                  [--served-model-name NAME] [-t THREADS] [--device cpu|cuda[:N]]\n"
             "  --max-seqs  sequences in the running batch (sessions; default 4)\n"
@@ -29,6 +29,7 @@ static void usage(void) {
             "  --kv-tokens the paged KV cache shared by all sequences, in tokens (default: max-seqs x ctx); a\n"
             "              request waits until its prompt's blocks are free\n"
             "  --kv-block  tokens a KV block (a power of two; default 32)\n"
+            "  --no-prefix-cache  do not share the KV blocks of equal prompt prefixes between requests\n"
             "  --queue     requests that may wait for a sequence slot; beyond it: 429 (default 64)\n"
             "  --timeout   seconds a request may wait for a slot before 503 (default 600; 0: forever)\n"
             "  --delta     off|on|gate with a delta pack (--delta-file, default X.delta.gguf beside a pack X.gguf):\n"
@@ -51,6 +52,7 @@ int cmd_serve(int argc, char **argv) {
     long port = 8000, max_seqs = 4, ctx = 0, queue = 64, timeout = 600, max_body = 8 << 20, kv_tokens = 0,
          kv_block = 32;
     const char *delta_mode = NULL;
+    int no_prefix = 0;
     double tau = 0.6;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);
@@ -68,6 +70,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) INT(ctx, 16, 1 << 22);
         else if (!strcmp(a, "--kv-tokens")) INT(kv_tokens, 16, INT32_MAX);
         else if (!strcmp(a, "--kv-block")) INT(kv_block, 1, 1 << 16);
+        else if (!strcmp(a, "--no-prefix-cache")) no_prefix = 1;
         else if (!strcmp(a, "--queue")) INT(queue, 0, 1 << 20);
         else if (!strcmp(a, "--timeout")) INT(timeout, 0, 1 << 24);
         else if (!strcmp(a, "--max-body")) INT(max_body, 1024, 1L << 30);
@@ -159,7 +162,8 @@ int cmd_serve(int argc, char **argv) {
                        .bos_token = bos, .eos_token = eos};
     sched_options so = {.max_seqs = (int)max_seqs, .n_ctx = n_ctx, .queue_cap = (int)queue,
                         .queue_timeout = (double)timeout, .model_name = model_name, .delta_mode = dmode,
-                        .tau = (float)tau, .kv_tokens = (int32_t)kv_tokens, .kv_block = (int32_t)kv_block};
+                        .tau = (float)tau, .kv_tokens = (int32_t)kv_tokens, .kv_block = (int32_t)kv_block,
+                        .no_prefix_cache = no_prefix};
     if (sched_create(m, &so, &srv.mx, &srv.sched, err, sizeof err)) {
         fprintf(stderr, "moet serve: %s\n", err);
         goto out;

@@ -28,6 +28,10 @@ struct moet_session {
     moet_kv *kv;                    /* the pool its KV blocks come from (NULL: a batch's scratch session) */
     int32_t *blk_host, *blk_dev;    /* the block table [blk_cap]: position p is in pool block blk[p >> kv->shift] */
     int32_t n_blk, blk_cap, blk_sent; /* blocks held; the table's size (n_ctx's blocks); entries on the backend */
+    int32_t *toks;                  /* [n_ctx] the tokens at positions 0 .. pos - 1 (the prefix cache's keys) */
+    uint64_t *bhash;                /* [blk_cap] prefix hash at the end of block i, for i < n_hashed */
+    int32_t n_hashed;
+    int kv_mixed;                   /* its KV mixes base and delta steps: kept out of the prefix cache */
     float *x, *h, *q, *k, *v, *att, *tmp, *mlp_scr, *moe_scr, *att_scr, *topk_w;
     int32_t *topk_ids;
     int32_t *tok_dev, *pos_dev;     /* backend memory: the chunk's token ids and positions [n_batch] */
@@ -49,7 +53,10 @@ struct moet_session {
     int use_delta;                  /* experts: base (0) or base + delta (1) */
 };
 
-void moet_session_use_delta(moet_session *s, int on) { s->use_delta = on; }
+void moet_session_use_delta(moet_session *s, int on) {
+    if (s->pos > 0 && (on != 0) != (s->use_delta != 0)) s->kv_mixed = 1;
+    s->use_delta = on;
+}
 
 float moet_gate_top1(const float *l, int32_t V) {
     float mx = l[0];
@@ -63,6 +70,7 @@ int moet_session_redo_delta(moet_session *s, int32_t token, char *err, size_t er
     if (s->pos < 1) return moet_err(err, errlen, MOET_EINVAL, "no step to redo");
     s->pos--;  /* the step again, on base + delta: its KV entries are overwritten */
     s->use_delta = 1;
+    s->kv_mixed = 1;
     int rc = moet_session_eval(s, &token, 1, MOET_LOGITS_LAST, err, errlen);
     s->use_delta = 0;
     return rc;
@@ -103,6 +111,8 @@ void moet_session_free(moet_session *s) {
     }
     free(s->allocs);
     free(s->blk_host);
+    free(s->toks);
+    free(s->bhash);
     free(s->pos_host);
     free(s->logits);
     free(s->cand);
@@ -165,11 +175,13 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
             moet_kv_retain(o.kv);
             s->kv = o.kv;
         } else {
-            int rc = moet_kv_create_on(m, s->be, o.n_ctx, o.kv_block, &s->kv, err, errlen);
+            int rc = moet_kv_create_on(m, s->be, o.n_ctx, o.kv_block, 0, &s->kv, err, errlen);
             if (rc) { moet_session_free(s); return rc; }
         }
         s->blk_cap = (int32_t)(((int64_t)o.n_ctx + ((int64_t)1 << s->kv->shift) - 1) >> s->kv->shift);
         if (!(s->blk_host = calloc((size_t)s->blk_cap, sizeof(int32_t)))) goto oom;
+        if (!(s->toks = calloc((size_t)o.n_ctx, sizeof(int32_t)))) goto oom;
+        if (!(s->bhash = calloc((size_t)s->blk_cap, sizeof(uint64_t)))) goto oom;
         if (!(s->blk_dev = salloc(s, (size_t)s->blk_cap * sizeof(int32_t)))) goto oom;
     }
     size_t F = (size_t)(hp->dense_ffn > 0 ? hp->dense_ffn : 1);
@@ -351,17 +363,46 @@ static void session_keep(moet_session *s, int32_t rows, int cand) {
 
 /* ---- KV blocks --------------------------------------------------------------------------------------------- */
 
-/* Blocks for positions [0, end): taken from the pool (all or none: a pool without enough free blocks changes
- * nothing), and the table's new entries sent to the backend. */
-static int session_reserve(moet_session *s, int64_t end, char *err, size_t errlen) {
-    const int32_t need = (int32_t)((end + ((int64_t)1 << s->kv->shift) - 1) >> s->kv->shift);
-    if (need > s->n_blk) {
-        if (need - s->n_blk > s->kv->n_free)
-            return moet_err(err, errlen, MOET_ENOMEM,
-                            "KV pool exhausted: %d more blocks of %d tokens needed, %d free", need - s->n_blk,
-                            1 << s->kv->shift, s->kv->n_free);
-        while (s->n_blk < need) s->blk_host[s->n_blk++] = moet_kv_take(s->kv);
+/* The prefix hash before block 0: the delta mode is part of the key (base and base + delta make different KV). */
+static uint64_t kv_seed(const moet_session *s) { return 0xcbf29ce484222325ull ^ (s->use_delta ? 0x9e3779b97f4a7c15ull : 0); }
+
+/* The block holding position pos is about to be written: a block shared with another session is copied to one of
+ * the session's own first (one block taken: the caller counted it), a sealed one of its own unsealed. */
+static void session_writable(moet_session *s) {
+    moet_kv *kv = s->kv;
+    const int32_t i = s->pos >> kv->shift;
+    if (i >= s->n_blk) return;
+    if (s->n_hashed > i) s->n_hashed = i;
+    const int32_t b = s->blk_host[i];
+    if (kv->ref[b] > 1) {
+        const int32_t nb = moet_kv_take(kv);
+        const moet_hparams *hp = &s->m->hp;
+        const size_t rows = (size_t)1 << kv->shift, Dkv = (size_t)hp->n_kv_heads * (size_t)hp->head_dim,
+                     bytes = rows * Dkv * sizeof(float);
+        for (int32_t l = 0; l < hp->n_layers; l++) {
+            s->be->ops->copy(s->be, kv->k[l] + (size_t)nb * rows * Dkv, kv->k[l] + (size_t)b * rows * Dkv, bytes);
+            s->be->ops->copy(s->be, kv->v[l] + (size_t)nb * rows * Dkv, kv->v[l] + (size_t)b * rows * Dkv, bytes);
+        }
+        moet_kv_give(kv, b);
+        s->blk_host[i] = nb;
+        if (s->blk_sent > i) s->blk_sent = i;
+    } else {
+        moet_kv_unseal(kv, b);
     }
+}
+
+/* Blocks for positions [0, end), end > pos, the one at pos made writable: taken from the pool (all or none: a pool
+ * without enough available blocks changes nothing), and the table's new entries sent to the backend. */
+static int session_reserve(moet_session *s, int64_t end, char *err, size_t errlen) {
+    moet_kv *kv = s->kv;
+    const int32_t need = (int32_t)((end + ((int64_t)1 << kv->shift) - 1) >> kv->shift), i = s->pos >> kv->shift;
+    const int cow = end > s->pos && i < s->n_blk && kv->ref[s->blk_host[i]] > 1;
+    const int32_t extra = (need > s->n_blk ? need - s->n_blk : 0) + cow;
+    if (extra > moet_kv_available(kv))
+        return moet_err(err, errlen, MOET_ENOMEM, "KV pool exhausted: %d more blocks of %d tokens needed, %d free",
+                        extra, 1 << kv->shift, moet_kv_available(kv));
+    if (end > s->pos) session_writable(s);
+    while (s->n_blk < need) s->blk_host[s->n_blk++] = moet_kv_take(kv);
     if (s->blk_sent < s->n_blk) {
         s->be->ops->upload(s->be, s->blk_dev + s->blk_sent, s->blk_host + s->blk_sent,
                            (size_t)(s->n_blk - s->blk_sent) * sizeof(int32_t));
@@ -375,6 +416,48 @@ static void session_release(moet_session *s, int64_t end) {
     const int32_t keep = (int32_t)((end + ((int64_t)1 << s->kv->shift) - 1) >> s->kv->shift);
     while (s->n_blk > keep) moet_kv_give(s->kv, s->blk_host[--s->n_blk]);
     if (s->blk_sent > s->n_blk) s->blk_sent = s->n_blk;
+    if (s->n_hashed > (int32_t)(end >> s->kv->shift)) s->n_hashed = (int32_t)(end >> s->kv->shift);
+}
+
+/* Prefix cache: the leading full blocks of tokens[0, n) that the pool holds already (hash of the whole prefix, the
+ * block's tokens compared), taken by reference instead of computed; at least one token is left to compute (its
+ * logits are the eval's). Returns how many tokens it took. */
+static int32_t session_match(moet_session *s, const int32_t *tokens, int32_t n) {
+    moet_kv *kv = s->kv;
+    const int32_t B = 1 << kv->shift;
+    int32_t off = 0;
+    while (kv->prefix && !s->kv_mixed && !(s->pos & (B - 1)) && n - off > B) {
+        const int32_t i = s->pos >> kv->shift;
+        if (i != s->n_hashed) break; /* the chain needs every earlier block's hash */
+        const uint64_t h = moet_kv_chain(i ? s->bhash[i - 1] : kv_seed(s), tokens + off, B);
+        const int32_t b = moet_kv_lookup(kv, h, tokens + off);
+        if (b < 0) break;
+        moet_kv_hold(kv, b);
+        if (i < s->n_blk) moet_kv_give(kv, s->blk_host[i]); /* a block reserved for it, not written yet */
+        else s->n_blk++;
+        s->blk_host[i] = b;
+        if (s->blk_sent > i) s->blk_sent = i;
+        s->bhash[i] = h;
+        s->n_hashed = i + 1;
+        memcpy(s->toks + s->pos, tokens + off, (size_t)B * sizeof(int32_t));
+        s->pos += B;
+        off += B;
+        kv->hit_tokens += (uint64_t)B;
+    }
+    return off;
+}
+
+/* After an eval or a batched step: the blocks it filled are hashed and sealed (kept for later evals to share). */
+static void session_seal(moet_session *s) {
+    moet_kv *kv = s->kv;
+    if (!kv->prefix || s->kv_mixed) return;
+    const int32_t full = s->pos >> kv->shift, B = 1 << kv->shift;
+    for (int32_t i = s->n_hashed; i < full; i++) {
+        const uint64_t h = moet_kv_chain(i ? s->bhash[i - 1] : kv_seed(s), s->toks + (size_t)i * B, B);
+        s->bhash[i] = h;
+        moet_kv_seal(kv, s->blk_host[i], h, s->toks + (size_t)i * B);
+        s->n_hashed = i + 1;
+    }
 }
 
 int moet_session_reserve(moet_session *s, int32_t n, char *err, size_t errlen) {
@@ -396,8 +479,19 @@ int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int log
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return moet_err(err, errlen, MOET_EINVAL, "token id %d at %d outside [0, %d)", tokens[i], i, V);
+    const int32_t p0 = s->pos;
+    if (logits_mode != MOET_LOGITS_ALL && !s->calib) { /* leading blocks computed before, by any session */
+        const int32_t took = session_match(s, tokens, n);
+        tokens += took;
+        n -= took;
+    }
     int rc = session_reserve(s, (int64_t)s->pos + n, err, errlen);
-    if (rc) return rc;
+    if (rc) {
+        s->pos = p0;
+        session_release(s, p0);
+        return rc;
+    }
+    memcpy(s->toks + s->pos, tokens, (size_t)n * sizeof(int32_t));
     for (int32_t off = 0; off < n; off += s->n_batch) {
         int32_t c = n - off < s->n_batch ? n - off : s->n_batch;
         int last = off + c == n;
@@ -408,7 +502,9 @@ int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int log
         if (rc) return rc;
     }
     session_keep(s, logits_mode == MOET_LOGITS_ALL ? n : 1, logits_mode != MOET_LOGITS_ALL && s->n_cand > 0);
-    return s->be->ops->status(s->be, err, errlen);
+    rc = s->be->ops->status(s->be, err, errlen);
+    if (!rc) session_seal(s);
+    return rc;
 }
 
 /* The host copy of the last eval's logit rows, fetched from the backend here when the eval left them there
@@ -452,6 +548,7 @@ int moet_session_truncate(moet_session *s, int32_t pos, char *err, size_t errlen
         return moet_err(err, errlen, MOET_EINVAL, "truncate to %d outside [0, %d]", pos, s->pos);
     s->pos = pos;
     session_release(s, pos);
+    if (pos == 0) s->kv_mixed = 0;
     return MOET_OK;
 }
 
@@ -565,7 +662,10 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
     session_keep(s, n, s->n_cand > 0);
     int rc = op->status(s->be, err, errlen);
     if (rc) { s->n_logit_rows = s->cand_rows = 0; s->logits_stale = 0; return rc; }
-    for (int32_t i = 0; i < n; i++) seqs[i]->pos++;
+    for (int32_t i = 0; i < n; i++) {
+        seqs[i]->toks[seqs[i]->pos++] = tokens[i];
+        session_seal(seqs[i]);
+    }
     return MOET_OK;
 }
 

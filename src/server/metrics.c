@@ -116,8 +116,11 @@ char *metrics_render(metrics *m, size_t *len) {
     put(&b, "# HELP moet_preemptions_total Sequences preempted because the KV pool was full (recomputed later).\n"
             "# TYPE moet_preemptions_total counter\nmoet_preemptions_total %llu\n"
             "# HELP moet_recomputed_tokens_total Tokens prefilled again after a preemption.\n"
-            "# TYPE moet_recomputed_tokens_total counter\nmoet_recomputed_tokens_total %llu\n",
-        (unsigned long long)m->preemptions, (unsigned long long)m->recomputed_tokens);
+            "# TYPE moet_recomputed_tokens_total counter\nmoet_recomputed_tokens_total %llu\n"
+            "# HELP moet_prefix_cache_hit_tokens_total Prompt tokens whose KV blocks were shared, not computed.\n"
+            "# TYPE moet_prefix_cache_hit_tokens_total counter\nmoet_prefix_cache_hit_tokens_total %llu\n",
+        (unsigned long long)m->preemptions, (unsigned long long)m->recomputed_tokens,
+        (unsigned long long)m->prefix_hit_tokens);
     put(&b, "# HELP moet_queue_depth Requests waiting for a sequence slot.\n# TYPE moet_queue_depth gauge\n"
             "moet_queue_depth %lld\n", (long long)m->queue_depth);
     put(&b, "# HELP moet_running_sequences Sequences in the running batch.\n# TYPE moet_running_sequences gauge\n"

@@ -32,6 +32,7 @@ struct srv_choice {
     int32_t *hist;           /* prompt + generated ids */
     size_t n_prompt, n_hist, n_pre;
     size_t n_target;         /* tokens the prefill runs to: the prompt, or after a preemption the whole history */
+    int recompute;           /* prefilling tokens it had prefilled before a preemption */
     int32_t n_gen;
     char *text;              /* echo text + generated text, bytes */
     size_t tlen, tcap, sent, gen_start;
@@ -53,6 +54,7 @@ struct sched {
     moet_session **slots;
     moet_batch *batch;       /* one forward for the decode tokens of all running sequences */
     moet_kv *kv;             /* the slots' shared paged KV pool */
+    uint64_t hits_seen;      /* its prefix-cache hits already in the metrics */
     srv_choice **slot_owner;
     int32_t eos[16], eot[16];
     int n_eos, n_eot;
@@ -506,6 +508,7 @@ static int choice_start(sched *s, srv_choice *c, int slot) {
     c->n_hist = c->n_prompt;
     c->n_pre = 0;
     c->n_target = c->n_prompt;
+    c->recompute = 0;
     c->state = ST_PREFILL;
     if (moet_session_truncate(s->slots[slot], 0, err, sizeof err)) return -1;
     if (r->echo) {
@@ -563,6 +566,20 @@ static int gate_step(sched *s, srv_choice *c, moet_session *ss, int32_t id) {
     return 0;
 }
 
+/* c gives its KV blocks back and waits, keeping its slot, for the blocks of its first n_target history tokens
+ * (+1) to be free; then that history is prefilled again and it goes on. */
+static void preempt(sched *s, srv_choice *c, size_t n_target) {
+    MOET_LOGI("%s: preempted (KV pool full): %zu tokens to recompute when blocks are free", c->q->id, n_target);
+    moet_session_truncate(s->slots[c->slot], 0, NULL, 0);
+    metrics_add(s->mx, &s->mx->preemptions, 1);
+    c->state = ST_PREEMPTED;
+    c->recompute = c->n_pre > 0 || c->recompute; /* what it had prefilled was counted once */
+    c->n_pre = 0;
+    c->n_target = n_target;
+    c->ready = 0;
+    c->lg = NULL;
+}
+
 /* One prefill chunk of c; after the last, c's next token can be sampled from its session's last logits row. */
 static void choice_prefill(sched *s, srv_choice *c) {
     srv_req *q = c->q;
@@ -570,13 +587,18 @@ static void choice_prefill(sched *s, srv_choice *c) {
     moet_session *ss = s->slots[c->slot];
     char err[256];
     if (c->state == ST_PREFILL) {
-        const int resumed = c->n_target > c->n_prompt; /* recomputing after a preemption: the prompt's echo,
-                                                          * logprobs and counts were done the first time */
+        const int resumed = c->recompute; /* prefilling again after a preemption: the prompt's echo,
+                                             * logprobs and counts were done the first time */
         int want_lp = r->echo && r->logprobs >= 0 && !resumed;
         size_t n = c->n_target - c->n_pre;
         if (n > (size_t)s->n_batch) n = (size_t)s->n_batch;
-        if (moet_session_eval(ss, c->hist + c->n_pre, (int32_t)n, want_lp ? MOET_LOGITS_ALL : MOET_LOGITS_LAST, err,
-                              sizeof err)) {
+        const int erc = moet_session_eval(ss, c->hist + c->n_pre, (int32_t)n,
+                                          want_lp ? MOET_LOGITS_ALL : MOET_LOGITS_LAST, err, sizeof err);
+        if (erc == MOET_ENOMEM && !want_lp) { /* others took the blocks first: wait for them, then start over */
+            preempt(s, c, c->n_target);
+            return;
+        }
+        if (erc) {
             MOET_LOGE("%s: prefill: %s", q->id, err);
             choice_done(s, c, FIN_LENGTH);
             return;
@@ -682,15 +704,7 @@ static void feed(sched *s, srv_choice **cs, int32_t *ids, int n) {
                 choice_done(s, c, FIN_LENGTH);
                 continue;
             }
-            MOET_LOGI("%s: preempted (KV pool full): %zu tokens to recompute when blocks are free", c->q->id,
-                      c->n_hist);
-            moet_session_truncate(ss[i], 0, NULL, 0);
-            metrics_add(s->mx, &s->mx->preemptions, 1);
-            c->state = ST_PREEMPTED;
-            c->n_pre = 0;
-            c->n_target = c->n_hist; /* the token just sampled included: its logits row is the next step's */
-            c->ready = 0;
-            c->lg = NULL;
+            preempt(s, c, c->n_hist); /* the token just sampled included: its logits row is the next step's */
             continue;
         }
         cs[k] = cs[i];
@@ -740,6 +754,7 @@ static void running_add(sched *s, srv_req *q) {
 static void admit(sched *s) {
     double now = moet_time_s();
     int preempted = 0; /* a preempted sequence gets the free blocks before any new request */
+    int64_t promised = 0; /* KV tokens the choices placed here will take */
     for (int i = 0; i < s->o.max_seqs; i++) preempted |= s->slot_owner[i] && s->slot_owner[i]->state == ST_PREEMPTED;
     srv_req **pp = &s->head;
     while (*pp) {
@@ -779,10 +794,10 @@ static void admit(sched *s) {
                 choice_done(s, c, FIN_LENGTH);
                 continue;
             }
-            if (preempted || need > moet_kv_free_tokens(s->kv)) { placed_all = 0; break; }
+            if (preempted || promised + need > moet_kv_free_tokens(s->kv)) { placed_all = 0; break; }
+            promised += need; /* its prefill takes them (after any prefix-cache blocks it can share) */
             if (!q->started) running_add(s, q);  /* the queue's reference moves to the running set */
-            if (choice_start(s, c, slot) ||
-                moet_session_reserve(s->slots[slot], (int32_t)c->n_prompt + 1, NULL, 0)) {
+            if (choice_start(s, c, slot)) {
                 MOET_LOGE("%s: cannot start a sequence (out of memory)", q->id);
                 q->started = 1;
                 choice_done(s, c, FIN_LENGTH);
@@ -830,8 +845,12 @@ static void *sched_main(void *arg) {
             srv_choice *c = s->slot_owner[i];
             if (!c) continue;
             if (atomic_load(&c->q->cancelled)) { choice_done(s, c, FIN_CANCEL); continue; }
-            if (c->state == ST_PREEMPTED && moet_session_reserve(s->slots[i], (int32_t)c->n_target + 1, NULL, 0) == 0)
-                c->state = ST_PREFILL; /* its blocks are free again: recompute its history */
+            if (c->state == ST_PREEMPTED) {
+                const int64_t bt = moet_kv_block_tokens(s->kv);
+                if (((int64_t)c->n_target + 1 + bt - 1) / bt * bt <= moet_kv_free_tokens(s->kv))
+                    c->state = ST_PREFILL; /* its blocks are free again: recompute its history (what the prefix
+                                            * cache still holds of it is shared, not recomputed) */
+            }
             if (c->state == ST_PREFILL) choice_prefill(s, c);
         }
         for (int i = 0; i < s->o.max_seqs; i++) {
@@ -841,6 +860,11 @@ static void *sched_main(void *arg) {
             if (id >= 0) { fc[nf] = c; fid[nf++] = id; }
         }
         if (nf) feed(s, fc, fid, nf);
+        { /* the pool's hit counter into the metrics (a counter: only its growth is added) */
+            const uint64_t hits = moet_kv_hit_tokens(s->kv);
+            if (hits > s->hits_seen) metrics_add(s->mx, &s->mx->prefix_hit_tokens, hits - s->hits_seen);
+            s->hits_seen = hits;
+        }
 
         pthread_mutex_lock(&s->mu);
         /* requests whose choices all finished leave the running set */
@@ -929,6 +953,7 @@ int sched_create(const moet_model *m, const sched_options *o, metrics *mx, sched
     const int64_t all = (int64_t)o->max_seqs * o->n_ctx;
     ko.n_tokens = o->kv_tokens > 0 ? o->kv_tokens : all > INT32_MAX ? INT32_MAX : (int32_t)all;
     if (o->kv_block > 0) ko.block_tokens = o->kv_block;
+    ko.prefix_cache = !o->no_prefix_cache;
     int krc = moet_kv_create(m, &ko, &s->kv, err, errlen);
     if (krc) {
         sched_free(s);

@@ -304,6 +304,15 @@ try {
       `sequences preempted when the pool runs out finish whole, as run alone (${par2.map((r) => r.usage.completion_tokens)})`);
     const mt3 = await (await fetch(s3.base + "/metrics")).text();
     check(/moet_preemptions_total [1-9]/.test(mt3), "/metrics counts the preemptions");
+    // the prefix cache: a 20-token prompt sent again shares its first block (16 tokens) instead of computing it
+    const pre = Array.from({ length: 20 }, (_, i) => 200 + 7 * i);
+    const hits = async () => +((await (await fetch(s3.base + "/metrics")).text()).match(/moet_prefix_cache_hit_tokens_total (\d+)/) || [0, -1])[1];
+    const h0 = await hits();
+    const r1 = (await post(s3.base, C, { prompt: pre, max_tokens: 6, temperature: 0, ignore_eos: true })).json;
+    const r2 = (await post(s3.base, C, { prompt: pre, max_tokens: 6, temperature: 0, ignore_eos: true })).json;
+    const h1 = await hits();
+    check(h1 - h0 >= 16 && r1.choices[0].text === r2.choices[0].text,
+      `a repeated prompt shares its cached prefix block (${h1 - h0} tokens) and gives the same text`);
     const big = await post(s3.base, C, { prompt: Array.from({ length: 40 }, (_, i) => 100 + i), max_tokens: 1 });
     check(isOpenAIError(big, 400) && /KV cache/.test(big.json.error.message), `a prompt needing more KV than the pool -> 400 (${big.status})`);
     check((await post(s3.base, C, { prompt: "x", max_tokens: 2 })).status === 200, "the server goes on after it");

@@ -38,15 +38,9 @@ static int cands_ok(const float *l, int32_t V, const int32_t *ids, const float *
 }
 
 int main(int argc, char **argv) {
-    REQUIRE(argc >= 2, "usage: test_batch MODEL_DIR [device]");
+    int32_t V;
+    moet_model *m = test_model_open(argc, argv, &V);
     char err[512];
-    moet_model_options mo = moet_model_default_options();
-    mo.device = argc > 2 ? argv[2] : NULL;
-    moet_model *m;
-    REQUIRE(moet_model_load(argv[1], &mo, &m, err, sizeof err) == 0, "%s", err);
-    moet_model_info info;
-    moet_model_info_get(m, &info);
-    const int32_t V = info.vocab_size;
     moet_session_options so = moet_session_default_options();
     so.n_ctx = 256;
     moet_session *a[NS], *b[NS];

@@ -32,15 +32,9 @@ static int eval_last(moet_session *s, const int32_t *t, int32_t n, float *out, i
 }
 
 int main(int argc, char **argv) {
-    REQUIRE(argc >= 2, "usage: test_kv MODEL_DIR [device]");
+    int32_t V;
+    moet_model *m = test_model_open(argc, argv, &V);
     char err[512];
-    moet_model_options mo = moet_model_default_options();
-    mo.device = argc > 2 ? argv[2] : NULL;
-    moet_model *m;
-    REQUIRE(moet_model_load(argv[1], &mo, &m, err, sizeof err) == 0, "%s", err);
-    moet_model_info info;
-    moet_model_info_get(m, &info);
-    const int32_t V = info.vocab_size;
 
     /* bad options */
     moet_kv *kv;

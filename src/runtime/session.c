@@ -53,6 +53,11 @@ struct moet_session {
     int use_delta;                  /* experts: base (0) or base + delta (1) */
 };
 
+/* Blocks that positions [0, end) take. */
+static int32_t kv_blocks(const moet_kv *kv, int64_t end) {
+    return (int32_t)((end + ((int64_t)1 << kv->shift) - 1) >> kv->shift);
+}
+
 void moet_session_use_delta(moet_session *s, int on) {
     if (s->pos > 0 && (on != 0) != (s->use_delta != 0)) s->kv_mixed = 1;
     s->use_delta = on;
@@ -178,7 +183,7 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
             int rc = moet_kv_create_on(m, s->be, o.n_ctx, o.kv_block, 0, &s->kv, err, errlen);
             if (rc) { moet_session_free(s); return rc; }
         }
-        s->blk_cap = (int32_t)(((int64_t)o.n_ctx + ((int64_t)1 << s->kv->shift) - 1) >> s->kv->shift);
+        s->blk_cap = kv_blocks(s->kv, o.n_ctx);
         if (!(s->blk_host = calloc((size_t)s->blk_cap, sizeof(int32_t)))) goto oom;
         if (!(s->toks = calloc((size_t)o.n_ctx, sizeof(int32_t)))) goto oom;
         if (!(s->bhash = calloc((size_t)s->blk_cap, sizeof(uint64_t)))) goto oom;
@@ -222,6 +227,12 @@ oom:
     moet_session_free(s);
     return moet_err(err, errlen, MOET_ENOMEM, "out of memory creating a session (n_ctx %d, n_batch %d)", o.n_ctx,
                     o.n_batch);
+}
+
+/* Session s's cache as layer il's ops see it. */
+static moet_kv_ref session_kv_ref(const moet_session *s, int il) {
+    const moet_kv_ref r = {s->kv->k[il], s->kv->v[il], s->blk_dev, s->kv->shift, 0};
+    return r;
 }
 
 /* One chunk of n <= n_batch tokens, whose ids and positions are already in tok_dev / pos_dev. Logits of rows
@@ -274,7 +285,7 @@ static void forward_chunk(void *vctx) {
         for (int32_t r = 0; !rows_done && r < (ca->rows ? n : 1); r++) {
             const moet_session *o = ca->rows ? ca->rows[r] : s;
             const int32_t nr = ca->rows ? 1 : n;
-            const moet_kv_ref kv = {o->kv->k[il], o->kv->v[il], o->blk_dev, o->kv->shift, 0};
+            const moet_kv_ref kv = session_kv_ref(o, il);
             moet_attn_args aa = {.q = s->q + r * Dq, .kv = kv, .pos = s->pos_dev + r, .n_tok = nr,
                                  .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd, .n_ctx = o->n_ctx, .scale = (float)(1.0 / sqrt((double)hd)),
                                  .out = s->att + r * Dq, .scratch = s->att_scr};
@@ -363,6 +374,7 @@ static void session_keep(moet_session *s, int32_t rows, int cand) {
 
 /* ---- KV blocks --------------------------------------------------------------------------------------------- */
 
+
 /* The prefix hash before block 0: the delta mode is part of the key (base and base + delta make different KV). */
 static uint64_t kv_seed(const moet_session *s) { return 0xcbf29ce484222325ull ^ (s->use_delta ? 0x9e3779b97f4a7c15ull : 0); }
 
@@ -395,7 +407,7 @@ static void session_writable(moet_session *s) {
  * without enough available blocks changes nothing), and the table's new entries sent to the backend. */
 static int session_reserve(moet_session *s, int64_t end, char *err, size_t errlen) {
     moet_kv *kv = s->kv;
-    const int32_t need = (int32_t)((end + ((int64_t)1 << kv->shift) - 1) >> kv->shift), i = s->pos >> kv->shift;
+    const int32_t need = kv_blocks(kv, end), i = s->pos >> kv->shift;
     const int cow = end > s->pos && i < s->n_blk && kv->ref[s->blk_host[i]] > 1;
     const int32_t extra = (need > s->n_blk ? need - s->n_blk : 0) + cow;
     if (extra > moet_kv_available(kv))
@@ -413,7 +425,7 @@ static int session_reserve(moet_session *s, int64_t end, char *err, size_t errle
 
 /* Gives back the blocks past those positions [0, end) need. */
 static void session_release(moet_session *s, int64_t end) {
-    const int32_t keep = (int32_t)((end + ((int64_t)1 << s->kv->shift) - 1) >> s->kv->shift);
+    const int32_t keep = kv_blocks(s->kv, end);
     while (s->n_blk > keep) moet_kv_give(s->kv, s->blk_host[--s->n_blk]);
     if (s->blk_sent > s->n_blk) s->blk_sent = s->n_blk;
     if (s->n_hashed > (int32_t)(end >> s->kv->shift)) s->n_hashed = (int32_t)(end >> s->kv->shift);
@@ -638,8 +650,7 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
         int same = b->kvtab_rows >= n;
         for (int32_t il = 0; il < L; il++)
             for (int32_t i = 0; i < n; i++) {
-                const moet_session *q = seqs[i];
-                const moet_kv_ref r = {q->kv->k[il], q->kv->v[il], q->blk_dev, q->kv->shift, 0};
+                const moet_kv_ref r = session_kv_ref(seqs[i], il);
                 moet_kv_ref *h = &b->kvtab_host[(size_t)il * stride + i];
                 same = same && !memcmp(h, &r, sizeof r);
                 *h = r;

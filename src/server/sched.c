@@ -566,6 +566,12 @@ static int gate_step(sched *s, srv_choice *c, moet_session *ss, int32_t id) {
     return 0;
 }
 
+/* Tokens of KV blocks that n tokens take (whole blocks of the pool). */
+static int64_t kv_round(const sched *s, int64_t n) {
+    const int64_t bt = moet_kv_block_tokens(s->kv);
+    return (n + bt - 1) / bt * bt;
+}
+
 /* c gives its KV blocks back and waits, keeping its slot, for the blocks of its first n_target history tokens
  * (+1) to be free; then that history is prefilled again and it goes on. */
 static void preempt(sched *s, srv_choice *c, size_t n_target) {
@@ -698,8 +704,7 @@ static void feed(sched *s, srv_choice **cs, int32_t *ids, int n) {
         rc = moet_session_reserve(ss[i], 1, err, sizeof err);
         if (rc) {
             srv_choice *c = cs[i];
-            const int64_t bt = moet_kv_block_tokens(s->kv);
-            if (rc != MOET_ENOMEM || (((int64_t)c->n_hist + 1 + bt - 1) / bt) * bt > moet_kv_tokens(s->kv)) {
+            if (rc != MOET_ENOMEM || kv_round(s, (int64_t)c->n_hist + 1) > moet_kv_tokens(s->kv)) {
                 MOET_LOGE("%s: decode: %s", c->q->id, err);
                 choice_done(s, c, FIN_LENGTH);
                 continue;
@@ -776,8 +781,7 @@ static void admit(sched *s) {
             if (slot < 0) { placed_all = 0; break; }
             /* the prompt's KV blocks (and its first generated token's) must be free: else it waits for running
              * sequences to give theirs back, or fails when the whole pool could not hold it */
-            const int64_t bt = moet_kv_block_tokens(s->kv),
-                          need = ((int64_t)q->r.prompt_len[c->prompt_i] + 1 + bt - 1) / bt * bt;
+            const int64_t need = kv_round(s, (int64_t)q->r.prompt_len[c->prompt_i] + 1);
             if (need > moet_kv_tokens(s->kv)) {
                 if (!q->started) {
                     *pp = q->next;
@@ -846,8 +850,7 @@ static void *sched_main(void *arg) {
             if (!c) continue;
             if (atomic_load(&c->q->cancelled)) { choice_done(s, c, FIN_CANCEL); continue; }
             if (c->state == ST_PREEMPTED) {
-                const int64_t bt = moet_kv_block_tokens(s->kv);
-                if (((int64_t)c->n_target + 1 + bt - 1) / bt * bt <= moet_kv_free_tokens(s->kv))
+                if (kv_round(s, (int64_t)c->n_target + 1) <= moet_kv_free_tokens(s->kv))
                     c->state = ST_PREFILL; /* its blocks are free again: recompute its history (what the prefix
                                             * cache still holds of it is shared, not recomputed) */
             }

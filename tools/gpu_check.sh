@@ -5,6 +5,7 @@
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 bin=.carry/bin
+[ -f .carry/bin.tar.xz ] && tar -C .carry -xJf .carry/bin.tar.xz  # gpu_carry.sh ships the binaries compressed
 export LD_LIBRARY_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$out/gpu.txt" 2>&1

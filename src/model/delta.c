@@ -71,59 +71,10 @@ int moet_delta_write(const moet_model *m, const char *path, const moet_delta_dat
 
 /* ---- load ----------------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    moet_model *m;
-    const int64_t *task_layer;
-    const moet_gguf_tensor **dt; /* [task*3+k] the delta matrices, found and checked once */
-    const float **qp;            /* [task] the expert's 3 x 4 delta qparams */
-    float **out;      /* [task*3+k] base + delta, f32, original basis */
-    int failed;
-    moet_progress prog;
-} dl_ctx;
-
-/* One row of a stored matrix in the original basis (undoing the rotation in double, as the quantizer applies it). */
-static void row_original(const uint8_t *src, int32_t type, int64_t cols, float qs, float qb, int rotated,
-                         uint32_t seed, float *f, double *dtmp) {
-    moet_type_row_to_f32_p(type, src, f, cols, qs, qb);
-    if (!rotated) return;
-    for (int64_t c = 0; c < cols; c++) dtmp[c] = f[c];
-    moet_rotate_row(dtmp, cols, seed, 1);
-    for (int64_t c = 0; c < cols; c++) f[c] = (float)dtmp[c];
-}
-
-static void dl_task(void *vctx, int64_t b, int64_t e, int tid) {
-    (void)tid;
-    dl_ctx *x = vctx;
-    const int64_t E = x->m->hp.n_experts;
-    for (int64_t t = b; t < e; t++) {
-        const int l = (int)x->task_layer[t];
-        const int64_t ex = t % E;
-        const moet_layer *L = &x->m->layers[l];
-        const moet_weight *ws[3] = {&L->exp_gate[ex], &L->exp_up[ex], &L->exp_down[ex]};
-        for (int k = 0; k < 3; k++) {
-            const moet_weight *w = ws[k];
-            const moet_gguf_tensor *dt = x->dt[t * 3 + k];
-            const float *q = x->qp[t] + k * 4;
-            const size_t drb = moet_type_row_bytes(MOET_TYPE_NVFP4, w->cols);
-            float *o = malloc((size_t)(w->rows * w->cols) * sizeof(float) + 1), *tmp = malloc((size_t)w->cols * sizeof(float));
-            double *dt64 = malloc((size_t)w->cols * sizeof(double));
-            if (!o || !tmp || !dt64) { free(o); free(tmp); free(dt64); x->failed = 1; continue; }
-            for (int64_t r = 0; r < w->rows; r++) {
-                float *orow = o + r * w->cols;
-                row_original((const uint8_t *)w->data + (size_t)r * w->row_bytes, w->type, w->cols, w->qscale, w->qbeta,
-                             w->rotated, w->rot_seed, orow, dt64);
-                row_original(dt->data + (size_t)r * drb, MOET_TYPE_NVFP4, w->cols, q[0], q[1], (int)q[3],
-                             (uint32_t)q[2], tmp, dt64);
-                for (int64_t c = 0; c < w->cols; c++) orow[c] += tmp[c];
-            }
-            free(tmp);
-            free(dt64);
-            x->out[t * 3 + k] = o;
-        }
-        moet_progress_add(&x->prog, 1);
-    }
-}
-
+/* Why no materialisation: the "on" expert is base + residual, and a backend multiplies both as they are stored (W2
+ * blocks and NVFP4 blocks, each with its own rotation: backend.h's dgate/dup/ddown), so the delta costs its 4.5 bpw in
+ * memory, mapped from the file, instead of the 32 of an f32 copy of every expert (116 GB at the qwen3-30b-a3b
+ * shape). The pack stays mapped for the model's life (moet_model.delta_pack). */
 int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, size_t errlen) {
     const moet_hparams *hp = &m->hp;
     const int64_t E = hp->n_experts;
@@ -133,8 +84,12 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
     if (rc) return rc;
     char *s = NULL, *base_id = NULL, *ef = NULL;
     int64_t v;
-    dl_ctx x = {.m = m};
-    int64_t n_tasks = 0, *task_layer = NULL;
+    struct {
+        const moet_gguf_tensor **dt; /* [task*3+k] the delta matrices, found and checked once */
+        const float **qp;            /* [task] the expert's 3 x 4 delta qparams */
+    } x = {0};
+    int64_t n_tasks = 0;
+    (void)n_threads; /* nothing left to compute at load */
     if (moet_gguf_get_i64(&g, "moet.format_version", &v) || v != MOET_DELTA_FORMAT_VERSION ||
         moet_gguf_get_str(&g, "general.architecture", &s) || strcmp(s, "moet-delta")) {
         rc = moet_err(err, errlen, MOET_EFORMAT, "%s: not a moet delta pack of format version %d", path, MOET_DELTA_FORMAT_VERSION);
@@ -166,8 +121,7 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
             goto out;
         }
     for (int l = 0; l < hp->n_layers; l++) n_tasks += hp->layer_moe[l] ? E : 0;
-    if (!(task_layer = calloc((size_t)n_tasks + 1, sizeof(int64_t))) || !(x.out = calloc((size_t)n_tasks * 3 + 1, sizeof(float *))) ||
-        !(x.dt = calloc((size_t)n_tasks * 3 + 1, sizeof(*x.dt))) || !(x.qp = calloc((size_t)n_tasks + 1, sizeof(*x.qp)))) {
+    if (!(x.dt = calloc((size_t)n_tasks * 3 + 1, sizeof(*x.dt))) || !(x.qp = calloc((size_t)n_tasks + 1, sizeof(*x.qp)))) {
         rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory");
         goto out;
     }
@@ -184,7 +138,6 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
         const float *qp = (const float *)qt->data;
         const moet_layer *L = &m->layers[l];
         for (int64_t e = 0; e < E; e++, t++) {
-            task_layer[t] = l;
             x.qp[t] = qp + e * 12;
             const moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
             for (int k = 0; k < 3; k++) {
@@ -205,40 +158,41 @@ int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, s
             }
         }
     }
-    x.task_layer = task_layer;
-    moet_progress_init(&x.prog, "loading the delta (base + delta experts)", "experts", n_tasks);
-    {
-        moet_pool *pool = moet_pool_create(n_threads > 0 ? n_threads : moet_cpu_count());
-        moet_pool_for(pool, n_tasks, dl_task, &x);
-        moet_pool_free(pool);
-    }
-    moet_progress_end(&x.prog);
-    if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory building the delta experts"); goto out; }
-    {
-        if (moet_model_f32_reserve(m, (size_t)n_tasks * 3) || moet_model_dexp_reset(m, 1)) {
+    if (moet_model_dexp_reset(m, 0)) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    for (int l = 0, t = 0; l < hp->n_layers; l++) {
+        if (!hp->layer_moe[l]) continue;
+        moet_layer *L = &m->layers[l];
+        if (!(L->dres_gate = calloc((size_t)E * 3, sizeof(moet_weight)))) {
+            moet_model_dexp_reset(m, 0);
             rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory");
             goto out;
         }
-        for (int64_t t = 0; t < n_tasks; t++) {
-            moet_layer *L = &m->layers[task_layer[t]];
-            const int64_t e = t % E;
+        L->dres_up = L->dres_gate + E;
+        L->dres_down = L->dres_up + E;
+        for (int64_t e = 0; e < E; e++, t++) {
             const moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
-            moet_weight *dw[3] = {&L->dexp_gate[e], &L->dexp_up[e], &L->dexp_down[e]};
+            moet_weight *dw[3] = {&L->dres_gate[e], &L->dres_up[e], &L->dres_down[e]};
             for (int k = 0; k < 3; k++) {
-                *dw[k] = (moet_weight){.data = x.out[t * 3 + k], .type = MOET_TYPE_F32, .rows = ws[k]->rows,
-                                       .cols = ws[k]->cols, .row_bytes = (size_t)ws[k]->cols * sizeof(float), .qscale = 1};
-                m->f32_bufs[m->n_f32_bufs++] = x.out[t * 3 + k];
-                x.out[t * 3 + k] = NULL;
+                const float *q = x.qp[t] + k * 4;
+                *dw[k] = (moet_weight){.data = x.dt[t * 3 + k]->data, .type = MOET_TYPE_NVFP4, .rows = ws[k]->rows,
+                                       .cols = ws[k]->cols, .row_bytes = moet_type_row_bytes(MOET_TYPE_NVFP4, ws[k]->cols),
+                                       .qscale = q[0], .qbeta = q[1], .rot_seed = (uint32_t)q[2], .rotated = (int32_t)q[3]};
             }
         }
     }
-    MOET_LOGI("delta %s: %lld experts, base + delta held as f32", path, (long long)n_tasks);
+    if (m->delta_pack) { moet_gguf_close(m->delta_pack); free(m->delta_pack); m->delta_pack = NULL; } /* a reload */
+    if (!(m->delta_pack = malloc(sizeof *m->delta_pack))) {
+        moet_model_dexp_reset(m, 0);
+        rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+        goto out;
+    }
+    *m->delta_pack = g; /* the mapping moves to the model: the residuals point into it */
+    memset(&g, 0, sizeof g);
+    MOET_LOGI("delta %s: %lld experts, NVFP4 residuals beside the base (%.1f MiB mapped)", path, (long long)n_tasks,
+              (double)m->delta_pack->map.size / (1024.0 * 1024.0));
 out:
-    if (x.out) for (int64_t i = 0; i < n_tasks * 3; i++) free(x.out[i]);
-    free(x.out);
     free(x.dt);
     free(x.qp);
-    free(task_layer);
     free(s);
     free(base_id);
     free(ef);

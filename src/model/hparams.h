@@ -40,7 +40,8 @@ typedef struct {
     int32_t is_moe;
     moet_weight router;                      /* [n_experts × hidden] */
     moet_weight *exp_gate, *exp_up, *exp_down; /* [n_experts] each */
-    moet_weight *dexp_gate, *dexp_up, *dexp_down; /* base + delta ("on" weights), NULL without a delta */
+    moet_weight *dexp_gate, *dexp_up, *dexp_down; /* base + delta ("on" weights, f32: in-memory requant), or NULL */
+    moet_weight *dres_gate, *dres_up, *dres_down; /* a delta pack's NVFP4 residuals: "on" = exp_* + dres_*, or NULL */
     moet_weight gate, up, down;              /* dense MLP */
 } moet_layer;
 

@@ -224,7 +224,11 @@ void moet_model_free(moet_model *m) {
     free(m->be_bufs);
     if (m->be) m->be->ops->destroy(m->be);
     if (m->layers)
-        for (int i = 0; i < m->hp.n_layers; i++) { free(m->layers[i].exp_gate); free(m->layers[i].dexp_gate); }
+        for (int i = 0; i < m->hp.n_layers; i++) {
+            free(m->layers[i].exp_gate);
+            free(m->layers[i].dexp_gate);
+            free(m->layers[i].dres_gate);
+        }
     free(m->layers);
     for (size_t i = 0; i < m->n_f32_bufs; i++) free(m->f32_bufs[i]);
     free(m->f32_bufs);
@@ -232,6 +236,7 @@ void moet_model_free(moet_model *m) {
     free(m->st_used);
     moet_st_free(&m->st);
     if (m->pack) { moet_gguf_close(m->pack); free(m->pack); }
+    if (m->delta_pack) { moet_gguf_close(m->delta_pack); free(m->delta_pack); }
     moet_tokenizer_free(m->tok);
     free(m->chat_template);
     free(m);
@@ -251,7 +256,9 @@ int moet_model_dexp_reset(moet_model *m, int alloc) {
     for (int l = 0; l < m->hp.n_layers; l++) {
         moet_layer *L = &m->layers[l];
         free(L->dexp_gate);
+        free(L->dres_gate);
         L->dexp_gate = L->dexp_up = L->dexp_down = NULL;
+        L->dres_gate = L->dres_up = L->dres_down = NULL;
         if (!alloc || !m->hp.layer_moe[l]) continue;
         if (!(L->dexp_gate = calloc((size_t)E * 3, sizeof(moet_weight)))) return MOET_ENOMEM;
         L->dexp_up = L->dexp_gate + E;
@@ -388,7 +395,7 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     info->backend = m->be ? m->be->ops->name : "none";
     info->device = m->be ? m->be->ops->device_name(m->be) : "none";
     info->has_delta = 0;
-    for (int l = 0; l < m->hp.n_layers && !info->has_delta; l++) info->has_delta = m->layers && m->layers[l].dexp_gate != NULL;
+    for (int l = 0; l < m->hp.n_layers && !info->has_delta; l++) info->has_delta = m->layers && (m->layers[l].dexp_gate || m->layers[l].dres_gate);
 }
 
 const moet_tokenizer *moet_model_tokenizer(const moet_model *m) { return m->tok; }

@@ -17,6 +17,7 @@ struct moet_model {
     moet_st_set st;
     uint8_t *st_used;          /* [st.n_tensors]: bound by the architecture */
     moet_gguf *pack;           /* when loaded from a pack: tensors come from here instead of st */
+    moet_gguf *delta_pack;     /* a delta pack loaded beside it: the layers' dres_* point into its mapping */
     moet_tokenizer *tok;
     moet_backend *be;
     moet_weight tok_embd, output;
@@ -50,8 +51,8 @@ int moet_bind_vector(struct moet_model *m, const char *name, int64_t n, const fl
 int moet_has_tensor(const struct moet_model *m, const char *name);
 /* Room in m->f32_bufs (the model's owned f32 buffers) for `extra` more. 0, or MOET_ENOMEM. */
 int moet_model_f32_reserve(struct moet_model *m, size_t extra);
-/* Drops every MoE layer's dexp_gate/up/down (base + delta experts); with alloc, gives each a fresh zeroed array
- * for the caller to fill. 0, or MOET_ENOMEM. */
+/* Drops every MoE layer's dexp_gate/up/down (base + delta experts) and dres_* (a delta pack's residuals: they belong
+ * to the old base); with alloc, gives each layer fresh zeroed dexp arrays for the caller to fill. 0, or MOET_ENOMEM. */
 int moet_model_dexp_reset(struct moet_model *m, int alloc);
 
 #endif

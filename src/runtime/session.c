@@ -307,12 +307,17 @@ static void forward_chunk(void *vctx) {
             op->mul_mat_acc(be, &L->wo, s->att, n, s->x);
         }
         if (L->is_moe) {
+            /* delta on: a delta pack's residuals beside the base (fused), else in-memory base + delta (f32) */
+            const int dres = s->use_delta && L->dres_gate, dexp = s->use_delta && !dres && L->dexp_gate;
             moet_moe_args ma = {.x = s->x, .n_tok = n, .hidden = H, .ffn = hp->expert_ffn, .router = &L->router,
                                 .n_experts = hp->n_experts, .n_used = hp->n_experts_used,
                                 .scoring = hp->router_scoring, .norm_topk = hp->norm_topk,
-                                .gate = s->use_delta && L->dexp_gate ? L->dexp_gate : L->exp_gate,
-                                .up = s->use_delta && L->dexp_gate ? L->dexp_up : L->exp_up,
-                                .down = s->use_delta && L->dexp_gate ? L->dexp_down : L->exp_down,
+                                .gate = dexp ? L->dexp_gate : L->exp_gate,
+                                .up = dexp ? L->dexp_up : L->exp_up,
+                                .down = dexp ? L->dexp_down : L->exp_down,
+                                .dgate = dres ? L->dres_gate : NULL,
+                                .dup = dres ? L->dres_up : NULL,
+                                .ddown = dres ? L->dres_down : NULL,
                                 .topk_ids = s->topk_ids, .topk_w = s->topk_w,
                                 .y = s->x, .scratch = s->moe_scr,
                                 .norm_w = L->ffn_norm, .eps = hp->rms_eps, .h = s->h, .accumulate = 1};

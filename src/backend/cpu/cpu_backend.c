@@ -491,6 +491,10 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
         for (int32_t r = 0; r < n; r++) memcpy(xg + (size_t)r * H, x + (size_t)(sel[r] / K) * H, H * sizeof(float));
         cpu_mul_mat(be, &a->gate[e], xg, n, g);
         cpu_mul_mat(be, &a->up[e], xg, n, u);
+        if (a->dgate) { /* the delta's residuals, added after the base products (backend.h) */
+            cpu_mul_mat_acc(be, &a->dgate[e], xg, n, g);
+            cpu_mul_mat_acc(be, &a->dup[e], xg, n, u);
+        }
         for (int64_t i = 0; i < (int64_t)n * F; i++) g[i] = silu(g[i]) * u[i];
         if (a->calib_in) {
             accum_xxt(be, a->calib_in + (size_t)e * H * H, xg, n, H);
@@ -498,6 +502,7 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
             a->calib_count[e] += n;
         }
         cpu_mul_mat(be, &a->down[e], g, n, d);
+        if (a->ddown) cpu_mul_mat_acc(be, &a->ddown[e], g, n, d);
         for (int32_t r = 0; r < n; r++)
             axpy(out + (size_t)(sel[r] / K) * H, d + (size_t)r * H, a->topk_w[sel[r]], H);
     }

@@ -138,10 +138,12 @@ static moet_kv_ref test_kv_ref(const test_kv *k, float *kp, float *vp) {
 
 /* Quantizes W (rows × cols) to a type and returns the packed buffer and the dequantized rows (original basis). */
 static float g_w2_beta; /* > 0: W2 weights quantized with this beta instead of the fitted one (an f16 value) */
+static uint64_t g_seed = 11; /* make_weight's rotation seed */
+
 static void *make_weight(int qf, const float *W, int64_t rows, int64_t cols, moet_weight *w, float *deq) {
     moet_matq_options o = moet_matq_default_options((moet_qformat)qf);
     if (qf == MOET_QF_W2 && g_w2_beta > 0) o.beta = g_w2_beta;
-    o.seed = 11;
+    o.seed = g_seed;
     moet_matq_info info;
     size_t rb = moet_type_row_bytes(moet_qformat_type((moet_qformat)qf), cols);
     void *blk = malloc(rb * (size_t)rows);
@@ -188,6 +190,45 @@ static void check_mul_mat(int qf, const char *label, const float *W, float *deq,
     }
     op->forget(g_be, blk);
     free(blk);
+}
+
+/* The MoE oracle in double: softmax routing, top-K renormalised, SwiGLU experts of the dequantized matrices dq[k][e]
+ * (gate, up, down), the weighted combine, into rr[T][H] (zeroed by the caller). */
+static void moe_ref(const float *xr, const float *rw, float *dq[3][8], int E, int K, int H, int F, int T,
+                    double *rr) {
+    for (int t = 0; t < T; t++) {
+        double p[8], mx = -1e300, s = 0;
+        for (int e = 0; e < E; e++) {
+            double l = 0;
+            for (int i = 0; i < H; i++) l += (double)rw[e * H + i] * xr[t * H + i];
+            p[e] = l;
+            mx = fmax(mx, l);
+        }
+        for (int e = 0; e < E; e++) { p[e] = exp(p[e] - mx); s += p[e]; }
+        int used[8] = {0}, ids[3];
+        double wsum = 0;
+        for (int j = 0; j < K; j++) {
+            int b = -1;
+            for (int e = 0; e < E; e++) if (!used[e] && (b < 0 || p[e] > p[b])) b = e;
+            used[b] = 1;
+            ids[j] = b;
+            wsum += p[b] / s;
+        }
+        for (int j = 0; j < K; j++) {
+            int e = ids[j];
+            double g[256];
+            for (int f = 0; f < F; f++) {
+                double a = 0, u = 0;
+                for (int i = 0; i < H; i++) { a += (double)dq[0][e][f * H + i] * xr[t * H + i]; u += (double)dq[1][e][f * H + i] * xr[t * H + i]; }
+                g[f] = a / (1 + exp(-a)) * u;
+            }
+            for (int i = 0; i < H; i++) {
+                double d = 0;
+                for (int f = 0; f < F; f++) d += (double)dq[2][e][i * F + f] * g[f];
+                rr[t * H + i] += (p[e] / s / wsum) * d;
+            }
+        }
+    }
 }
 
 int perf_main(moet_backend *be);
@@ -791,6 +832,12 @@ int main(int argc, char **argv) {
         void *blks[3][8];
         moet_weight gw[8], uw[8], dw[8];
         double *rr = calloc((size_t)(T * H), sizeof(double));
+        /* the FP4 delta (backend.h's dgate/dup/ddown): base + NVFP4 residual on three shapes: 1- and 8-block
+         * chunks, one pass and three passes of CUDA's delta path (4 tokens each) */
+        const int with_delta = ms == 1 || ms == 3 || ms == 4;
+        float *dqs[3][8] = {{0}};
+        void *dblks[3][8] = {{0}};
+        moet_weight dlw[3][8];
         /* xr: rms_norm(xraw) · gn in f32 as the backends compute it, the input of the unfused runs; the fused run
          * (pre-norm + residual add) starts from xraw */
         float *xraw = malloc(sizeof(float) * T * H), *gn = malloc(sizeof(float) * H);
@@ -814,42 +861,18 @@ int main(int argc, char **argv) {
                 for (int64_t i = 0; i < rows * cols; i++) m[i] = gauss() * 0.2f;
                 dq[k][e] = malloc(sizeof(float) * rows * cols);
                 blks[k][e] = make_weight(MOET_QF_W2, m, rows, cols, ws[k], dq[k][e]);
+                if (with_delta) { /* the residual in NVFP4, rotated by its own seed; dqs: base + residual */
+                    dqs[k][e] = malloc(sizeof(float) * rows * cols);
+                    for (int64_t i = 0; i < rows * cols; i++) m[i] -= dq[k][e][i];
+                    g_seed = 23;
+                    dblks[k][e] = make_weight(MOET_QF_NVFP4, m, rows, cols, &dlw[k][e], dqs[k][e]);
+                    g_seed = 11;
+                    for (int64_t i = 0; i < rows * cols; i++) dqs[k][e][i] += dq[k][e][i];
+                }
                 free(m);
             }
         }
-        for (int t = 0; t < T; t++) {
-            double p[8], mx = -1e300, s = 0;
-            for (int e = 0; e < E; e++) {
-                double l = 0;
-                for (int i = 0; i < H; i++) l += (double)rw[e * H + i] * xr[t * H + i];
-                p[e] = l;
-                mx = fmax(mx, l);
-            }
-            for (int e = 0; e < E; e++) { p[e] = exp(p[e] - mx); s += p[e]; }
-            int used[8] = {0}, ids[3];
-            double wsum = 0;
-            for (int j = 0; j < K; j++) {
-                int b = -1;
-                for (int e = 0; e < E; e++) if (!used[e] && (b < 0 || p[e] > p[b])) b = e;
-                used[b] = 1;
-                ids[j] = b;
-                wsum += p[b] / s;
-            }
-            for (int j = 0; j < K; j++) {
-                int e = ids[j];
-                double g[256];
-                for (int f = 0; f < F; f++) {
-                    double a = 0, u = 0;
-                    for (int i = 0; i < H; i++) { a += (double)dq[0][e][f * H + i] * xr[t * H + i]; u += (double)dq[1][e][f * H + i] * xr[t * H + i]; }
-                    g[f] = a / (1 + exp(-a)) * u;
-                }
-                for (int i = 0; i < H; i++) {
-                    double d = 0;
-                    for (int f = 0; f < F; f++) d += (double)dq[2][e][i * F + f] * g[f];
-                    rr[t * H + i] += (p[e] / s / wsum) * d;
-                }
-            }
-        }
+        moe_ref(xr, rw, dq, E, K, H, F, T, rr);
         moet_weight router = {.data = rw, .type = MOET_TYPE_F32, .rows = E, .cols = H, .row_bytes = H * 4, .qscale = 1};
         void *scr = op->alloc(be, op->moe_scratch_bytes(be, T, H, F, E, K));
         float *xd = dev(xr, sizeof(float) * T * H), *od = dev_poisoned((size_t)(T * H)), *twd = dev_poisoned((size_t)(T * K));
@@ -940,6 +963,32 @@ int main(int argc, char **argv) {
             op->forget(be, gn);
         }
         free(o3);
+        if (with_delta) {
+            memset(rr, 0, sizeof(double) * T * H);
+            moe_ref(xr, rw, dqs, E, K, H, F, T, rr);
+            op->upload(be, xd, xr, sizeof(float) * T * H);
+            moet_moe_args md = ma;
+            md.dgate = dlw[0];
+            md.dup = dlw[1];
+            md.ddown = dlw[2];
+            for (int pass = 0; pass < 2; pass++) { /* all T, then one token at a time */
+                for (int t0 = 0; t0 < T; t0 += pass ? 1 : T) {
+                    moet_moe_args m1 = md;
+                    m1.x = xd + t0 * H;
+                    m1.y = od + t0 * H;
+                    m1.n_tok = pass ? 1 : T;
+                    m1.topk_ids = tidd + t0 * K;
+                    m1.topk_w = twd + t0 * K;
+                    op->moe(be, &m1);
+                }
+                pull(o, od, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "w2+nvfp4 delta %s %dx%d T=%d", pass ? "n=1" : "all", H, F, T);
+                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+            }
+            op->forget(be, dlw[0]);
+            for (int k = 0; k < 3; k++)
+                for (int e = 0; e < E; e++) { op->forget(be, dblks[k][e]); free(dqs[k][e]); free(dblks[k][e]); }
+        }
         drop(xd); drop(od); drop(twd); drop(tidd);
         op->release(be, scr);
         op->forget(be, gw);
@@ -1175,6 +1224,9 @@ int perf_main(moet_backend *be) {
     const size_t gb = moet_type_row_bytes(MOET_TYPE_W2, H) * F, db = moet_type_row_bytes(MOET_TYPE_W2, F) * H;
     moet_weight *gw = calloc((size_t)E * SETS, sizeof(moet_weight)), *uw = calloc((size_t)E * SETS, sizeof(moet_weight)),
                 *dw = calloc((size_t)E * SETS, sizeof(moet_weight)), *rt = calloc(SETS, sizeof(moet_weight));
+    moet_weight *dg = calloc((size_t)E * SETS, sizeof(moet_weight)), *du = calloc((size_t)E * SETS, sizeof(moet_weight)),
+                *dd = calloc((size_t)E * SETS, sizeof(moet_weight));
+    const size_t nvb = moet_type_row_bytes(MOET_TYPE_NVFP4, H) * F; /* = the down residual's (F % 16 == 0) */
     for (int s = 0; s < SETS; s++) {
         uint8_t *mem = op->alloc(be, (size_t)E * (2 * gb + db));
         REQUIRE(mem, "perf weights");
@@ -1194,6 +1246,17 @@ int perf_main(moet_backend *be) {
             }
         }
         op->fill_random(be, mem, MOET_TYPE_W2, (int64_t)E * 3 * F, H, 0.02f, 77 + (uint64_t)s); /* gb == db: 3E matrices of F x H weights */
+        /* the FP4 delta: NVFP4 residuals of every matrix, rotated by their own seeds */
+        uint8_t *dmem = op->alloc(be, (size_t)E * 3 * nvb);
+        REQUIRE(dmem, "perf delta weights");
+        op->fill_random(be, dmem, MOET_TYPE_NVFP4, (int64_t)E * 3 * F, H, 0.002f, 177 + (uint64_t)s);
+        for (int e = 0; e < E; e++)
+            for (int k = 0; k < 3; k++) {
+                moet_weight *w = k == 0 ? &dg[s * E + e] : k == 1 ? &du[s * E + e] : &dd[s * E + e];
+                *w = (moet_weight){.data = dmem + ((size_t)e * 3 + k) * nvb, .type = MOET_TYPE_NVFP4, .rows = k == 2 ? H : F,
+                                   .cols = k == 2 ? F : H, .qscale = 0.001f, .rotated = 1, .rot_seed = (uint32_t)(k == 2 ? 4 : 3)};
+                w->row_bytes = moet_type_row_bytes(MOET_TYPE_NVFP4, w->cols);
+            }
         void *r = op->alloc(be, (size_t)E * H * 2);
         op->fill_random(be, r, MOET_TYPE_BF16, E, H, 0.02f, 99 + (uint64_t)s);
         rt[s] = (moet_weight){.data = r, .type = MOET_TYPE_BF16, .rows = E, .cols = H, .row_bytes = (size_t)H * 2,
@@ -1228,6 +1291,20 @@ int perf_main(moet_backend *be) {
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 sign planes (LV=0)", T, bs * 1e6, bytes / 1e6,
                    bytes / bs / 1e9, flops / bs / 1e12);
         }
+        if (T <= 8) { /* with the FP4 delta: base + NVFP4 residuals in the same kernels (4 tokens a pass) */
+            moet_moe_args md[SETS];
+            for (int s = 0; s < SETS; s++) {
+                md[s] = ma[s];
+                md[s].dgate = dg + s * E;
+                md[s].dup = du + s * E;
+                md[s].ddown = dd + s * E;
+            }
+            perf_ctx pd = {be, md, SETS, reps};
+            const double bd = perf_graph_best(be, 5000 + (uint64_t)T, perf_moe_step, &pd, reps, y);
+            const double dbytes = bytes + (double)distinct * 3.0 * (double)nvb;
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2+nvfp4 delta", T, bd * 1e6, dbytes / 1e6,
+                   dbytes / bd / 1e9, flops * 2 / bd / 1e12);
+        }
         if (T == 1) { /* the opt-in single-token block (moe_fused.cu), its own graph */
             setenv("MOET_MOE_FUSED", "1", 1);
             const double bf = perf_graph_best(be, 2000 + (uint64_t)T, perf_moe_step, &pc, reps, y);
@@ -1237,7 +1314,11 @@ int perf_main(moet_backend *be) {
         }
         drop(x); drop(y); drop(tw); drop(ti32); op->release(be, scr);
     }
-    for (int s = 0; s < SETS; s++) { op->release(be, (void *)gw[s * E].data); op->release(be, (void *)rt[s].data); }
-    free(gw); free(uw); free(dw); free(rt);
+    for (int s = 0; s < SETS; s++) {
+        op->release(be, (void *)gw[s * E].data);
+        op->release(be, (void *)rt[s].data);
+        op->release(be, (void *)dg[s * E].data);
+    }
+    free(gw); free(uw); free(dw); free(rt); free(dg); free(du); free(dd);
     return 0;
 }

@@ -65,7 +65,15 @@ typedef struct {
  * fragment register r, half h, i.e. row 16ti + g + 8 (r & 1), column 32b + 16s + 2t + 8 (r >> 1) + h: exactly the
  * A operand of mma.m16n8k16 (rows g / g + 8, columns 2t + h / 2t + 8 + h), so ((word << x) & 0x80008000) |
  * 0x3C003C00 is the f16x2 register r of mma m, +-1.0 each. The int2 baseline (not sign-symmetric: a constant term)
- * keeps the stored layout. */
+ * keeps the stored layout.
+ * NVFP4 delta residuals have a tiled layout too, in the same R * C / 16 * 9 bytes (R % 16 == 0, C % 32 == 0, rows
+ * exactly C/16 blocks):
+ *   codes   uint32 pairs [R/16][C/32][32 lanes][2]: word s (0, 1) of lane l = 4g + t holds the k-step of columns
+ *           32b + 16s ..: byte r (0..3) is row 16ti + g + 8 (r & 1), columns 2t + 8 (r >> 1) and the next one,
+ *           first in the low nibble: the e2m1 codes of f16x2 register r of mma.m16n8k16's A operand;
+ *   scales  bytes after the codes, [R/16][C/32][2][16]: the E4M3 scale of row 16ti + r, columns 32b + 16s ...
+ * An e2m1 magnitude {0, .5, 1, 1.5, 2, 3, 4, 6} is an f16 whose low byte is 0, so a byte of codes is one byte
+ * permute (the eight high bytes as a table) and the two sign bits away from its f16x2 register. */
 #define MOET_TILE_ROWS 16
 
 #ifdef __cplusplus /* the CUDA files (nvcc compiles them as C++) */

@@ -125,13 +125,39 @@ static int tiled_ok(const moet_moe_args *a, int32_t type, int gu_uniform, int al
     return 1;
 }
 
-extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args *a) {
-    for (size_t i = 0; i < c->n_etabs; i++)
-        if (c->etabs[i].gate == a->gate && c->etabs[i].n_experts == a->n_experts) return &c->etabs[i];
-    if (c->capturing) {
-        cu_fail(c, cudaErrorStreamCaptureUnsupported, "expert table first used while recording a graph", __FILE__, __LINE__);
-        return NULL;
+/* The rotations' signs as bits, one row of wpm words a matrix (host[e * 3 + k], k = 2 the down matrix over the FFN):
+ * a table lookup in the kernels instead of a 64-bit hash per element (the same cu_rot_sign, so the same signs); sets
+ * each rotated host[i].signs into *dev (made here). 0, or -1 after recording an error. */
+static int tab_signs(cu_backend *c, cu_mat *host, int32_t E, int64_t hidden, int64_t ffn, uint32_t **dev) {
+    const int64_t wpm = (hidden > ffn ? hidden : ffn) / 32;
+    uint32_t *hs = (uint32_t *)calloc((size_t)E * 3 * wpm, sizeof(uint32_t));
+    if (!hs || CU_CHECK(c, cudaMalloc(dev, (size_t)E * 3 * wpm * sizeof(uint32_t)))) {
+        free(hs);
+        if (!hs) cu_fail(c, cudaErrorMemoryAllocation, "rotation signs", __FILE__, __LINE__);
+        return -1;
     }
+    for (int32_t i = 0; i < E * 3; i++) {
+        if (!host[i].rotated) continue;
+        const int64_t n = i % 3 == 2 ? ffn : hidden;
+        const uint32_t *same = NULL; /* gate/up usually share one rotation: compute once, point twice */
+        for (int32_t j = 0; j < i && !same; j++)
+            if (host[j].rotated && host[j].rot_seed == host[i].rot_seed && (j % 3 == 2) == (i % 3 == 2)) same = host[j].signs;
+        if (same) { host[i].signs = same; continue; }
+        uint32_t *row = hs + (size_t)i * wpm;
+        for (int64_t q = 0; q < n; q++)
+            if (cu_rot_sign(host[i].rot_seed, q) < 0.f) row[q >> 5] |= 1u << (q & 31);
+        host[i].signs = *dev + (size_t)i * wpm;
+    }
+    const int cperr = CU_CHECK(c, cudaMemcpyAsync(*dev, hs, (size_t)E * 3 * wpm * sizeof(uint32_t),
+                                                  cudaMemcpyHostToDevice, c->stream)) ||
+                      CU_CHECK(c, cudaStreamSynchronize(c->stream));
+    free(hs);
+    if (cperr) { cudaFree(*dev); *dev = NULL; return -1; }
+    return 0;
+}
+
+/* A new slot in c->etabs (grown as needed), or NULL after recording an error. */
+static cu_expert_table *etab_slot(cu_backend *c) {
     if (c->n_etabs == c->cap_etabs) {
         size_t nc = c->cap_etabs ? 2 * c->cap_etabs : 64;
         cu_expert_table *nt = (cu_expert_table *)realloc(c->etabs, nc * sizeof(*nt));
@@ -139,6 +165,17 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
         c->etabs = nt;
         c->cap_etabs = nc;
     }
+    return &c->etabs[c->n_etabs];
+}
+
+extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args *a) {
+    for (size_t i = 0; i < c->n_etabs; i++)
+        if (c->etabs[i].gate == a->gate && c->etabs[i].n_experts == a->n_experts) return &c->etabs[i];
+    if (c->capturing) {
+        cu_fail(c, cudaErrorStreamCaptureUnsupported, "expert table first used while recording a graph", __FILE__, __LINE__);
+        return NULL;
+    }
+    if (!etab_slot(c)) return NULL;
     const int32_t E = a->n_experts;
     cu_mat *host = (cu_mat *)calloc((size_t)E * 3, sizeof(cu_mat));
     if (!host) { cu_fail(c, cudaErrorMemoryAllocation, "expert table", __FILE__, __LINE__); return NULL; }
@@ -198,34 +235,72 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
             }
         }
         if (CU_CHECK(c, cudaStreamSynchronize(c->stream)) || CU_CHECK(c, cudaFree(tmp)) || bad) { free(host); return NULL; }
-        /* the rotations' signs as bits, one row of wpm words a matrix: a table lookup in the kernels instead of a
-         * 64-bit hash per element (the same cu_rot_sign, so the same signs) */
-        const int64_t wpm = (a->hidden > a->ffn ? a->hidden : a->ffn) / 32;
-        uint32_t *hs = (uint32_t *)calloc((size_t)E * 3 * wpm, sizeof(uint32_t));
-        if (!hs || CU_CHECK(c, cudaMalloc(&t.signs, (size_t)E * 3 * wpm * sizeof(uint32_t)))) {
-            free(hs); free(host);
-            if (!hs) cu_fail(c, cudaErrorMemoryAllocation, "rotation signs", __FILE__, __LINE__);
-            return NULL;
-        }
-        for (int32_t i = 0; i < E * 3; i++) {
-            if (!host[i].rotated) continue;
-            const int64_t n = i % 3 == 2 ? a->ffn : a->hidden;
-            const uint32_t *same = NULL; /* gate/up usually share one rotation: compute once, point twice */
-            for (int32_t j = 0; j < i && !same; j++)
-                if (host[j].rotated && host[j].rot_seed == host[i].rot_seed && (j % 3 == 2) == (i % 3 == 2)) same = host[j].signs;
-            if (same) { host[i].signs = same; continue; }
-            uint32_t *row = hs + (size_t)i * wpm;
-            for (int64_t q = 0; q < n; q++)
-                if (cu_rot_sign(host[i].rot_seed, q) < 0.f) row[q >> 5] |= 1u << (q & 31);
-            host[i].signs = t.signs + (size_t)i * wpm;
-        }
-        const int cperr = CU_CHECK(c, cudaMemcpyAsync(t.signs, hs, (size_t)E * 3 * wpm * sizeof(uint32_t),
-                                                      cudaMemcpyHostToDevice, c->stream)) ||
-                          CU_CHECK(c, cudaStreamSynchronize(c->stream));
-        free(hs);
-        if (cperr) { free(host); cudaFree(t.signs); return NULL; }
+        if (tab_signs(c, host, E, a->hidden, a->ffn, &t.signs)) { free(host); return NULL; }
         t.tiled = 1;
     }
+    if (CU_CHECK(c, cudaMalloc(&t.table, (size_t)E * 3 * sizeof(cu_mat))) ||
+        CU_CHECK(c, cudaMemcpyAsync(t.table, host, (size_t)E * 3 * sizeof(cu_mat), cudaMemcpyHostToDevice, c->stream)) ||
+        CU_CHECK(c, cudaStreamSynchronize(c->stream))) {
+        free(host);
+        return NULL;
+    }
+    free(host);
+    c->etabs[c->n_etabs] = t;
+    return &c->etabs[c->n_etabs++];
+}
+
+extern "C" const cu_expert_table *cu_delta_experts(cu_backend *c, const moet_moe_args *a) {
+    if (!a->dgate) return NULL;
+    for (size_t i = 0; i < c->n_etabs; i++)
+        if (c->etabs[i].gate == a->dgate && c->etabs[i].n_experts == a->n_experts) return &c->etabs[i];
+    if (c->capturing) {
+        cu_fail(c, cudaErrorStreamCaptureUnsupported, "delta table first used while recording a graph", __FILE__, __LINE__);
+        return NULL;
+    }
+    if (!etab_slot(c)) return NULL;
+    const int32_t E = a->n_experts;
+    cu_mat *host = (cu_mat *)calloc((size_t)E * 3, sizeof(cu_mat));
+    if (!host) { cu_fail(c, cudaErrorMemoryAllocation, "delta table", __FILE__, __LINE__); return NULL; }
+    size_t big = 16;
+    for (int32_t e = 0; e < E; e++) {
+        const moet_weight *ws[3] = {&a->dgate[e], &a->dup[e], &a->ddown[e]};
+        const moet_weight *bs[3] = {&a->gate[e], &a->up[e], &a->down[e]};
+        if (ws[0]->rotated != ws[1]->rotated || (ws[0]->rotated && ws[0]->rot_seed != ws[1]->rot_seed)) {
+            free(host);
+            cu_fail(c, cudaErrorInvalidValue, "an expert's gate and up delta residuals rotated differently", __FILE__, __LINE__);
+            return NULL;
+        }
+        for (int k = 0; k < 3; k++) {
+            const moet_weight *w = ws[k];
+            if (w->type != MOET_TYPE_NVFP4 || w->rows != bs[k]->rows || w->cols != bs[k]->cols || w->rows % 16 ||
+                w->cols % 32 || w->row_bytes != (size_t)(w->cols / 16) * sizeof(moet_block_nvfp4)) {
+                free(host);
+                cu_fail(c, cudaErrorInvalidValue, "delta residuals: NVFP4 of the base's shape, rows % 16, cols % 32",
+                        __FILE__, __LINE__);
+                return NULL;
+            }
+            const uint8_t *d = cu_weight_mat(c, w);
+            if (!d) { free(host); return NULL; }
+            host[e * 3 + k] = (cu_mat){d, w->qscale, w->qbeta, w->rot_seed, w->rotated, NULL};
+            big = (size_t)w->rows * w->row_bytes > big ? (size_t)w->rows * w->row_bytes : big;
+        }
+    }
+    uint8_t *tmp = NULL;
+    if (CU_CHECK(c, cudaMalloc(&tmp, big))) { free(host); return NULL; }
+    int bad = 0;
+    for (int32_t e = 0; e < E && !bad; e++) {
+        const moet_weight *ws[3] = {&a->dgate[e], &a->dup[e], &a->ddown[e]};
+        for (int k = 0; k < 3 && !bad; k++) {
+            cu_mirror *mr = cu_mirror_of(c, ws[k]->data);
+            if (!mr) { cu_fail(c, cudaErrorInvalidValue, "delta matrix without a mirror", __FILE__, __LINE__); bad = 1; break; }
+            if (mr->tiled) continue;
+            if (cu_nv_tile_repack(c, (uint8_t *)host[e * 3 + k].w, ws[k]->rows, ws[k]->cols, ws[k]->row_bytes, tmp)) bad = 1;
+            else mr->tiled = 1;
+        }
+    }
+    if (CU_CHECK(c, cudaStreamSynchronize(c->stream)) || CU_CHECK(c, cudaFree(tmp)) || bad) { free(host); return NULL; }
+    cu_expert_table t = {a->dgate, E, NULL, MOET_TYPE_NVFP4, 0, 0, 0, 0, 0, 0, 1, 1, 1, NULL, 0};
+    if (tab_signs(c, host, E, a->hidden, a->ffn, &t.signs)) { free(host); return NULL; }
     if (CU_CHECK(c, cudaMalloc(&t.table, (size_t)E * 3 * sizeof(cu_mat))) ||
         CU_CHECK(c, cudaMemcpyAsync(t.table, host, (size_t)E * 3 * sizeof(cu_mat), cudaMemcpyHostToDevice, c->stream)) ||
         CU_CHECK(c, cudaStreamSynchronize(c->stream))) {

@@ -96,8 +96,14 @@ cu_mirror *cu_mirror_of(cu_backend *c, const void *host);
 /* Rewrites a 2-bit matrix (rows % 16 == 0, cols % 32 == 0) in place into the tiled layout; tmp: rows * row_bytes of
  * device scratch. 0 on success. */
 int cu_q2_tile_repack(cu_backend *c, uint8_t *d, int64_t rows, int64_t cols, size_t row_bytes, uint8_t *tmp);
+/* The same for a tiled NVFP4 matrix (a delta residual: rows % 16 == 0, cols % 32 == 0, rows of cols/16 blocks). */
+int cu_nv_tile_repack(cu_backend *c, uint8_t *d, int64_t rows, int64_t cols, size_t row_bytes, uint8_t *tmp);
 /* The layer's routed experts as one device table (built at first use). NULL after recording an error. */
 const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args *a);
+/* The layer's delta residuals (a->dgate/dup/ddown, NVFP4) as a table of tiled matrices with their rotations' sign
+ * rows, keyed on a->dgate; an expert's gate and up residuals must share one rotation. NULL after recording an error
+ * (a->dgate NULL: NULL, no error). */
+const cu_expert_table *cu_delta_experts(cu_backend *c, const moet_moe_args *a);
 
 /* op families (matmul.cu, elementwise.cu, attention.cu, moe.cu) */
 void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);

@@ -473,15 +473,36 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *args) {
         return;
     }
     if (set_attrs(c)) return;
+    if (a->dgate && !cu_delta_experts(c, a)) return;
     const cu_expert_table *tab = cu_experts(c, a);
     if (!tab) return;
+    if (a->dgate) { /* the delta (W2 base + NVFP4 residuals): the tensor-core decode kernels, MOE_DELTA_TOK tokens a pass */
+        const cu_expert_table *dtab = cu_delta_experts(c, a); /* again: cu_experts may have moved the tables */
+        if (!dtab) return;
+        if (!tab->tiled) {
+            cu_fail(c, cudaErrorInvalidValue, "moe: the delta runs with W2/sym2 experts in the tiled layout only", __FILE__, __LINE__);
+            return;
+        }
+        float *logits = (float *)a->scratch, *act = logits + (size_t)T * E;
+        for (int64_t t0 = 0; t0 < T && !c->err[0]; t0 += MOE_DELTA_TOK) {
+            moet_moe_args pa = *a;
+            pa.n_tok = T - t0 < MOE_DELTA_TOK ? T - t0 : MOE_DELTA_TOK;
+            pa.x = a->x + t0 * H;
+            pa.y = a->y + t0 * H;
+            if (a->h) pa.h = a->h + t0 * H;
+            pa.topk_ids = a->topk_ids + t0 * K;
+            pa.topk_w = a->topk_w + t0 * K;
+            cu_moe_tc_decode(c, &pa, tab, dtab, logits, act);
+        }
+        return;
+    }
     float *logits = (float *)a->scratch, *act = logits + (size_t)T * E;
     const int q2 = cu_is_q2(tab->type) && tab->aligned4;
     const size_t rb_gu = moet_type_row_bytes(tab->type, H), rb_dn = moet_type_row_bytes(tab->type, F);
 
     const int pre = tab->gu_uniform;
     if (tab->tiled && T < MOE_GROUP_MIN) { /* the router kernel applies the pre-norm itself */
-        if (!cu_moe_fused(c, a, tab, logits, act)) cu_moe_tc_decode(c, a, tab, logits, act);
+        if (!cu_moe_fused(c, a, tab, logits, act)) cu_moe_tc_decode(c, a, tab, NULL, logits, act);
         return;
     }
     if (a->norm_w) { /* the pre-norm as its own launch on the other paths */

@@ -14,6 +14,7 @@
 #define MOE_MAX_E 1024
 #define GR_TB 8                 /* grouped path: slots (tokens of one expert) per chunk */
 #define MOE_GROUP_MIN 4         /* tokens from which the grouped path runs */
+#define MOE_DELTA_TOK 4         /* tokens a pass of the delta path (moe_tc.cu's decode kernels; <= TC_RT_T) */
 
 /* ---- route: softmax + top-k of one token's router logits, by one warp --------------------------------------
  * The logits come from mul_mat (spread over the whole GPU). Every gate/up CTA of a token routes it again (128
@@ -54,7 +55,8 @@ __device__ __forceinline__ void moe_route_warp(const float *__restrict__ lg, int
 
 /* moe_tc.cu: the tensor-core path (tab->tiled). Decode (T < MOE_GROUP_MIN): router + top-k, gate/up, down, three
  * launches. Grouped: gate/up and down over the work list of moe.cu's k_moe_prep / k_moe_items. */
-void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, float *logits, float *act);
+void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, const cu_expert_table *dtab,
+                      float *logits, float *act);
 void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const float *xr, int64_t T, int64_t H, int64_t F,
                            int32_t K, const int32_t *count, const int32_t *n_items, const int32_t *items,
                            const int32_t *list, unsigned n_chunks, float *act);

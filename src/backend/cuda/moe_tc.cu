@@ -89,19 +89,23 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
 
 /* ---- decode: gate/up ----------------------------------------------------------------------------------------- */
 
-template <int M>
-__global__ void __launch_bounds__(TC_GU_W * 32, 3)
+/* DL: the expert's NVFP4 delta residuals (dtable, tiled: blocks.h) are added into the same accumulators after each
+ * chunk's base products, x rotated a second time by the residual's own rotation. */
+template <int M, int DL>
+__global__ void __launch_bounds__(TC_GU_W * 32, DL ? 2 : 3)
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
-             int32_t type, int32_t rot, uint32_t seed, const int32_t *topk_ids, float *__restrict__ act) {
+             int32_t type, int32_t rot, uint32_t seed, const int32_t *topk_ids, float *__restrict__ act,
+             const cu_mat *__restrict__ dtable) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int slot = blockIdx.y, tok = slot / K;
     const int64_t ti = blockIdx.x, NB = H / 32;
     constexpr int b = 32 * M, m = M, nb = M;
     const int nch = (int)(H / b);
-    float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][2][16] */
+    float *lut = (float *)smem, *nvl = lut + 256, *red = nvl + (DL ? 256 : 0); /* [256] | DL: [256] | [nw][2][16] */
     __half *X = (__half *)(red + (size_t)nw * 32) + (size_t)warp * 2 * b;
     tc_lut_fill(lut);
+    if (DL) tc_e4m3_fill(nvl);
     cu_pdl_wait();
     __syncthreads();
     const int32_t e = __ldcg(topk_ids + slot); /* the router's output: coherent (cu_pdl_wait) */
@@ -128,6 +132,24 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
             tc_mac<1>(wu[bi], bf, Au, Bu, lut[tc_sc(su, bi, g)] * qu, lut[tc_sc(su, bi, g + 8)] * qu, one, au);
         }
         __syncwarp();
+        if (DL) {
+            const cu_mat dg = dtable[e * 3], du = dtable[e * 3 + 1]; /* one rotation for both (cu_delta_experts) */
+            uint2 cg[8], cu_[8];
+            uint32_t g0, g1, u0, u1;
+            tc_nv_fetch<M>(dg, F, NB, ti, (int64_t)c * nb, cg, g0, g1);
+            tc_nv_fetch<M>(du, F, NB, ti, (int64_t)c * nb, cu_, u0, u1);
+            cu_rot_chunk_t<M>(v, x + (int64_t)tok * H, dg.rotated, dg.rot_seed, c, dg.signs);
+            const float d2 = tc_stage(v, m, b, X), dq[1] = {dg.qscale * d2}, uq[1] = {du.qscale * d2};
+            __syncwarp();
+#pragma unroll
+            for (int bi = 0; bi < nb; bi++) {
+                uint32_t bf[2][1][2];
+                tc_bfrags<1>(bs, bi, bf);
+                tc_nv_mac<1>(cg[bi], bf, nvl, g0, g1, bi, dq, ag);
+                tc_nv_mac<1>(cu_[bi], bf, nvl, u0, u1, bi, uq, au);
+            }
+            __syncwarp();
+        }
     }
     cu_pdl_trigger();
     if (t == 0) {
@@ -147,20 +169,21 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
 
 /* ---- decode: down + combine ---------------------------------------------------------------------------------- */
 
-template <int M>
+template <int M, int DL>
 __global__ void __launch_bounds__(TC_DN_W * 32)
 k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
-          int accum) {
+          int accum, const cu_mat *__restrict__ dtable) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok = blockIdx.y;
     const int64_t ti = blockIdx.x, NB = F / 32;
     constexpr int b = 32 * M, m = M, nb = M;
     const int nch = (int)(F / b), n_items = K * nch;
-    float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][16] */
+    float *lut = (float *)smem, *nvl = lut + 256, *red = nvl + (DL ? 256 : 0); /* [256] | DL: [256] | [nw][16] */
     __half *X = (__half *)(red + (size_t)nw * 16) + (size_t)warp * 2 * b;
     tc_lut_fill(lut);
+    if (DL) tc_e4m3_fill(nvl);
     cu_pdl_wait();
     __syncthreads();
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
@@ -186,6 +209,22 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
             tc_mac<1>(wd[bi], bf, A, B, lut[tc_sc(sd, bi, g)] * qd, lut[tc_sc(sd, bi, g + 8)] * qd, one, acc);
         }
         __syncwarp();
+        if (DL) {
+            const cu_mat rm = dtable[e * 3 + 2];
+            uint2 cr[8];
+            uint32_t r0, r1;
+            tc_nv_fetch<M>(rm, H, NB, ti, (int64_t)c * nb, cr, r0, r1);
+            cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, rm.rotated, rm.rot_seed, c, rm.signs);
+            const float d2 = tc_stage(v, m, b, X), rq[1] = {rm.qscale * d2 * wk};
+            __syncwarp();
+#pragma unroll
+            for (int bi = 0; bi < nb; bi++) {
+                uint32_t bf[2][1][2];
+                tc_bfrags<1>(bs, bi, bf);
+                tc_nv_mac<1>(cr[bi], bf, nvl, r0, r1, bi, rq, acc);
+            }
+            __syncwarp();
+        }
     }
     cu_pdl_trigger();
     if (t == 0) {
@@ -388,10 +427,42 @@ extern "C" int cu_q2_tile_repack(cu_backend *c, uint8_t *d, int64_t rows, int64_
     return CU_LAUNCHED(c, "k_q2_tile") ? -1 : 0;
 }
 
+/* src: NVFP4 rows of C/16 9-byte blocks (row_bytes apart); dst: the tiled NVFP4 layout (blocks.h). One thread per
+ * (tile, 32-column block, lane): its two code words, and for lanes (s, r) = (l >> 4, l & 15) the scale of row r,
+ * k-step s. */
+__global__ void k_nv_tile(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst, int64_t R, int64_t NB,
+                          size_t row_bytes) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = R / 16 * NB * 32;
+    if (i >= n) return;
+    const int lane = (int)(i & 31), g = lane >> 2, t = lane & 3;
+    const int64_t tb = i >> 5, ti = tb / NB, bi = tb - ti * NB;
+    uint32_t w[2];
+    for (int s = 0; s < 2; s++) {
+        uint32_t word = 0;
+        for (int r = 0; r < 4; r++) {
+            const moet_block_nvfp4 *B = (const moet_block_nvfp4 *)(src + (size_t)(16 * ti + g + 8 * (r & 1)) * row_bytes) + 2 * bi + s;
+            const int c0 = 2 * t + 8 * (r >> 1); /* columns c0, c0 + 1 of the 16: codes c < 8 low nibbles, else high */
+            const uint32_t n0 = c0 < 8 ? B->qs[c0] & 15u : B->qs[c0 - 8] >> 4, n1 = c0 + 1 < 8 ? B->qs[c0 + 1] & 15u : B->qs[c0 - 7] >> 4;
+            word |= (n0 | n1 << 4) << (8 * r);
+        }
+        w[s] = word;
+    }
+    ((uint2 *)dst)[i] = make_uint2(w[0], w[1]);
+    const int s = lane >> 4, r = lane & 15;
+    dst[(size_t)R * NB * 16 + tb * 32 + lane] = ((const moet_block_nvfp4 *)(src + (size_t)(16 * ti + r) * row_bytes))[2 * bi + s].scale;
+}
+
+extern "C" int cu_nv_tile_repack(cu_backend *c, uint8_t *d, int64_t rows, int64_t cols, size_t row_bytes, uint8_t *tmp) {
+    const int64_t NB = cols / 32, n = rows / 16 * NB * 32;
+    if (CU_CHECK(c, cudaMemcpyAsync(tmp, d, (size_t)rows * row_bytes, cudaMemcpyDeviceToDevice, c->stream))) return -1;
+    k_nv_tile<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(tmp, d, rows, NB, row_bytes);
+    return CU_LAUNCHED(c, "k_nv_tile") ? -1 : 0;
+}
+
 /* ---- host side ----------------------------------------------------------------------------------------------- */
 
-static size_t tc_smem_dec(int nw, int per_warp_red, int b) {
-    return (256 + (size_t)nw * per_warp_red) * sizeof(float) + (size_t)nw * 2 * b * sizeof(__half);
+static size_t tc_smem_dec(int nw, int per_warp_red, int b, int dl) {
+    return ((dl ? 512 : 256) + (size_t)nw * per_warp_red) * sizeof(float) + (size_t)nw * 2 * b * sizeof(__half);
 }
 
 /* Runs KERNEL<M> for the rotation chunk b = 32 M of a width (b: the largest power of two <= 256 dividing it). */
@@ -401,6 +472,15 @@ static size_t tc_smem_dec(int nw, int per_warp_red, int b) {
     case 64: KERNEL<2><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                     \
     case 128: KERNEL<4><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                    \
     default: KERNEL<8><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                     \
+    }
+
+/* KERNEL<M, DL> through cu_launch_pdl (the decode kernels: DL, the NVFP4 delta, known at compile time). */
+#define TC_DISPATCH_PDL_DL(b, KERNEL, DL, GRID, BLOCK, SMEM, ...)                                                 \
+    switch (b) {                                                                                                  \
+    case 32: cu_launch_pdl(c, KERNEL<1, DL>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                        \
+    case 64: cu_launch_pdl(c, KERNEL<2, DL>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                        \
+    case 128: cu_launch_pdl(c, KERNEL<4, DL>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                       \
+    default: cu_launch_pdl(c, KERNEL<8, DL>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                        \
     }
 
 /* The same through cu_launch_pdl (kernels that follow the cu_pdl_wait rule). */
@@ -432,7 +512,8 @@ static int tc_attrs(cu_backend *c) {
     return 0;
 }
 
-void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, float *logits, float *act) {
+void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, const cu_expert_table *dtab,
+                      float *logits, float *act) {
     const int64_t T = a->n_tok, H = a->hidden, F = a->ffn;
     const int32_t E = a->n_experts, K = a->n_used;
     const moet_weight *rw = a->router;
@@ -461,11 +542,21 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (CU_LAUNCHED(c, "k_tc_router")) return;
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
     const int nwg = tc_warps(H / bh, TC_GU_W), nwd = tc_warps(K * (F / bf), TC_DN_W);
-    TC_DISPATCH_PDL(bh, k_tc_gate_up, dim3((unsigned)(F / 16), (unsigned)(T * K)), nwg * 32, tc_smem_dec(nwg, 32, bh),
-                xin, H, F, K, tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act);
+    const dim3 ggu((unsigned)(F / 16), (unsigned)(T * K)), gdn((unsigned)(H / 16), (unsigned)T);
+    const cu_mat *dt = dtab ? dtab->table : NULL;
+    if (dtab)
+        TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1), xin, H, F, K, tab->table,
+                           tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt)
+    else
+        TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 0, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0), xin, H, F, K, tab->table,
+                           tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
-    TC_DISPATCH_PDL(bf, k_tc_down, dim3((unsigned)(H / 16), (unsigned)T), nwd * 32, tc_smem_dec(nwd, 16, bf),
-                act, H, F, K, tab->table, tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate);
+    if (dtab)
+        TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt)
+    else
+        TC_DISPATCH_PDL_DL(bf, k_tc_down, 0, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0), act, H, F, K, tab->table,
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt)
     CU_LAUNCHED(c, "k_tc_down");
 }
 

@@ -20,6 +20,7 @@
 #define TC_RT_W 16            /* router: rows (warps) a CTA at most */
 #define TC_RT_T 4             /* router: tokens at most (decode) */
 #define TC_RT_U 8             /* router: 16-byte chunks of a row in flight a lane */
+static_assert(MOE_DELTA_TOK <= TC_RT_T, "the delta path's passes go through the decode router");
 
 /* ---- fragments ----------------------------------------------------------------------------------------------- */
 
@@ -160,6 +161,70 @@ __device__ __forceinline__ void tc_fetch(const cu_mat &m, int64_t rows, int64_t 
 __device__ __forceinline__ uint32_t tc_sc(uint32_t sw, int bi, int r) {
     const int i = 16 * bi + r;
     return (__shfl_sync(0xffffffffu, sw, i >> 2) >> (8 * (i & 3))) & 0xffu;
+}
+
+/* ---- the NVFP4 delta (the tiled NVFP4 layout: quant/blocks.h) --------------------------------------------------- */
+
+/* The f16x2 register of one tiled code byte: low nibble -> low half. */
+__device__ __forceinline__ uint32_t tc_fp4x2(uint32_t b) {
+    const uint32_t sel = ((b & 7u) << 4) | ((b & 0x70u) << 8); /* bytes 0 and 2 select entry 0: 0x00 */
+    return __byte_perm(0x3E3C3800u, 0x46444240u, sel) | ((b & 8u) << 12) | ((b & 0x80u) << 24);
+}
+
+/* E4M3 (the NVFP4 block scale) for every code, in shared memory, as quant/formats.c decodes it. All threads; the
+ * caller synchronises. */
+__device__ __forceinline__ void tc_e4m3_fill(float *lut) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+        const int e = (i >> 3) & 15, m = i & 7;
+        float r = e == 15 && m == 7 ? __int_as_float(0x7fc00000) : e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + (float)m / 8.0f, e - 7);
+        lut[i] = (i & 0x80) ? -r : r;
+    }
+}
+
+/* The loads of one chunk (NBK <= 8 blocks of 32 columns from block blk0) of tile ti of a tiled NVFP4 matrix: the
+ * lane's code pair of every block, and two 32-bit words of the chunk's NBK x 32 scale bytes (words lane and lane + 32),
+ * handed round by tc_nv_sc. */
+template <int NBK>
+__device__ __forceinline__ void tc_nv_fetch(const cu_mat &m, int64_t rows, int64_t NB, int64_t ti, int64_t blk0,
+                                            uint2 wd[8], uint32_t &s0, uint32_t &s1) {
+    const int lane = threadIdx.x & 31;
+    const int64_t tb = ti * NB + blk0;
+    const uint2 *cw = (const uint2 *)m.w + tb * 32 + lane;
+#pragma unroll
+    for (int bi = 0; bi < NBK; bi++) wd[bi] = __ldg(cw + 32 * bi);
+    const uint32_t *sp = (const uint32_t *)(m.w + (size_t)rows * NB * 16 + tb * 32);
+    s0 = lane < 8 * NBK ? __ldg(sp + lane) : 0u;
+    s1 = lane + 32 < 8 * NBK ? __ldg(sp + lane + 32) : 0u;
+}
+
+/* Scale code of row r (0..15), k-step s of block bi from tc_nv_fetch's words (every lane calls it; bi is known at
+ * compile time, so which word is uniform). */
+__device__ __forceinline__ uint32_t tc_nv_sc(uint32_t s0, uint32_t s1, int bi, int s, int r) {
+    const int i = 32 * bi + 16 * s + r;
+    return (__shfl_sync(0xffffffffu, (bi >> 2) ? s1 : s0, (i >> 2) & 31) >> (8 * (i & 3))) & 0xffu;
+}
+
+/* One 16 x 32 block of a tiled NVFP4 matrix against NG column groups into the lane's row sums (as tc_mac): per
+ * k-step a product into zeroed accumulators, then acc += (e4m3 scale x q) x (hi + lo). nvl: tc_e4m3_fill's table. */
+template <int NG>
+__device__ __forceinline__ void tc_nv_mac(uint2 wd, const uint32_t bf[2][NG][2], const float *nvl, uint32_t s0,
+                                          uint32_t s1, int bi, const float q[NG], float acc[NG][2]) {
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+        const uint32_t w = s ? wd.y : wd.x;
+        uint32_t a[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[r] = tc_fp4x2((w >> (8 * r)) & 0xffu);
+        const float f0 = nvl[tc_nv_sc(s0, s1, bi, s, g)], f1 = nvl[tc_nv_sc(s0, s1, bi, s, g + 8)];
+#pragma unroll
+        for (int gi = 0; gi < NG; gi++) {
+            float cc[4] = {0.f, 0.f, 0.f, 0.f};
+            tc_mma(cc, a, bf[s][gi]);
+            acc[gi][0] = fmaf(f0 * q[gi], cc[0] + cc[1], acc[gi][0]);
+            acc[gi][1] = fmaf(f1 * q[gi], cc[2] + cc[3], acc[gi][1]);
+        }
+    }
 }
 
 /* ---- decode: router + top-k ---------------------------------------------------------------------------------- */

@@ -12,6 +12,7 @@
 #include "core/util.h"
 #include "quant/formats.h"
 #include "quant/matq.h"
+#include "quant/tile.h"
 #include "test_util.h"
 
 static uint64_t g_rng;
@@ -22,6 +23,67 @@ static double urand(void) {
 static float gauss(void) {
     double u = urand() + 1e-12, v = urand();
     return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* The tiled NVFP4 layout (quant/tile.h, blocks.h) as the CUDA tensor-core kernels consume it, checked here where no GPU
+ * runs them: every byte of the layout written once; every f16x2 register a lane builds for mma.m16n8k16's A operand
+ * (rows g / g + 8, columns 2t + h / 2t + 8 + h of each k-step) decodes to the e2m1 value of that element; every scale
+ * a lane takes from its two fetched words (the warp's shuffle emulated) is that element's block scale. */
+static void test_nv_tile(void) {
+    enum { R = 32, C = 256, NB = C / 32, RB = C / 16 * 9 };
+    static uint8_t src[R * RB], dst[R * RB], seen[R * RB];
+    for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(urand() * 256);
+    memset(seen, 0, sizeof seen);
+    for (int64_t ti = 0; ti < R / 16; ti++)
+        for (int64_t bi = 0; bi < NB; bi++) {
+            const int64_t tb = ti * NB + bi;
+            for (int lane = 0; lane < 32; lane++)
+                for (int s = 0; s < 2; s++) {
+                    const uint32_t w = moet_nv_tile_word(src, RB, ti, bi, lane, s);
+                    for (int k = 0; k < 4; k++) { dst[(tb * 32 + lane) * 8 + 4 * s + k] = (uint8_t)(w >> (8 * k)); seen[(tb * 32 + lane) * 8 + 4 * s + k]++; }
+                }
+            for (int j = 0; j < 32; j++) {
+                dst[(size_t)R * NB * 16 + tb * 32 + j] = moet_nv_tile_scale(src, RB, ti, bi, j);
+                seen[(size_t)R * NB * 16 + tb * 32 + j]++;
+            }
+        }
+    int once = 1;
+    for (size_t i = 0; i < sizeof seen; i++) once &= seen[i] == 1;
+    CHECK(once, "nvfp4 tiled layout: not every byte written exactly once");
+    int bad_v = 0, bad_s = 0;
+    for (int64_t ti = 0; ti < R / 16; ti++)
+        for (int64_t c0 = 0; c0 < NB; c0 += 8) { /* a chunk of 8 blocks, as the kernels fetch it */
+            const uint32_t *sw = (const uint32_t *)(dst + (size_t)R * NB * 16 + (ti * NB + c0) * 32);
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane >> 2, t = lane & 3;
+                for (int bi = 0; bi < 8; bi++) {
+                    const uint8_t *cw = dst + ((ti * NB + c0 + bi) * 32 + lane) * 8;
+                    for (int s = 0; s < 2; s++)
+                        for (int r = 0; r < 4; r++) {
+                            const uint32_t f = moet_fp4x2_f16x2(cw[4 * s + r]);
+                            const int row = (int)(16 * ti) + g + 8 * (r & 1);
+                            for (int h = 0; h < 2; h++) {
+                                const int col = (int)(32 * (c0 + bi)) + 16 * s + 2 * t + 8 * (r >> 1) + h;
+                                const moet_block_nvfp4 *b = (const moet_block_nvfp4 *)(src + (size_t)row * RB) + col / 16;
+                                const float want = moet_e2m1_values[moet_nvfp4_code(b, col % 16)];
+                                const float got = moet_f16_to_f32((uint16_t)(f >> (16 * h)));
+                                bad_v += got != want || signbit(got) != signbit(want);
+                            }
+                        }
+                    for (int s = 0; s < 2; s++)
+                        for (int half = 0; half < 2; half++) {
+                            const int r = g + 8 * half;
+                            int which, src_lane, byte;
+                            moet_nv_sc_pos(bi, s, r, &which, &src_lane, &byte);
+                            const uint32_t word = sw[src_lane + 32 * which]; /* word lane + 32 which, as fetched */
+                            const uint8_t got = (uint8_t)(word >> (8 * byte));
+                            bad_s += got != ((const moet_block_nvfp4 *)(src + (size_t)(16 * ti + r) * RB))[2 * (c0 + bi) + s].scale;
+                        }
+                }
+            }
+        }
+    CHECK(!bad_v, "nvfp4 tiled fragments: %d values off", bad_v);
+    CHECK(!bad_s, "nvfp4 tiled scales: %d scales off", bad_s);
 }
 
 #define N 256
@@ -173,5 +235,6 @@ int main(void) {
                 simd ? "AVX2+FMA" : "scalar", worst_ref, worst_simd);
         CHECK(worst_ref < 1e-6 && worst_simd < 1e-6, "2-bit dot products off: %.3g / %.3g", worst_ref, worst_simd);
     }
+    test_nv_tile();
     TEST_END();
 }

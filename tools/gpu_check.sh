@@ -17,6 +17,9 @@ run logits_a_cuda $bin/test_logits models/moe-mini-a .carry/shared/reference_fp3
 TAIL=3 run batch_cuda $bin/test_batch models/moe-mini-a
 TAIL=3 run kv_cuda $bin/test_kv models/moe-mini-a
 run logits_b_cuda $bin/test_logits tests/models/moe-mini-b tests/models/moe-mini-b/reference_fp32.safetensors 40 0
+# the FP4 delta end to end on the GPU (W2 pack + NVFP4 delta pack, the tensor-core delta kernels) against the
+# in-memory base + delta, and the gate at tau 0 / 1 against off / on
+TAIL=12 run delta_cuda bash tests/test_delta.sh $bin/moet tests/models/moe-mini-b
 # the server on the GPU: the real-client tests when the image has Node.js (carry tests/server/node_modules), else curl
 if command -v node >/dev/null 2>&1 && [ -d tests/server/node_modules ]; then
   TAIL=60 run server_clients node tests/server/test_server.mjs $bin/moet models/moe-mini-a tests/fixtures/ppl_window.txt

@@ -434,22 +434,11 @@ __global__ void k_nv_tile(const uint8_t *__restrict__ src, uint8_t *__restrict__
                           size_t row_bytes) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, n = R / 16 * NB * 32;
     if (i >= n) return;
-    const int lane = (int)(i & 31), g = lane >> 2, t = lane & 3;
+    const int lane = (int)(i & 31);
     const int64_t tb = i >> 5, ti = tb / NB, bi = tb - ti * NB;
-    uint32_t w[2];
-    for (int s = 0; s < 2; s++) {
-        uint32_t word = 0;
-        for (int r = 0; r < 4; r++) {
-            const moet_block_nvfp4 *B = (const moet_block_nvfp4 *)(src + (size_t)(16 * ti + g + 8 * (r & 1)) * row_bytes) + 2 * bi + s;
-            const int c0 = 2 * t + 8 * (r >> 1); /* columns c0, c0 + 1 of the 16: codes c < 8 low nibbles, else high */
-            const uint32_t n0 = c0 < 8 ? B->qs[c0] & 15u : B->qs[c0 - 8] >> 4, n1 = c0 + 1 < 8 ? B->qs[c0 + 1] & 15u : B->qs[c0 - 7] >> 4;
-            word |= (n0 | n1 << 4) << (8 * r);
-        }
-        w[s] = word;
-    }
-    ((uint2 *)dst)[i] = make_uint2(w[0], w[1]);
-    const int s = lane >> 4, r = lane & 15;
-    dst[(size_t)R * NB * 16 + tb * 32 + lane] = ((const moet_block_nvfp4 *)(src + (size_t)(16 * ti + r) * row_bytes))[2 * bi + s].scale;
+    ((uint2 *)dst)[i] = make_uint2(moet_nv_tile_word(src, row_bytes, ti, bi, lane, 0),
+                                   moet_nv_tile_word(src, row_bytes, ti, bi, lane, 1));
+    dst[(size_t)R * NB * 16 + tb * 32 + lane] = moet_nv_tile_scale(src, row_bytes, ti, bi, lane);
 }
 
 extern "C" int cu_nv_tile_repack(cu_backend *c, uint8_t *d, int64_t rows, int64_t cols, size_t row_bytes, uint8_t *tmp) {

@@ -13,6 +13,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_int.h"
 #include "backend/cuda/moe.cuh"
+#include "quant/tile.h"
 
 #define TC_GU_W 8             /* decode gate/up: warps a CTA at most (3 CTAs an SM: one wave at the 30b shape) */
 #define TC_DN_W 24            /* decode down: warps a CTA at most (one (pick, chunk) item a warp at the 30b shape) */
@@ -165,11 +166,8 @@ __device__ __forceinline__ uint32_t tc_sc(uint32_t sw, int bi, int r) {
 
 /* ---- the NVFP4 delta (the tiled NVFP4 layout: quant/blocks.h) --------------------------------------------------- */
 
-/* The f16x2 register of one tiled code byte: low nibble -> low half. */
-__device__ __forceinline__ uint32_t tc_fp4x2(uint32_t b) {
-    const uint32_t sel = ((b & 7u) << 4) | ((b & 0x70u) << 8); /* bytes 0 and 2 select entry 0: 0x00 */
-    return __byte_perm(0x3E3C3800u, 0x46444240u, sel) | ((b & 8u) << 12) | ((b & 0x80u) << 24);
-}
+/* The f16x2 register of one tiled code byte (quant/tile.h: low nibble -> low half, one byte permute). */
+__device__ __forceinline__ uint32_t tc_fp4x2(uint32_t b) { return moet_fp4x2_f16x2(b); }
 
 /* E4M3 (the NVFP4 block scale) for every code, in shared memory, as quant/formats.c decodes it. All threads; the
  * caller synchronises. */
@@ -200,8 +198,9 @@ __device__ __forceinline__ void tc_nv_fetch(const cu_mat &m, int64_t rows, int64
 /* Scale code of row r (0..15), k-step s of block bi from tc_nv_fetch's words (every lane calls it; bi is known at
  * compile time, so which word is uniform). */
 __device__ __forceinline__ uint32_t tc_nv_sc(uint32_t s0, uint32_t s1, int bi, int s, int r) {
-    const int i = 32 * bi + 16 * s + r;
-    return (__shfl_sync(0xffffffffu, (bi >> 2) ? s1 : s0, (i >> 2) & 31) >> (8 * (i & 3))) & 0xffu;
+    int which, src, byte;
+    moet_nv_sc_pos(bi, s, r, &which, &src, &byte);
+    return (__shfl_sync(0xffffffffu, which ? s1 : s0, src) >> (8 * byte)) & 0xffu;
 }
 
 /* One 16 x 32 block of a tiled NVFP4 matrix against NG column groups into the lane's row sums (as tc_mac): per

@@ -53,5 +53,12 @@ if [ "${BENCH:-1}" = 1 ]; then
     TAIL=4 run bench_$shape $bin/moet bench --synthetic $shape --device cuda -p 512 -n 128 --reps 3 -b ${BATCHES:-4,16} --json "$out/bench-$shape.json"
   done
   TAIL=4 run bench_mini_a $bin/moet bench -m models/moe-mini-a --device cuda -p 512 -n 128 --reps 3 --json "$out/bench-moe-mini-a.json"
+  # the FP4 delta on every step (W2 base + NVFP4 residuals through the tensor-core decode kernels)
+  TAIL=4 run bench_30b_delta $bin/moet bench --synthetic qwen3-30b-a3b --experts w2+nvfp4 --device cuda -p 512 -n 128 \
+    --reps 3 -b 4 --json "$out/bench-qwen3-30b-a3b-delta.json"
+fi
+# the device call brings back at most 8 files: with $OUT set, everything goes back as one archive
+if [ -n "${OUT:-}" ] && [ "$out" = "$OUT" ]; then
+  tar -C "$out" -czf /tmp/gpu-check.tgz . && find "$out" -mindepth 1 -delete && mv /tmp/gpu-check.tgz "$out/"
 fi
 exit $fail

@@ -27,6 +27,7 @@
 #include "model/model.h"
 #include "quant/matq.h"
 #include "quant/types.h"
+#include "runtime/session_int.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -124,7 +125,8 @@ int cmd_bench(int argc, char **argv) {
             mo.n_threads = cc.threads;
             mo.device = cc.device;
             double tb = moet_time_s();
-            if (moet_model_synthetic(synthetic, moet_qformat_type((moet_qformat)qf), &mo, &m, err, sizeof err)) {
+            if (moet_model_synthetic(synthetic, moet_qformat_type((moet_qformat)qf), qf == MOET_QF_W2_NVFP4, &mo, &m,
+                                     err, sizeof err)) {
                 fprintf(stderr, "moet: error: %s\n", err);
                 return 1;
             }
@@ -147,6 +149,9 @@ int cmd_bench(int argc, char **argv) {
                 tok_bytes += (double)L->router.row_bytes * L->router.rows;
                 tok_bytes += (double)hp->n_experts_used * ((double)L->exp_gate[0].row_bytes * L->exp_gate[0].rows * 2 +
                                                            (double)L->exp_down[0].row_bytes * L->exp_down[0].rows);
+                if (L->dres_gate) /* the delta on: every step reads the residuals too */
+                    tok_bytes += (double)hp->n_experts_used * ((double)L->dres_gate[0].row_bytes * L->dres_gate[0].rows * 2 +
+                                                               (double)L->dres_down[0].row_bytes * L->dres_down[0].rows);
             } else {
                 tok_bytes += (double)L->gate.row_bytes * L->gate.rows * 2 + (double)L->down.row_bytes * L->down.rows;
             }
@@ -158,6 +163,7 @@ int cmd_bench(int argc, char **argv) {
         so.n_batch = pp > 0 ? (int32_t)(pp < 512 ? pp : 512) : 256;
         moet_session *s;
         if (moet_session_create(m, &so, &s, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); return 1; }
+        if (synthetic && qf == MOET_QF_W2_NVFP4) moet_session_use_delta(s, 1); /* every step base + delta */
         int32_t *ids = malloc((size_t)(pp + tg + 8) * sizeof(int32_t));
         for (long i = 0; i < pp + tg + 8; i++) ids[i] = (int32_t)((i * 7919 + 13) % info.vocab_size);
         double tpp[100], ttg[100];
@@ -218,9 +224,11 @@ int cmd_bench(int argc, char **argv) {
             bo.n_ctx = (int32_t)(tg + 16);
             int erc = !ss || !tok || moet_batch_create(m, (int32_t)B, bo.n_ctx, &bt, err, sizeof err);
             bo.n_candidates = (int32_t)cands;
-            for (long i = 0; i < B && !erc; i++)
-                erc = moet_session_create(m, &bo, &ss[i], err, sizeof err) ||
-                      moet_session_eval(ss[i], ids + i % 8, 4, MOET_LOGITS_LAST, err, sizeof err);
+            for (long i = 0; i < B && !erc; i++) {
+                erc = moet_session_create(m, &bo, &ss[i], err, sizeof err);
+                if (!erc && synthetic && qf == MOET_QF_W2_NVFP4) moet_session_use_delta(ss[i], 1);
+                erc = erc || moet_session_eval(ss[i], ids + i % 8, 4, MOET_LOGITS_LAST, err, sizeof err);
+            }
             double tb[100];
             for (long r = 0; r < reps && !erc; r++) {
                 for (long i = 0; i < B; i++) moet_session_truncate(ss[i], 4, NULL, 0);

@@ -32,9 +32,10 @@ struct moet_model {
 };
 
 /* A model of a real architecture's shape with random weights, built in backend memory (no file): for benchmarks.
- * shape: "qwen3-30b-a3b", "qwen3-235b-a22b" or "mini" (a tiny one for tests); expert_type a MOET_TYPE_*. */
-int moet_model_synthetic(const char *shape, int32_t expert_type, const moet_model_options *opt, moet_model **out,
-                         char *err, size_t errlen);
+ * shape: "qwen3-30b-a3b", "qwen3-235b-a22b" or "mini" (a tiny one for tests); expert_type a MOET_TYPE_*. delta (W2
+ * experts only): random NVFP4 residuals beside them as well (the layers' dres_*, a delta pack's form). */
+int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, const moet_model_options *opt,
+                         moet_model **out, char *err, size_t errlen);
 
 /* Creates the backend a device string names ("cpu", "cuda", "cuda:N", NULL/"auto"). */
 int moet_backend_open(const char *device, int n_threads, moet_backend **out, char *err, size_t errlen);

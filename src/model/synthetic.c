@@ -69,13 +69,14 @@ static const float *host_vec(moet_model *m, int64_t n, float v) {
     return p;
 }
 
-int moet_model_synthetic(const char *shape, int32_t expert_type, const moet_model_options *opt, moet_model **out,
-                         char *err, size_t errlen) {
+int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, const moet_model_options *opt,
+                         moet_model **out, char *err, size_t errlen) {
     *out = NULL;
     const shape_def *sd = NULL;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
         if (!strcmp(shape, k_shapes[i].name)) sd = &k_shapes[i];
     if (!sd) return moet_err(err, errlen, MOET_EINVAL, "unknown synthetic shape '%s' (qwen3-30b-a3b, qwen3-235b-a22b, mini)", shape);
+    if (delta && expert_type != MOET_TYPE_W2) return moet_err(err, errlen, MOET_EINVAL, "a delta goes with W2 experts");
     const moet_type_traits *tt = moet_type_get(expert_type);
     if (!tt || !moet_type_row_bytes(expert_type, sd->expert_ffn) || !moet_type_row_bytes(expert_type, sd->hidden))
         return moet_err(err, errlen, MOET_EINVAL, "expert type %d cannot hold this shape", expert_type);
@@ -151,6 +152,25 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, const moet_mode
                     w->rot_seed = moet_expert_rot_seed(l, k);
                 }
             }
+        }
+        if (delta) { /* the residuals: NVFP4, their own rotations (the quantizer's seed + 0x5bd1e995), small */
+            const size_t nb_gu = moet_type_row_bytes(MOET_TYPE_NVFP4, H) * (size_t)F, nb_dn = moet_type_row_bytes(MOET_TYPE_NVFP4, F) * (size_t)H;
+            uint8_t *dmem = buf(m, (2 * nb_gu + nb_dn) * (size_t)E);
+            if (!dmem || !(L->dres_gate = calloc((size_t)E * 3, sizeof(moet_weight)))) goto oom;
+            L->dres_up = L->dres_gate + E;
+            L->dres_down = L->dres_up + E;
+            for (int64_t e = 0; e < E; e++)
+                for (int k = 0; k < 3; k++) {
+                    moet_weight *w = k == 0 ? &L->dres_gate[e] : k == 1 ? &L->dres_up[e] : &L->dres_down[e];
+                    *w = (moet_weight){.type = MOET_TYPE_NVFP4, .rows = k == 2 ? H : F, .cols = k == 2 ? F : H,
+                                       .qscale = 0.0005f, .rotated = 1,
+                                       .rot_seed = (uint32_t)(moet_expert_rot_seed(l, k) + 0x5bd1e995u)};
+                    w->row_bytes = moet_type_row_bytes(MOET_TYPE_NVFP4, w->cols);
+                    w->data = dmem + (size_t)e * (2 * nb_gu + nb_dn) + (size_t)k * nb_gu;
+                    m->be->ops->fill_random(m->be, (void *)w->data, MOET_TYPE_NVFP4, w->rows, w->cols, 0.02f,
+                                            seed * 2000003u + (uint64_t)(e * 3 + k));
+                }
+            m->weight_bytes += (int64_t)((2 * nb_gu + nb_dn) * (size_t)E);
         }
         seed++;
         m->n_params += E * 3 * H * F;

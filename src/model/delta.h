@@ -7,10 +7,9 @@
  * never corrects does not ship it. The two files are tied by an id the writer draws (moet.pack_id in the pack,
  * moet.base_pack_id in the delta): a delta is never applied to another base.
  *
- * Loading materialises the "on" experts (base + delta, dequantized, original basis, f32) as the layer's dexp_*
- * weights, the same representation `--experts w2+nvfp4` builds in memory: every command's off/on/gate machinery
- * then works unchanged. (A fused base + delta kernel that reads the NVFP4 blocks directly is the next step; until
- * then the "on" tier costs f32 memory.)
+ * Loading maps the file and installs each residual where it lies as the layer's dres_* weights (NVFP4, its own
+ * rotation): the "on" expert is exp_* + dres_*, which backends multiply as stored (backend.h, moet_moe_args.dgate),
+ * so the "on" tier costs 4.5 bpw of mapped file, not an f32 copy of every expert.
  */
 #ifndef MOET_MODEL_DELTA_H
 #define MOET_MODEL_DELTA_H
@@ -31,7 +30,8 @@ typedef struct {
 
 /* Writes the delta pack of base model m (its routed experts' shapes) crash-safely (temporary + rename). */
 int moet_delta_write(const moet_model *m, const char *path, const moet_delta_data *d, char *err, size_t errlen);
-/* Loads a delta pack over m (loaded from a pack): validates it against m and installs dexp_*. A load-time step. */
+/* Loads a delta pack over m (loaded from a pack): validates it against m and installs dres_* (the mapping moves to
+ * m->delta_pack). A load-time step; n_threads is unused (nothing is computed). */
 int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, size_t errlen);
 /* The default delta path of a pack: "X.gguf" -> "X.delta.gguf" (else path + ".delta.gguf"); 0 if it fits in cap. */
 int moet_delta_default_path(const char *pack_path, char *out, size_t cap);

@@ -168,6 +168,42 @@ static cu_expert_table *etab_slot(cu_backend *c) {
     return &c->etabs[c->n_etabs];
 }
 
+typedef int (*cu_tile_fn)(cu_backend *c, uint8_t *d, int64_t rows, int64_t cols, size_t row_bytes, uint8_t *tmp);
+
+/* Rewrites in place, with fn, every matrix of the three arrays w3 (gate, up, down: E each) whose mirror is not yet
+ * tiled (a mirror keeps its layout across tables), through one scratch copy of the largest; host[e * 3 + k].w is
+ * matrix k of expert e's device copy. 0, or -1 after recording an error. */
+static int tab_tile(cu_backend *c, const moet_weight *const w3[3], int32_t E, const cu_mat *host, cu_tile_fn fn) {
+    size_t big = 16;
+    for (int32_t i = 0; i < E * 3; i++) {
+        const moet_weight *w = &w3[i % 3][i / 3];
+        big = (size_t)w->rows * w->row_bytes > big ? (size_t)w->rows * w->row_bytes : big;
+    }
+    uint8_t *tmp = NULL;
+    if (CU_CHECK(c, cudaMalloc(&tmp, big))) return -1;
+    int bad = 0;
+    for (int32_t i = 0; i < E * 3 && !bad; i++) {
+        const moet_weight *w = &w3[i % 3][i / 3];
+        cu_mirror *mr = cu_mirror_of(c, w->data);
+        if (!mr) { cu_fail(c, cudaErrorInvalidValue, "expert matrix without a mirror", __FILE__, __LINE__); bad = 1; break; }
+        if (mr->tiled) continue;
+        if (fn(c, (uint8_t *)host[i].w, w->rows, w->cols, w->row_bytes, tmp)) bad = 1;
+        else mr->tiled = 1;
+    }
+    return CU_CHECK(c, cudaStreamSynchronize(c->stream)) || CU_CHECK(c, cudaFree(tmp)) || bad ? -1 : 0;
+}
+
+/* Uploads host (E * 3 entries) as t's device table, frees host, and appends t to the tables (etab_slot made room). */
+static const cu_expert_table *tab_finish(cu_backend *c, cu_expert_table *t, cu_mat *host, int32_t E) {
+    const int bad = CU_CHECK(c, cudaMalloc(&t->table, (size_t)E * 3 * sizeof(cu_mat))) ||
+                    CU_CHECK(c, cudaMemcpyAsync(t->table, host, (size_t)E * 3 * sizeof(cu_mat), cudaMemcpyHostToDevice, c->stream)) ||
+                    CU_CHECK(c, cudaStreamSynchronize(c->stream));
+    free(host);
+    if (bad) return NULL;
+    c->etabs[c->n_etabs] = *t;
+    return &c->etabs[c->n_etabs++];
+}
+
 extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args *a) {
     for (size_t i = 0; i < c->n_etabs; i++)
         if (c->etabs[i].gate == a->gate && c->etabs[i].n_experts == a->n_experts) return &c->etabs[i];
@@ -212,41 +248,12 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
     cu_expert_table t = {a->gate, E, NULL, type, down_uniform, gu_uniform, a->gate[0].rotated, a->down[0].rotated,
                          a->gate[0].rot_seed, a->down[0].rot_seed, aligned4, aligned16, 0, NULL, levels_f16};
     if (tiled_ok(a, type, gu_uniform, aligned4)) {
-        /* rewrite every matrix not yet tiled (a mirror keeps its layout across tables), through one scratch copy */
-        size_t big = 0;
-        for (int32_t e = 0; e < E; e++) {
-            const moet_weight *ws[3] = {&a->gate[e], &a->up[e], &a->down[e]};
-            for (int k = 0; k < 3; k++) {
-                const size_t nb = (size_t)ws[k]->rows * ws[k]->row_bytes;
-                big = nb > big ? nb : big;
-            }
-        }
-        uint8_t *tmp = NULL;
-        if (CU_CHECK(c, cudaMalloc(&tmp, big ? big : 16))) { free(host); return NULL; }
-        int bad = 0;
-        for (int32_t e = 0; e < E && !bad; e++) {
-            const moet_weight *ws[3] = {&a->gate[e], &a->up[e], &a->down[e]};
-            for (int k = 0; k < 3 && !bad; k++) {
-                cu_mirror *mr = cu_mirror_of(c, ws[k]->data);
-                if (!mr) { cu_fail(c, cudaErrorInvalidValue, "expert matrix without a mirror", __FILE__, __LINE__); bad = 1; break; }
-                if (mr->tiled) continue;
-                if (cu_q2_tile_repack(c, (uint8_t *)host[e * 3 + k].w, ws[k]->rows, ws[k]->cols, ws[k]->row_bytes, tmp)) bad = 1;
-                else mr->tiled = 1;
-            }
-        }
-        if (CU_CHECK(c, cudaStreamSynchronize(c->stream)) || CU_CHECK(c, cudaFree(tmp)) || bad) { free(host); return NULL; }
+        const moet_weight *const w3[3] = {a->gate, a->up, a->down};
+        if (tab_tile(c, w3, E, host, cu_q2_tile_repack)) { free(host); return NULL; }
         if (tab_signs(c, host, E, a->hidden, a->ffn, &t.signs)) { free(host); return NULL; }
         t.tiled = 1;
     }
-    if (CU_CHECK(c, cudaMalloc(&t.table, (size_t)E * 3 * sizeof(cu_mat))) ||
-        CU_CHECK(c, cudaMemcpyAsync(t.table, host, (size_t)E * 3 * sizeof(cu_mat), cudaMemcpyHostToDevice, c->stream)) ||
-        CU_CHECK(c, cudaStreamSynchronize(c->stream))) {
-        free(host);
-        return NULL;
-    }
-    free(host);
-    c->etabs[c->n_etabs] = t;
-    return &c->etabs[c->n_etabs++];
+    return tab_finish(c, &t, host, E);
 }
 
 extern "C" const cu_expert_table *cu_delta_experts(cu_backend *c, const moet_moe_args *a) {
@@ -261,7 +268,6 @@ extern "C" const cu_expert_table *cu_delta_experts(cu_backend *c, const moet_moe
     const int32_t E = a->n_experts;
     cu_mat *host = (cu_mat *)calloc((size_t)E * 3, sizeof(cu_mat));
     if (!host) { cu_fail(c, cudaErrorMemoryAllocation, "delta table", __FILE__, __LINE__); return NULL; }
-    size_t big = 16;
     for (int32_t e = 0; e < E; e++) {
         const moet_weight *ws[3] = {&a->dgate[e], &a->dup[e], &a->ddown[e]};
         const moet_weight *bs[3] = {&a->gate[e], &a->up[e], &a->down[e]};
@@ -282,34 +288,13 @@ extern "C" const cu_expert_table *cu_delta_experts(cu_backend *c, const moet_moe
             const uint8_t *d = cu_weight_mat(c, w);
             if (!d) { free(host); return NULL; }
             host[e * 3 + k] = (cu_mat){d, w->qscale, w->qbeta, w->rot_seed, w->rotated, NULL};
-            big = (size_t)w->rows * w->row_bytes > big ? (size_t)w->rows * w->row_bytes : big;
         }
     }
-    uint8_t *tmp = NULL;
-    if (CU_CHECK(c, cudaMalloc(&tmp, big))) { free(host); return NULL; }
-    int bad = 0;
-    for (int32_t e = 0; e < E && !bad; e++) {
-        const moet_weight *ws[3] = {&a->dgate[e], &a->dup[e], &a->ddown[e]};
-        for (int k = 0; k < 3 && !bad; k++) {
-            cu_mirror *mr = cu_mirror_of(c, ws[k]->data);
-            if (!mr) { cu_fail(c, cudaErrorInvalidValue, "delta matrix without a mirror", __FILE__, __LINE__); bad = 1; break; }
-            if (mr->tiled) continue;
-            if (cu_nv_tile_repack(c, (uint8_t *)host[e * 3 + k].w, ws[k]->rows, ws[k]->cols, ws[k]->row_bytes, tmp)) bad = 1;
-            else mr->tiled = 1;
-        }
-    }
-    if (CU_CHECK(c, cudaStreamSynchronize(c->stream)) || CU_CHECK(c, cudaFree(tmp)) || bad) { free(host); return NULL; }
+    const moet_weight *const w3[3] = {a->dgate, a->dup, a->ddown};
+    if (tab_tile(c, w3, E, host, cu_nv_tile_repack)) { free(host); return NULL; }
     cu_expert_table t = {a->dgate, E, NULL, MOET_TYPE_NVFP4, 0, 0, 0, 0, 0, 0, 1, 1, 1, NULL, 0};
     if (tab_signs(c, host, E, a->hidden, a->ffn, &t.signs)) { free(host); return NULL; }
-    if (CU_CHECK(c, cudaMalloc(&t.table, (size_t)E * 3 * sizeof(cu_mat))) ||
-        CU_CHECK(c, cudaMemcpyAsync(t.table, host, (size_t)E * 3 * sizeof(cu_mat), cudaMemcpyHostToDevice, c->stream)) ||
-        CU_CHECK(c, cudaStreamSynchronize(c->stream))) {
-        free(host);
-        return NULL;
-    }
-    free(host);
-    c->etabs[c->n_etabs] = t;
-    return &c->etabs[c->n_etabs++];
+    return tab_finish(c, &t, host, E);
 }
 
 /* Removing from open addressing: clear the slot, then re-insert the rest of its cluster. */

@@ -120,6 +120,15 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         uint32_t wg[8], wu[8], sg, su;
         tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
         tc_fetch<M>(um, F, NB, ti, (int64_t)c * nb, wu, su);
+        cu_mat dg, du; /* the residuals' loads go out with the base's, before any math */
+        uint2 cg[8], cu_[8];
+        uint32_t g0 = 0, g1 = 0, u0 = 0, u1 = 0;
+        if (DL) {
+            dg = dtable[e * 3];
+            du = dtable[e * 3 + 1]; /* one rotation for both (cu_delta_experts) */
+            tc_nv_fetch<M>(dg, F, NB, ti, (int64_t)c * nb, cg, g0, g1);
+            tc_nv_fetch<M>(du, F, NB, ti, (int64_t)c * nb, cu_, u0, u1);
+        }
         float v[8];
         cu_rot_chunk_t<M>(v, x + (int64_t)tok * H, rot, seed, c, gm.signs);
         const float p2 = tc_stage(v, m, b, X), qg = gm.qscale * p2, qu = um.qscale * p2; /* p2 = 2^e: exact */
@@ -133,11 +142,6 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         }
         __syncwarp();
         if (DL) {
-            const cu_mat dg = dtable[e * 3], du = dtable[e * 3 + 1]; /* one rotation for both (cu_delta_experts) */
-            uint2 cg[8], cu_[8];
-            uint32_t g0, g1, u0, u1;
-            tc_nv_fetch<M>(dg, F, NB, ti, (int64_t)c * nb, cg, g0, g1);
-            tc_nv_fetch<M>(du, F, NB, ti, (int64_t)c * nb, cu_, u0, u1);
             cu_rot_chunk_t<M>(v, x + (int64_t)tok * H, dg.rotated, dg.rot_seed, c, dg.signs);
             const float d2 = tc_stage(v, m, b, X), dq[1] = {dg.qscale * d2}, uq[1] = {du.qscale * d2};
             __syncwarp();
@@ -169,8 +173,10 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
 
 /* ---- decode: down + combine ---------------------------------------------------------------------------------- */
 
+/* DL: at most TC_DN_W / 2 warps (170 registers a thread: the residual's words in flight beside the base's spilled
+ * at 85), each over twice the work. */
 template <int M, int DL>
-__global__ void __launch_bounds__(TC_DN_W * 32)
+__global__ void __launch_bounds__(DL ? TC_DN_W / 2 * 32 : TC_DN_W * 32)
 k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
           int accum, const cu_mat *__restrict__ dtable) {
@@ -196,6 +202,13 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         const cu_mat dm = table[e * 3 + 2];
         uint32_t wd[8], sd;
         tc_fetch<M>(dm, H, NB, ti, (int64_t)c * nb, wd, sd);
+        cu_mat rm; /* the residual's loads go out with the base's */
+        uint2 cr[8];
+        uint32_t r0 = 0, r1 = 0;
+        if (DL) {
+            rm = dtable[e * 3 + 2];
+            tc_nv_fetch<M>(rm, H, NB, ti, (int64_t)c * nb, cr, r0, r1);
+        }
         float A, B;
         tc_ab(type, dm.qbeta, &A, &B);
         float v[8];
@@ -210,10 +223,6 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         }
         __syncwarp();
         if (DL) {
-            const cu_mat rm = dtable[e * 3 + 2];
-            uint2 cr[8];
-            uint32_t r0, r1;
-            tc_nv_fetch<M>(rm, H, NB, ti, (int64_t)c * nb, cr, r0, r1);
             cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, rm.rotated, rm.rot_seed, c, rm.signs);
             const float d2 = tc_stage(v, m, b, X), rq[1] = {rm.qscale * d2 * wk};
             __syncwarp();
@@ -530,7 +539,7 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
 #undef TC_ROUTER_GO
     if (CU_LAUNCHED(c, "k_tc_router")) return;
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
-    const int nwg = tc_warps(H / bh, TC_GU_W), nwd = tc_warps(K * (F / bf), TC_DN_W);
+    const int nwg = tc_warps(H / bh, TC_GU_W), nwd = tc_warps(K * (F / bf), dtab ? TC_DN_W / 2 : TC_DN_W);
     const dim3 ggu((unsigned)(F / 16), (unsigned)(T * K)), gdn((unsigned)(H / 16), (unsigned)T);
     const cu_mat *dt = dtab ? dtab->table : NULL;
     if (dtab)

@@ -56,6 +56,11 @@ void moet_q2_dot_rows(const moet_q2_params *p, const moet_block_q2 *const *rows,
 void moet_q2_dot_rows_ref(const moet_q2_params *p, const moet_block_q2 *const *rows, int nr, const float *x,
                           int64_t n, float *out);
 int moet_q2_dot_simd_available(void);
+/* out[r] = row r . x for nr NVFP4 rows of n weights (n a multiple of 16; ts the tensor scale) read straight from their
+ * blocks (fp4dot.c): AVX2+FMA where the CPU has it (moet_q2_dot_simd_available), else the scalar reference. */
+void moet_nvfp4_dot_rows(const moet_block_nvfp4 *const *rows, int nr, float ts, const float *x, int64_t n, float *out);
+void moet_nvfp4_dot_rows_ref(const moet_block_nvfp4 *const *rows, int nr, float ts, const float *x, int64_t n,
+                             float *out);
 /* Nearest level code of v for scale s. */
 uint8_t moet_q2_nearest(const float lv[4], float s, float v);
 

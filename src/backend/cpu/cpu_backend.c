@@ -143,6 +143,21 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
         }
         return;
     }
+    /* NVFP4 rows at decode sizes (the FP4 delta's residuals), likewise (fp4dot.c) */
+    if (w->type == MOET_TYPE_NVFP4 && m->n <= 2 && K % MOET_QK_NVFP4 == 0) {
+        for (int64_t blk = rb; blk < re; blk++) {
+            const int64_t r0 = blk * ROW_BLOCK;
+            const int nr = (int)(R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK);
+            const moet_block_nvfp4 *rows[ROW_BLOCK];
+            for (int j = 0; j < nr; j++) rows[j] = (const moet_block_nvfp4 *)((const uint8_t *)w->data + (size_t)(r0 + j) * w->row_bytes);
+            for (int64_t t = 0; t < m->n; t++) {
+                float o[ROW_BLOCK];
+                moet_nvfp4_dot_rows(rows, nr, w->qscale, m->x + (size_t)t * K, K, o);
+                mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc);
+            }
+        }
+        return;
+    }
     /* Tasks are in units of ROW_BLOCK rows. */
     for (int64_t blk = rb; blk < re; blk++) {
         int64_t r0 = blk * ROW_BLOCK;

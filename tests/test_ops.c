@@ -861,12 +861,20 @@ int main(int argc, char **argv) {
                 for (int64_t i = 0; i < rows * cols; i++) m[i] = gauss() * 0.2f;
                 dq[k][e] = malloc(sizeof(float) * rows * cols);
                 blks[k][e] = make_weight(MOET_QF_W2, m, rows, cols, ws[k], dq[k][e]);
-                if (with_delta) { /* the residual in NVFP4, rotated by its own seed; dqs: base + residual */
+                if (with_delta) { /* the residual in NVFP4 (dqs: base + residual) */
                     dqs[k][e] = malloc(sizeof(float) * rows * cols);
                     for (int64_t i = 0; i < rows * cols; i++) m[i] -= dq[k][e][i];
-                    g_seed = 23;
+                    /* the quantizer stores it unrotated; the format also allows a rotated one (qparams), which shape
+                     * 3 takes: quantized as R·r, its own seed, rotated back for the oracle */
+                    const int drot = ms == 3;
+                    const uint64_t dseed = 23 + (k == 2); /* gate and up share one rotation, as W2's do */
+                    if (drot) for (int64_t r = 0; r < rows; r++) moet_rotate_row_f32(m + r * cols, cols, dseed, 0);
                     dblks[k][e] = make_weight(MOET_QF_NVFP4, m, rows, cols, &dlw[k][e], dqs[k][e]);
-                    g_seed = 11;
+                    if (drot) {
+                        dlw[k][e].rotated = 1;
+                        dlw[k][e].rot_seed = (uint32_t)dseed;
+                        for (int64_t r = 0; r < rows; r++) moet_rotate_row_f32(dqs[k][e] + r * cols, cols, dseed, 1);
+                    }
                     for (int64_t i = 0; i < rows * cols; i++) dqs[k][e][i] += dq[k][e][i];
                 }
                 free(m);
@@ -1246,7 +1254,7 @@ int perf_main(moet_backend *be) {
             }
         }
         op->fill_random(be, mem, MOET_TYPE_W2, (int64_t)E * 3 * F, H, 0.02f, 77 + (uint64_t)s); /* gb == db: 3E matrices of F x H weights */
-        /* the FP4 delta: NVFP4 residuals of every matrix, rotated by their own seeds */
+        /* the FP4 delta: NVFP4 residuals of every matrix, unrotated (as the quantizer writes them) */
         uint8_t *dmem = op->alloc(be, (size_t)E * 3 * nvb);
         REQUIRE(dmem, "perf delta weights");
         op->fill_random(be, dmem, MOET_TYPE_NVFP4, (int64_t)E * 3 * F, H, 0.002f, 177 + (uint64_t)s);
@@ -1254,7 +1262,7 @@ int perf_main(moet_backend *be) {
             for (int k = 0; k < 3; k++) {
                 moet_weight *w = k == 0 ? &dg[s * E + e] : k == 1 ? &du[s * E + e] : &dd[s * E + e];
                 *w = (moet_weight){.data = dmem + ((size_t)e * 3 + k) * nvb, .type = MOET_TYPE_NVFP4, .rows = k == 2 ? H : F,
-                                   .cols = k == 2 ? F : H, .qscale = 0.001f, .rotated = 1, .rot_seed = (uint32_t)(k == 2 ? 4 : 3)};
+                                   .cols = k == 2 ? F : H, .qscale = 0.001f};
                 w->row_bytes = moet_type_row_bytes(MOET_TYPE_NVFP4, w->cols);
             }
         void *r = op->alloc(be, (size_t)E * H * 2);

@@ -50,7 +50,7 @@ typedef struct {
     int32_t scoring;           /* MOET_ROUTER_* */
     int32_t norm_topk;         /* renormalise the chosen weights to sum 1 */
     const moet_weight *gate, *up, *down; /* arrays of n_experts: gate/up [ffn × hidden], down [hidden × ffn] */
-    /* The FP4 delta (a delta pack's residuals, NVFP4, each with its own rotation): NULL, or arrays of n_experts
+    /* The FP4 delta (a delta pack's residuals, NVFP4, each with its own rotation flag): NULL, or arrays of n_experts
      * matrices shaped as gate/up/down, and then expert e's matrices are gate[e] + dgate[e] (and so on), never
      * materialised: each product is the base's (mul_mat) with the delta's added (mul_mat_acc), in that order. */
     const moet_weight *dgate, *dup, *ddown;

@@ -72,7 +72,7 @@ int moet_delta_write(const moet_model *m, const char *path, const moet_delta_dat
 /* ---- load ----------------------------------------------------------------------------------------------------- */
 
 /* Why no materialisation: the "on" expert is base + residual, and a backend multiplies both as they are stored (W2
- * blocks and NVFP4 blocks, each with its own rotation: backend.h's dgate/dup/ddown), so the delta costs its 4.5 bpw in
+ * blocks and NVFP4 blocks, each with its own rotation flag: backend.h's dgate/dup/ddown), so the delta costs its 4.5 bpw in
  * memory, mapped from the file, instead of the 32 of an f32 copy of every expert (116 GB at the qwen3-30b-a3b
  * shape). The pack stays mapped for the model's life (moet_model.delta_pack). */
 int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, size_t errlen) {

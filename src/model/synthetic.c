@@ -153,7 +153,7 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
                 }
             }
         }
-        if (delta) { /* the residuals: NVFP4, their own rotations (the quantizer's seed + 0x5bd1e995), small */
+        if (delta) { /* the residuals: NVFP4, unrotated (as the quantizer writes them), small */
             const size_t nb_gu = moet_type_row_bytes(MOET_TYPE_NVFP4, H) * (size_t)F, nb_dn = moet_type_row_bytes(MOET_TYPE_NVFP4, F) * (size_t)H;
             uint8_t *dmem = buf(m, (2 * nb_gu + nb_dn) * (size_t)E);
             if (!dmem || !(L->dres_gate = calloc((size_t)E * 3, sizeof(moet_weight)))) goto oom;
@@ -163,8 +163,7 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
                 for (int k = 0; k < 3; k++) {
                     moet_weight *w = k == 0 ? &L->dres_gate[e] : k == 1 ? &L->dres_up[e] : &L->dres_down[e];
                     *w = (moet_weight){.type = MOET_TYPE_NVFP4, .rows = k == 2 ? H : F, .cols = k == 2 ? F : H,
-                                       .qscale = 0.0005f, .rotated = 1,
-                                       .rot_seed = (uint32_t)(moet_expert_rot_seed(l, k) + 0x5bd1e995u)};
+                                       .qscale = 0.0005f};
                     w->row_bytes = moet_type_row_bytes(MOET_TYPE_NVFP4, w->cols);
                     w->data = dmem + (size_t)e * (2 * nb_gu + nb_dn) + (size_t)k * nb_gu;
                     m->be->ops->fill_random(m->be, (void *)w->data, MOET_TYPE_NVFP4, w->rows, w->cols, 0.02f,

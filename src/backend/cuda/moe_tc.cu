@@ -90,7 +90,8 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
 /* ---- decode: gate/up ----------------------------------------------------------------------------------------- */
 
 /* DL: the expert's NVFP4 delta residuals (dtable, tiled: blocks.h) are added into the same accumulators after each
- * chunk's base products, x rotated a second time by the residual's own rotation. */
+ * chunk's base products, x staged again as the residual sees it (unrotated, as the quantizer stores NVFP4 residuals,
+ * or by the residual's own rotation). */
 template <int M, int DL>
 __global__ void __launch_bounds__(TC_GU_W * 32, DL ? 2 : 3)
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,

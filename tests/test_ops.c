@@ -888,11 +888,33 @@ int main(int argc, char **argv) {
         moet_moe_args ma = {.x = xd, .n_tok = T, .hidden = H, .ffn = F, .router = &router, .n_experts = E, .n_used = K,
                             .norm_topk = 1, .gate = gw, .up = uw, .down = dw, .topk_ids = tidd, .topk_w = twd, .y = od,
                             .scratch = scr};
+        float *rs = is_cuda ? NULL : malloc(sizeof(float) * 2 * T); /* router statistics: the CPU backend's */
+        ma.route_stats = rs;
         op->moe(be, &ma);
+        ma.route_stats = NULL;
         pull(o, od, (size_t)(T * H));
         char mv[48];
         snprintf(mv, sizeof mv, "w2 top-3/8 %dx%d T=%d", H, F, T);
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+        if (rs) { /* margin = K-th largest routing probability - (K+1)-th; entropy of the softmax; in double here */
+            double worst = 0;
+            for (int t = 0; t < T; t++) {
+                double p[8], mx = -1e300, sum = 0, ent = 0;
+                for (int e = 0; e < E; e++) {
+                    double l = 0;
+                    for (int i = 0; i < H; i++) l += (double)rw[e * H + i] * xr[t * H + i];
+                    p[e] = l;
+                    mx = fmax(mx, l);
+                }
+                for (int e = 0; e < E; e++) { p[e] = exp(p[e] - mx); sum += p[e]; }
+                for (int e = 0; e < E; e++) { p[e] /= sum; ent -= p[e] * log(p[e]); }
+                for (int i = 0; i < E; i++) /* descending */
+                    for (int j = i + 1; j < E; j++) if (p[j] > p[i]) { const double q = p[i]; p[i] = p[j]; p[j] = q; }
+                worst = fmax(worst, fmax(fabs(rs[2 * t] - (p[K - 1] - p[K])), fabs(rs[2 * t + 1] - ent)));
+            }
+            CHECK(worst < 1e-5, "moe %dx%d: router statistics off by %g", H, F, worst);
+            free(rs);
+        }
         /* one token at a time: the decode path */
         for (int t = 0; t < T; t++) {
             moet_moe_args m1 = ma;

@@ -68,6 +68,10 @@ typedef struct {
      * inputs [E][ffn][ffn], and the routed token count [E]. Backends without it leave them untouched. */
     double *calib_in, *calib_down;
     int64_t *calib_count;
+    /* Router statistics (host memory, NULL normally: the gate study): per token, route_stats[2 t] = the margin of the
+     * routing (the K-th pick's probability minus the best unpicked expert's) and route_stats[2 t + 1] = the entropy
+     * of the router's softmax (nats). Backends without it leave them untouched. */
+    float *route_stats;
 } moet_moe_args;
 
 typedef struct {

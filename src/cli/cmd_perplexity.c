@@ -13,10 +13,13 @@
 
 #include "cli/cli.h"
 #include "core/util.h"
+#include "model/model.h"
 #include "runtime/kld.h"
 #include "quant/calib.h"
 #include "quant/requant.h"
 #include "runtime/session_int.h"
+
+#define STUDY_SIGS 6 /* --gate-study's signals a step: top-1, its margin, entropy; router margin min / mean, entropy */
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -104,7 +107,7 @@ int cmd_perplexity(int argc, char **argv) {
     float *logp = NULL, *rec_lp = NULL;
     double *klds = NULL;
     uint8_t *mark = NULL;
-    float *gate_buf = NULL, *study_on = NULL;
+    float *gate_buf = NULL, *study_on = NULL, *route = NULL;
     double *study_sig = NULL;
     FILE *study = NULL;
     FILE *fs = NULL, *fb = NULL;
@@ -180,10 +183,12 @@ int cmd_perplexity(int argc, char **argv) {
     if (study_path && (dmode != 2 || !fb)) { fprintf(stderr, "moet perplexity: --gate-study needs --delta gate and --kld-base\n"); goto out; }
     if (study_path) {
         if (!(study = fopen(study_path, "w"))) { fprintf(stderr, "moet: error: cannot write %s\n", study_path); goto out; }
-        fprintf(study, "window,pos,top1,margin,entropy,kld_base,kld_on\n");
+        fprintf(study, "window,pos,top1,margin,entropy,route_margin_min,route_margin_mean,route_entropy,kld_base,kld_on\n");
         study_on = malloc((size_t)ctx * (size_t)V * sizeof(float));
-        study_sig = malloc((size_t)ctx * 3 * sizeof(double));
-        if (!study_on || !study_sig) { fprintf(stderr, "moet: out of memory\n"); goto out; }
+        study_sig = malloc((size_t)ctx * STUDY_SIGS * sizeof(double));
+        route = calloc((size_t)m->hp.n_layers * 2, sizeof(float));
+        if (!study_on || !study_sig || !route) { fprintf(stderr, "moet: out of memory\n"); goto out; }
+        moet_session_set_route_stats(s, route); /* each one-token eval's router statistics, layer by layer */
     }
     if (dmode == 2 && !(gate_buf = malloc((size_t)ctx * (size_t)V * sizeof(float)))) { fprintf(stderr, "moet: out of memory\n"); goto out; }
     moet_session_use_delta(s, dmode == 1);
@@ -218,7 +223,17 @@ int cmd_perplexity(int argc, char **argv) {
                         ent -= pk * (double)logp[k];
                         if (pk > p1) { p2 = p1; p1 = pk; } else if (pk > p2) p2 = pk;
                     }
-                    study_sig[j * 3] = p1; study_sig[j * 3 + 1] = p1 - p2; study_sig[j * 3 + 2] = ent;
+                    double *sg = study_sig + j * STUDY_SIGS, rmin = INFINITY, rsum = 0, rent = 0;
+                    int nm = 0;
+                    for (int32_t l = 0; l < m->hp.n_layers; l++) /* the base step's routing, over the MoE layers */
+                        if (m->hp.layer_moe[l]) {
+                            rmin = fmin(rmin, route[2 * l]);
+                            rsum += route[2 * l];
+                            rent += route[2 * l + 1];
+                            nm++;
+                        }
+                    sg[0] = p1; sg[1] = p1 - p2; sg[2] = ent;
+                    sg[3] = nm ? rmin : 0; sg[4] = nm ? rsum / nm : 0; sg[5] = nm ? rent / nm : 0;
                     memcpy(gate_buf + (size_t)j * V, l1, (size_t)V * sizeof(float));
                     moet_session_truncate(s, moet_session_pos(s) - 1, NULL, 0);
                     moet_session_use_delta(s, 1);
@@ -259,8 +274,9 @@ int cmd_perplexity(int argc, char **argv) {
                     moet_log_softmax(study_on + (size_t)j * V, V, lq);
                     double kon = moet_kld_eval(rec_ids, rec_lp, rest, kh.topk, lq, V, mark);
                     free(lq);
-                    fprintf(study, "%zu,%ld,%.6g,%.6g,%.6g,%.6g,%.6g\n", w, j, study_sig[j * 3], study_sig[j * 3 + 1],
-                            study_sig[j * 3 + 2], klds[n_scored], kon);
+                    const double *sg = study_sig + j * STUDY_SIGS;
+                    fprintf(study, "%zu,%ld,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g\n", w, j, sg[0], sg[1], sg[2], sg[3],
+                            sg[4], sg[5], klds[n_scored], kon);
                 }
                 int32_t am = 0;
                 for (int32_t k = 1; k < V; k++) if (logp[k] > logp[am]) am = k;
@@ -321,6 +337,7 @@ out:
     free(gate_buf);
     free(study_on);
     free(study_sig);
+    free(route);
     if (study) fclose(study);
     moet_model_free(m);
     return rc;

@@ -50,6 +50,7 @@ struct moet_session {
     void **allocs;
     int n_allocs;
     moet_calib *calib;              /* statistics hook, NULL normally */
+    float *route_stats;             /* router statistics hook (moet_session_set_route_stats), NULL normally */
     int use_delta;                  /* experts: base (0) or base + delta (1) */
 };
 
@@ -93,6 +94,7 @@ int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corr
 }
 
 void moet_session_set_calib(moet_session *s, moet_calib *c) { s->calib = c; }
+void moet_session_set_route_stats(moet_session *s, float *buf) { s->route_stats = buf; }
 
 moet_session_options moet_session_default_options(void) {
     moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0, .graphs = 1, .n_candidates = 0,
@@ -326,6 +328,7 @@ static void forward_chunk(void *vctx) {
                 ma.calib_down = s->calib->h_down[il];
                 ma.calib_count = s->calib->count[il];
             }
+            if (s->route_stats) ma.route_stats = s->route_stats + (size_t)il * 2 * (size_t)n;
             op->moe(be, &ma);
         } else {
             op->rms_norm(be, s->x, L->ffn_norm, n, H, hp->rms_eps, s->h);

@@ -14,6 +14,10 @@ int moet_session_create_on(const moet_model *m, moet_backend *be, const moet_ses
 /* While set, every MoE layer's forward accumulates its experts' input statistics into c. */
 void moet_session_set_calib(moet_session *s, moet_calib *c);
 
+/* While set (buf: n_layers x n x 2 floats for evals of n tokens), every MoE layer writes its router statistics for
+ * the chunk it runs (backend.h, moet_moe_args.route_stats; the CPU backend) to buf + layer x 2n; NULL stops. */
+void moet_session_set_route_stats(moet_session *s, float *buf);
+
 /* 0: base experts; 1: base + delta ("on"); the model must have delta weights for 1. */
 void moet_session_use_delta(moet_session *s, int on);
 

@@ -487,6 +487,18 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
             w[j] = p[best];
             wsum += p[best];
         }
+        if (a->route_stats) { /* before renormalising: the K-th pick's probability against the best unpicked one */
+            float best_out = 0.0f;
+            double ent = 0.0;
+            for (int32_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int32_t q = 0; q < K && !taken; q++) taken = ids[q] == e;
+                if (!taken && p[e] > best_out) best_out = p[e];
+                if (p[e] > 0) ent -= (double)p[e] * log((double)p[e]);
+            }
+            a->route_stats[2 * t] = w[K - 1] - best_out;
+            a->route_stats[2 * t + 1] = (float)ent;
+        }
         if (a->norm_topk)
             for (int32_t j = 0; j < K; j++) w[j] /= wsum;
     }

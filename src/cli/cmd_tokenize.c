@@ -71,6 +71,7 @@ int cmd_inspect(int argc, char **argv) {
            f.architecture, (long long)f.n_params, (long long)f.weight_bytes, f.vocab_size, f.hidden_size, f.n_layers,
            f.n_heads, f.n_kv_heads, f.head_dim, f.n_experts, f.n_experts_used, f.expert_ffn, f.dense_ffn,
            f.max_positions);
+    printf("delta          %s\n", f.has_delta ? "loaded (base + delta experts: --delta on|gate)" : "none");
     moet_model_free(m);
     return 0;
 }

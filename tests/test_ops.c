@@ -1015,6 +1015,14 @@ int main(int argc, char **argv) {
                 snprintf(mv, sizeof mv, "w2+nvfp4 delta %s %dx%d T=%d", pass ? "n=1" : "all", H, F, T);
                 report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
             }
+            if (is_cuda && T >= 4) { /* CUDA: the prefill as decode passes of 4 (MOET_DELTA_GRP=0) instead of grouped */
+                setenv("MOET_DELTA_GRP", "0", 1);
+                op->moe(be, &md);
+                unsetenv("MOET_DELTA_GRP");
+                pull(o, od, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "w2+nvfp4 delta passes %dx%d T=%d", H, F, T);
+                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+            }
             op->forget(be, dlw[0]);
             for (int k = 0; k < 3; k++)
                 for (int e = 0; e < E; e++) { op->forget(be, dblks[k][e]); free(dqs[k][e]); free(dblks[k][e]); }
@@ -1321,7 +1329,7 @@ int perf_main(moet_backend *be) {
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 sign planes (LV=0)", T, bs * 1e6, bytes / 1e6,
                    bytes / bs / 1e9, flops / bs / 1e12);
         }
-        if (T <= 8) { /* with the FP4 delta: base + NVFP4 residuals in the same kernels (4 tokens a pass) */
+        { /* with the FP4 delta: base + NVFP4 residuals in the same kernels (decode; grouped from 4 tokens) */
             moet_moe_args md[SETS];
             for (int s = 0; s < SETS; s++) {
                 md[s] = ma[s];

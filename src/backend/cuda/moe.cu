@@ -476,13 +476,15 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *args) {
     if (a->dgate && !cu_delta_experts(c, a)) return;
     const cu_expert_table *tab = cu_experts(c, a);
     if (!tab) return;
-    if (a->dgate) { /* the delta (W2 base + NVFP4 residuals): the tensor-core decode kernels, MOE_DELTA_TOK tokens a pass */
-        const cu_expert_table *dtab = cu_delta_experts(c, a); /* again: cu_experts may have moved the tables */
-        if (!dtab) return;
-        if (!tab->tiled) {
-            cu_fail(c, cudaErrorInvalidValue, "moe: the delta runs with W2/sym2 experts in the tiled layout only", __FILE__, __LINE__);
-            return;
-        }
+    /* the delta (W2 base + NVFP4 residuals): the tensor-core kernels in their DL form, decode or grouped */
+    const cu_expert_table *dtab = a->dgate ? cu_delta_experts(c, a) : NULL; /* again: cu_experts may have moved them */
+    if (a->dgate && !dtab) return;
+    if (dtab && (!tab->tiled || !tab->gu_uniform)) {
+        cu_fail(c, cudaErrorInvalidValue, "moe: the delta runs with W2/sym2 experts in the tiled layout only", __FILE__, __LINE__);
+        return;
+    }
+    const char *ev = dtab ? getenv("MOET_DELTA_GRP") : NULL; /* 0: a prefill with the delta as decode passes (A/B) */
+    if (dtab && (T < MOE_GROUP_MIN || (ev && ev[0] == '0'))) { /* the decode kernels, MOE_DELTA_TOK tokens a pass */
         float *logits = (float *)a->scratch, *act = logits + (size_t)T * E;
         for (int64_t t0 = 0; t0 < T && !c->err[0]; t0 += MOE_DELTA_TOK) {
             moet_moe_args pa = *a;
@@ -521,7 +523,7 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *args) {
                                                                   tab->gu_seed, a->topk_ids, a->topk_w, count, n_active,
                                                                   active, list, xr);
         if (CU_LAUNCHED(c, "k_moe_prep")) return;
-        const int gb = cu_moe_gb_ok(tab, H, F), tile = gb ? cu_moe_gb_tile(T, E, K) : GR_TB;
+        const int gb = !dtab && cu_moe_gb_ok(tab, H, F), tile = gb ? cu_moe_gb_tile(T, E, K) : GR_TB;
         k_moe_items<<<1, 1024, 0, c->stream>>>(count, n_active, active, tile, n_items, items);
         if (CU_LAUNCHED(c, "k_moe_items")) return;
         const unsigned ny = (unsigned)grp_items_cap(T, E, K, tile);
@@ -530,8 +532,8 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *args) {
             void *stage = (void *)((ip + 15) & ~(uintptr_t)15);
             cu_moe_gb(c, tab, xr, T, H, F, K, a->topk_ids, count, n_items, items, list, ny, tile, stage, act, ydn);
         } else if (tab->tiled) {
-            cu_moe_tc_gate_up_grp(c, tab, xr, T, H, F, K, count, n_items, items, list, ny, act);
-            cu_moe_tc_down_grp(c, tab, act, T, H, F, count, n_items, items, list, ny, ydn);
+            cu_moe_tc_gate_up_grp(c, tab, dtab, xr, a->x, T, H, F, K, count, n_items, items, list, ny, act);
+            cu_moe_tc_down_grp(c, tab, dtab, act, T, H, F, count, n_items, items, list, ny, ydn);
         } else {
             dim3 gg((unsigned)((F + GR_GU_ROWS - 1) / GR_GU_ROWS), ny), gd((unsigned)((H + GR_DN_ROWS - 1) / GR_DN_ROWS), ny);
             if (q2)

@@ -270,12 +270,33 @@ __device__ __forceinline__ float tc_pick(const float p2[GR_TB], int j) {
     return r;
 }
 
+/* One chunk of one NVFP4 residual against the staged slots of a grouped kernel (bs: both column groups; q: the groups'
+ * factors, the tensor scale times each token's 2^e): its loads, then its products into acc. One matrix at a time, so
+ * gate/up's two residuals do not hold both sets of code words at once (that spilled 100 bytes). */
 template <int M>
+__device__ __forceinline__ void tc_nv_grp_mat(const cu_mat &dm, int64_t rows, int64_t NB, int64_t ti, int c,
+                                              const __half *const bs[2], const float *nvl, const float q[2],
+                                              float acc[2][2]) {
+    uint2 cw[8];
+    uint32_t s0, s1;
+    tc_nv_fetch<M>(dm, rows, NB, ti, (int64_t)c * M, cw, s0, s1);
+#pragma unroll
+    for (int bi = 0; bi < M; bi++) {
+        uint32_t bf[2][2][2];
+        tc_bfrags<2>(bs, bi, bf);
+        tc_nv_mac<2>(cw[bi], bf, nvl, s0, s1, bi, q, acc);
+    }
+}
+
+/* DL: the NVFP4 delta residuals (dtable) added after each chunk's base products, the slots' x (x: the unrotated rows,
+ * H apart) staged again as the residuals see it; as the decode kernels do. */
+template <int M, int DL>
 __global__ void __launch_bounds__(TC_GRP_W * 32)
 k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, int32_t K,
                  const cu_mat *__restrict__ table, int32_t type, const int32_t *__restrict__ count,
                  const int32_t *__restrict__ n_items, const int32_t *__restrict__ items,
-                 const int32_t *__restrict__ list, float *__restrict__ act) {
+                 const int32_t *__restrict__ list, float *__restrict__ act, const float *__restrict__ x,
+                 const cu_mat *__restrict__ dtable) {
     extern __shared__ __align__(16) unsigned char smem[];
     if ((int)blockIdx.y >= *n_items) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -284,9 +305,10 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
     const int64_t ti = blockIdx.x, NB = H / 32, pad = CU_PAD(H);
     constexpr int b = 32 * M, m = M, nb = M;
     const int nch = (int)(H / b);
-    float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][2][GR_TB][16] */
+    float *lut = (float *)smem, *nvl = lut + 256, *red = nvl + (DL ? 256 : 0); /* [256] | DL: [256] | [nw][2][GR_TB][16] */
     __half *X = (__half *)(red + (size_t)nw * 2 * GR_TB * 16) + (size_t)warp * GR_TB * 2 * b;
     tc_lut_fill(lut);
+    if (DL) tc_e4m3_fill(nvl);
     __syncthreads();
     const __half *const bs[2] = {tc_bsrc(X, b, 0, nt), tc_bsrc(X, b, 1, nt)};
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
@@ -320,6 +342,25 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
             tc_mac<2>(wu[bi], bf, Au, Bu, um.qscale * lut[tc_sc(su, bi, g)], um.qscale * lut[tc_sc(su, bi, g + 8)], q, au);
         }
         __syncwarp();
+        if (DL) {
+            const cu_mat dg = dtable[e * 3], du = dtable[e * 3 + 1]; /* one rotation for both (cu_delta_experts) */
+#pragma unroll
+            for (int j = 0; j < GR_TB; j++) {
+                p2[j] = 0.f;
+                if (j < nt) {
+                    float v[8];
+                    cu_rot_chunk_t<M>(v, x + (int64_t)(list[(int64_t)e * T + c0 + j] / K) * H, dg.rotated, dg.rot_seed, c,
+                                      dg.signs);
+                    p2[j] = tc_stage(v, m, b, X + (size_t)j * 2 * b);
+                }
+            }
+            __syncwarp();
+            const float dq[2] = {dg.qscale * tc_pick(p2, t), dg.qscale * tc_pick(p2, 4 + t)},
+                        uq[2] = {du.qscale * tc_pick(p2, t), du.qscale * tc_pick(p2, 4 + t)};
+            tc_nv_grp_mat<M>(dg, F, NB, ti, c, bs, nvl, dq, ag);
+            tc_nv_grp_mat<M>(du, F, NB, ti, c, bs, nvl, uq, au);
+            __syncwarp();
+        }
     }
 #pragma unroll
     for (int gi = 0; gi < 2; gi++) {
@@ -340,11 +381,12 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
     }
 }
 
-template <int M>
+template <int M, int DL>
 __global__ void __launch_bounds__(TC_GRP_W * 32)
 k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, const cu_mat *__restrict__ table,
               int32_t type, const int32_t *__restrict__ count, const int32_t *__restrict__ n_items,
-              const int32_t *__restrict__ items, const int32_t *__restrict__ list, float *__restrict__ ydn) {
+              const int32_t *__restrict__ items, const int32_t *__restrict__ list, float *__restrict__ ydn,
+              const cu_mat *__restrict__ dtable) {
     extern __shared__ __align__(16) unsigned char smem[];
     if ((int)blockIdx.y >= *n_items) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -353,9 +395,10 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
     const int64_t ti = blockIdx.x, NB = F / 32;
     constexpr int b = 32 * M, m = M, nb = M;
     const int nch = (int)(F / b);
-    float *lut = (float *)smem, *red = lut + 256;                /* [256] | [nw][GR_TB][16] */
+    float *lut = (float *)smem, *nvl = lut + 256, *red = nvl + (DL ? 256 : 0); /* [256] | DL: [256] | [nw][GR_TB][16] */
     __half *X = (__half *)(red + (size_t)nw * GR_TB * 16) + (size_t)warp * GR_TB * 2 * b;
     tc_lut_fill(lut);
+    if (DL) tc_e4m3_fill(nvl);
     __syncthreads();
     const __half *const bs[2] = {tc_bsrc(X, b, 0, nt), tc_bsrc(X, b, 1, nt)};
     const cu_mat dm = table[e * 3 + 2];
@@ -384,6 +427,22 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
             tc_mac<2>(wd[bi], bf, A, B, dm.qscale * lut[tc_sc(sd, bi, g)], dm.qscale * lut[tc_sc(sd, bi, g + 8)], q, acc);
         }
         __syncwarp();
+        if (DL) {
+            const cu_mat rm = dtable[e * 3 + 2];
+#pragma unroll
+            for (int j = 0; j < GR_TB; j++) {
+                p2[j] = 0.f;
+                if (j < nt) {
+                    float v[8];
+                    cu_rot_chunk_t<M>(v, act + (int64_t)list[(int64_t)e * T + c0 + j] * F, rm.rotated, rm.rot_seed, c, rm.signs);
+                    p2[j] = tc_stage(v, m, b, X + (size_t)j * 2 * b);
+                }
+            }
+            __syncwarp();
+            const float rq[2] = {rm.qscale * tc_pick(p2, t), rm.qscale * tc_pick(p2, 4 + t)};
+            tc_nv_grp_mat<M>(rm, H, NB, ti, c, bs, nvl, rq, acc);
+            __syncwarp();
+        }
     }
 #pragma unroll
     for (int gi = 0; gi < 2; gi++) {
@@ -494,8 +553,10 @@ static size_t tc_smem_dec(int nw, int per_warp_red, int b, int dl) {
 static int g_tc_attr_dev = -1;
 
 template <int M> static int tc_attrs_m(cu_backend *c, int big) {
-    return CU_CHECK(c, cudaFuncSetAttribute(k_tc_gate_up_grp<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
-           CU_CHECK(c, cudaFuncSetAttribute(k_tc_down_grp<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+    return CU_CHECK(c, cudaFuncSetAttribute(k_tc_gate_up_grp<M, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_tc_down_grp<M, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_tc_gate_up_grp<M, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_tc_down_grp<M, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
 }
 
 static int tc_attrs(cu_backend *c) {
@@ -559,26 +620,46 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     CU_LAUNCHED(c, "k_tc_down");
 }
 
-static size_t tc_smem_grp(int nw, int red_per_warp, int b) {
-    return (256 + (size_t)nw * red_per_warp) * sizeof(float) + (size_t)nw * GR_TB * 2 * b * sizeof(__half);
+static size_t tc_smem_grp(int nw, int red_per_warp, int b, int dl) {
+    return ((dl ? 512 : 256) + (size_t)nw * red_per_warp) * sizeof(float) + (size_t)nw * GR_TB * 2 * b * sizeof(__half);
 }
 
-void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const float *xr, int64_t T, int64_t H, int64_t F,
-                           int32_t K, const int32_t *count, const int32_t *n_items, const int32_t *items,
-                           const int32_t *list, unsigned n_chunks, float *act) {
+/* KERNEL<M, DL> by the chunk width b, plain launches (the grouped kernels). */
+#define TC_DISPATCH_DL(b, KERNEL, DL, GRID, BLOCK, SMEM, ...)                                                     \
+    switch (b) {                                                                                                  \
+    case 32: KERNEL<1, DL><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                 \
+    case 64: KERNEL<2, DL><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                 \
+    case 128: KERNEL<4, DL><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                \
+    default: KERNEL<8, DL><<<GRID, BLOCK, SMEM, c->stream>>>(__VA_ARGS__); break;                                 \
+    }
+
+void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *xr,
+                           const float *x, int64_t T, int64_t H, int64_t F, int32_t K, const int32_t *count,
+                           const int32_t *n_items, const int32_t *items, const int32_t *list, unsigned n_chunks,
+                           float *act) {
     if (tc_attrs(c)) return;
     const int b = cu_hadamard_block(H), nw = tc_warps(H / b, TC_GRP_W);
-    TC_DISPATCH(b, k_tc_gate_up_grp, dim3((unsigned)(F / 16), n_chunks), nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b),
-                xr, T, H, F, K, tab->table, tab->type, count, n_items, items, list, act);
+    const dim3 grid((unsigned)(F / 16), n_chunks);
+    if (dtab)
+        TC_DISPATCH_DL(b, k_tc_gate_up_grp, 1, grid, nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b, 1), xr, T, H, F, K,
+                       tab->table, tab->type, count, n_items, items, list, act, x, dtab->table)
+    else
+        TC_DISPATCH_DL(b, k_tc_gate_up_grp, 0, grid, nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b, 0), xr, T, H, F, K,
+                       tab->table, tab->type, count, n_items, items, list, act, x, (const cu_mat *)NULL)
     CU_LAUNCHED(c, "k_tc_gate_up_grp");
 }
 
-void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const float *act, int64_t T, int64_t H, int64_t F,
-                        const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list,
-                        unsigned n_chunks, float *ydn) {
+void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *act,
+                        int64_t T, int64_t H, int64_t F, const int32_t *count, const int32_t *n_items,
+                        const int32_t *items, const int32_t *list, unsigned n_chunks, float *ydn) {
     if (tc_attrs(c)) return;
     const int b = cu_hadamard_block(F), nw = tc_warps(F / b, TC_GRP_W);
-    TC_DISPATCH(b, k_tc_down_grp, dim3((unsigned)(H / 16), n_chunks), nw * 32, tc_smem_grp(nw, GR_TB * 16, b),
-                act, T, H, F, tab->table, tab->type, count, n_items, items, list, ydn);
+    const dim3 grid((unsigned)(H / 16), n_chunks);
+    if (dtab)
+        TC_DISPATCH_DL(b, k_tc_down_grp, 1, grid, nw * 32, tc_smem_grp(nw, GR_TB * 16, b, 1), act, T, H, F, tab->table,
+                       tab->type, count, n_items, items, list, ydn, dtab->table)
+    else
+        TC_DISPATCH_DL(b, k_tc_down_grp, 0, grid, nw * 32, tc_smem_grp(nw, GR_TB * 16, b, 0), act, T, H, F, tab->table,
+                       tab->type, count, n_items, items, list, ydn, (const cu_mat *)NULL)
     CU_LAUNCHED(c, "k_tc_down_grp");
 }

@@ -48,6 +48,10 @@ typedef struct {
     /* A pack's delta pack (the NVFP4 residual of its W2 experts, for --delta on|gate): NULL: X.delta.gguf beside a
      * pack X.gguf when that file exists; "": none; a path: that file (an error if it cannot be loaded). */
     const char *delta_path;
+    /* Routed experts resident at once (the expert cache, DESIGN.md §5): 0: all; n > 0: at most n, a step that routes
+     * to another is run again once it is fetched (backend/expert_cache.h). The CPU backend carries the protocol (on
+     * the CPU every expert lies in host memory: nothing moves); the CUDA backend does not have it yet (MOET_EUNSUP). */
+    int64_t expert_slots;
 } moet_model_options;
 
 moet_model_options moet_model_default_options(void);
@@ -69,6 +73,9 @@ typedef struct {
 } moet_model_info;
 
 void moet_model_info_get(const moet_model *m, moet_model_info *info);
+/* The expert cache's counts since the model loaded: experts fetched, experts evicted, steps run again (all 0 without
+ * a cache). */
+void moet_model_expert_cache_stats(const moet_model *m, int64_t *fetched, int64_t *evicted, int64_t *replays);
 const moet_tokenizer *moet_model_tokenizer(const moet_model *m);
 /* End-of-sequence ids from config.json / generation_config.json; returns count written (<= cap). */
 int moet_model_eos_ids(const moet_model *m, int32_t *ids, int cap);

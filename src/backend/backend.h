@@ -175,6 +175,15 @@ typedef struct {
     void (*topk)(moet_backend *be, const float *x, int64_t n, int64_t vocab, int32_t k, void *scratch, int32_t *ids,
                  float *vals);
     size_t (*topk_scratch_bytes)(moet_backend *be, int64_t n, int64_t vocab, int32_t k);
+    /* The expert cache (backend/expert_cache.h; optional: NULL means every expert is always resident).
+     * expert_cache: at most n_slots routed experts resident at once (0: all); an MoE op that routes to a
+     * non-resident expert leaves its contribution out and records the miss. expert_cache_resolve, after every step:
+     * 0 when the step missed nothing; > 0 experts fetched, and the caller runs the step again (it rewrites the same
+     * KV rows); < 0 when the slots cannot hold one step's experts. expert_cache_stats: experts fetched, evicted,
+     * steps run again. */
+    int (*expert_cache)(moet_backend *be, int64_t n_slots);
+    int64_t (*expert_cache_resolve)(moet_backend *be);
+    void (*expert_cache_stats)(moet_backend *be, int64_t out[3]);
 } moet_backend_ops;
 
 struct moet_backend {

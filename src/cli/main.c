@@ -27,7 +27,8 @@ void cli_usage(FILE *f) {
             "  serve       OpenAI API:      moet serve [-m DIR] [--host 127.0.0.1] [--port 8000] [--api-key KEY]\n"
             "                               [--max-seqs N] [--ctx N] [--queue N] [--timeout S]\n\n"
             "common options: -m DIR|PACK (Hugging Face checkpoint dir or moet pack; default: the embedded %s),\n"
-            "                -t N (threads), --device cpu|cuda[:N] (default: cuda when a GPU is there), -v\n"
+            "                -t N (threads), --device cpu|cuda[:N] (default: cuda when a GPU is there), -v,\n"
+            "                --expert-slots N (routed experts resident at once; 0: all; CPU backend only for now)\n"
             "supported architectures: %s\n",
             MOET_DEFAULT_MODEL_DIR, moet_model_supported_architectures());
 }
@@ -82,6 +83,14 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
         if (!(c->device = cli_value(argc, argv, i))) return -1;
         return 1;
     }
+    if (!strcmp(a, "--expert-slots")) {
+        const char *v = cli_value(argc, argv, i);
+        if (!v || cli_parse_int(v, 0, 1L << 40, &c->expert_slots)) {
+            fprintf(stderr, "moet: --expert-slots needs a count >= 0\n");
+            return -1;
+        }
+        return 1;
+    }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
         c->verbose = 1;
         moet_log_set_level(MOET_LOG_DEBUG);
@@ -96,6 +105,7 @@ moet_model *cli_load_model(const cli_common *c) {
     o.verbose = 1;
     o.device = c->device;
     o.delta_path = c->delta_file;
+    o.expert_slots = c->expert_slots;
     moet_model *m = NULL;
     char err[1024];
     const char *path = c->model ? c->model : MOET_DEFAULT_MODEL_DIR;

@@ -364,6 +364,17 @@ int moet_model_load(const char *path, const moet_model_options *opt, moet_model 
     }
 backend:
     if ((rc = moet_backend_open(o.device, o.n_threads, &m->be, err, errlen))) goto fail;
+    if (o.expert_slots) {
+        if (!m->be->ops->expert_cache) {
+            rc = moet_err(err, errlen, MOET_EUNSUP, "the %s backend has no expert cache yet (expert slots %lld)",
+                          m->be->ops->name, (long long)o.expert_slots);
+            goto fail;
+        }
+        if ((rc = m->be->ops->expert_cache(m->be, o.expert_slots))) {
+            rc = moet_err(err, errlen, rc, "expert cache of %lld slots", (long long)o.expert_slots);
+            goto fail;
+        }
+    }
     if (o.verbose)
         MOET_LOGI("loaded %s (%s): %d layers, %d experts (top %d), %.1fM params, %.1f MiB, %.2f s", path, m->hp.architecture,
                   m->hp.n_layers, m->hp.n_experts, m->hp.n_experts_used, (double)m->n_params / 1e6,
@@ -396,6 +407,14 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     info->device = m->be ? m->be->ops->device_name(m->be) : "none";
     info->has_delta = 0;
     for (int l = 0; l < m->hp.n_layers && !info->has_delta; l++) info->has_delta = m->layers && (m->layers[l].dexp_gate || m->layers[l].dres_gate);
+}
+
+void moet_model_expert_cache_stats(const moet_model *m, int64_t *fetched, int64_t *evicted, int64_t *replays) {
+    int64_t st[3] = {0, 0, 0};
+    if (m->be && m->be->ops->expert_cache_stats) m->be->ops->expert_cache_stats(m->be, st);
+    if (fetched) *fetched = st[0];
+    if (evicted) *evicted = st[1];
+    if (replays) *replays = st[2];
 }
 
 const moet_tokenizer *moet_model_tokenizer(const moet_model *m) { return m->tok; }

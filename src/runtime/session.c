@@ -348,6 +348,26 @@ static void forward_chunk(void *vctx) {
 /* Decode-sized chunks are replayed from a record (graph_run); prefill chunks of every other size launch directly. */
 #define GRAPH_MAX_TOKENS 64
 
+/* One step: recorded (key != 0) or launched directly; run again while the backend's expert cache reports that it
+ * missed experts and has fetched them (backend.h: the replay rewrites the same KV rows, so a step that completes is
+ * the resident forward). */
+static int step_run(moet_session *s, uint64_t key, chunk_args *ca, int32_t n, char *err, size_t errlen) {
+    const moet_backend_ops *op = s->be->ops;
+    for (;;) {
+        if (key) {
+            if (op->graph_run(s->be, key, forward_chunk, ca))
+                return moet_err(err, errlen, MOET_EDEVICE, "%s backend: recording or replaying a step failed", op->name);
+        } else {
+            forward_chunk(ca);
+        }
+        const int64_t f = op->expert_cache_resolve ? op->expert_cache_resolve(s->be) : 0;
+        if (f == 0) return MOET_OK;
+        if (f < 0)
+            return moet_err(err, errlen, MOET_ENOMEM, "expert cache: its slots cannot hold the experts one step of %d "
+                            "tokens routes to (more slots, or fewer tokens a step)", n);
+    }
+}
+
 static int run_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t first_logit, float *out, int cand,
                      char *err, size_t errlen) {
     const moet_backend_ops *op = s->be->ops;
@@ -359,10 +379,11 @@ static int run_chunk(moet_session *s, const int32_t *tokens, int32_t n, int32_t 
         /* a record bakes in this session's buffers and the chunk's shape: both are in the key */
         uint64_t key = (uint64_t)s->uid << 32 | (uint64_t)n << 16 | (uint64_t)first_logit << 4 |
                        (uint64_t)(cand != 0) << 1 | (uint64_t)(s->use_delta != 0);
-        if (op->graph_run(s->be, key, forward_chunk, &ca))
-            return moet_err(err, errlen, MOET_EDEVICE, "%s backend: recording or replaying a decode step failed", op->name);
+        int rc = step_run(s, key, &ca, n, err, errlen);
+        if (rc) return rc;
     } else {
-        forward_chunk(&ca);
+        int rc = step_run(s, 0, &ca, n, err, errlen);
+        if (rc) return rc;
     }
     s->pos += n;
     return MOET_OK;
@@ -672,10 +693,11 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
     if (b->rows_ok == 1 && s->graphs) {
         /* batch keys: bit 15 set (run_chunk's keys have first_logit < 64 in bits 4..9) */
         uint64_t key = (uint64_t)s->uid << 32 | (uint64_t)n << 16 | 1u << 15 | (uint64_t)(s->use_delta != 0);
-        if (op->graph_run(s->be, key, forward_chunk, &ca))
-            return moet_err(err, errlen, MOET_EDEVICE, "%s backend: recording or replaying a batched step failed", op->name);
+        int rc = step_run(s, key, &ca, n, err, errlen);
+        if (rc) return rc;
     } else {
-        forward_chunk(&ca);
+        int rc = step_run(s, 0, &ca, n, err, errlen);
+        if (rc) return rc;
         if (b->rows_ok < 0) b->rows_ok = op->attn_rows && !declined;
     }
     session_keep(s, n, s->n_cand > 0);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/expert_cache.h"
 #include "backend/topk_key.h"
 #include "core/pool.h"
 #include "core/util.h"
@@ -34,6 +35,7 @@ typedef struct {
     size_t rowbuf_cap;  /* floats per thread buffer */
     float *xrot;        /* rotated activations for matrices stored as W·R */
     size_t xrot_cap;
+    moet_ecache ec;     /* the expert cache's protocol (nothing moves on the CPU: every expert lies in host memory) */
     char desc[64];
 } cpu_backend;
 
@@ -511,9 +513,12 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
     for (int64_t i = 0; i < T * K; i++) list[fill[a->topk_ids[i]]++] = (int32_t)i;
 
     memset(out, 0, (size_t)T * H * sizeof(float));
+    moet_ecache_layer *cl = NULL;
+    if (cpu(be)->ec.n_slots && !(cl = moet_ecache_layer_of(&cpu(be)->ec, a->gate, E))) abort(); /* out of memory */
     for (int32_t e = 0; e < E; e++) {
         int32_t n = cnt[e + 1] - cnt[e];
         if (n == 0) continue;
+        if (cl && !moet_ecache_use(&cpu(be)->ec, cl, e)) continue; /* not resident: a miss, the step runs again */
         const int32_t *sel = list + cnt[e];
         for (int32_t r = 0; r < n; r++) memcpy(xg + (size_t)r * H, x + (size_t)(sel[r] / K) * H, H * sizeof(float));
         cpu_mul_mat(be, &a->gate[e], xg, n, g);
@@ -542,6 +547,7 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
 static void cpu_destroy(moet_backend *be) {
     cpu_backend *c = cpu(be);
     if (!c) return;
+    moet_ecache_free(&c->ec);
     moet_pool_free(c->pool);
     for (int t = 0; t < c->n_threads; t++) free(c->rowbuf[t]);
     free(c->rowbuf);
@@ -601,6 +607,19 @@ static size_t cpu_topk_scratch_bytes(moet_backend *be, int64_t n, int64_t vocab,
     return (size_t)(k > 0 ? k : 1) * sizeof(uint64_t);
 }
 
+static int cpu_expert_cache(moet_backend *be, int64_t n_slots) {
+    moet_ecache_free(&cpu(be)->ec);
+    return moet_ecache_init(&cpu(be)->ec, n_slots);
+}
+static int64_t cpu_expert_cache_resolve(moet_backend *be) {
+    return cpu(be)->ec.n_slots ? moet_ecache_resolve(&cpu(be)->ec, NULL, NULL) : 0;
+}
+static void cpu_expert_cache_stats(moet_backend *be, int64_t out[3]) {
+    out[0] = cpu(be)->ec.fetched;
+    out[1] = cpu(be)->ec.evicted;
+    out[2] = cpu(be)->ec.replays;
+}
+
 static const moet_backend_ops k_cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -632,6 +651,9 @@ static const moet_backend_ops k_cpu_ops = {
     .attn_rows = cpu_attn_rows,
     .topk = cpu_topk,
     .topk_scratch_bytes = cpu_topk_scratch_bytes,
+    .expert_cache = cpu_expert_cache,
+    .expert_cache_resolve = cpu_expert_cache_resolve,
+    .expert_cache_stats = cpu_expert_cache_stats,
 };
 
 moet_backend *moet_backend_cpu_create(int n_threads) {

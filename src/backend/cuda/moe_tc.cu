@@ -270,6 +270,23 @@ __device__ __forceinline__ float tc_pick(const float p2[GR_TB], int j) {
     return r;
 }
 
+/* Chunk c of the nt slots' rows staged for a grouped kernel as matrix m sees them (its rotation): slot j's row is row
+ * lst[j] / div of src (ld apart); p2[j] = its 2^e (0 past nt). */
+template <int M>
+__device__ __forceinline__ void tc_stage_slots(const float *src, int64_t ld, const int32_t *lst, int div, int nt,
+                                               const cu_mat &m, int c, __half *X, float p2[GR_TB]) {
+    constexpr int b = 32 * M;
+#pragma unroll
+    for (int j = 0; j < GR_TB; j++) {
+        p2[j] = 0.f;
+        if (j < nt) {
+            float v[8];
+            cu_rot_chunk_t<M>(v, src + (int64_t)(lst[j] / div) * ld, m.rotated, m.rot_seed, c, m.signs);
+            p2[j] = tc_stage(v, M, b, X + (size_t)j * 2 * b);
+        }
+    }
+}
+
 /* One chunk of one NVFP4 residual against the staged slots of a grouped kernel (bs: both column groups; q: the groups'
  * factors, the tensor scale times each token's 2^e): its loads, then its products into acc. One matrix at a time, so
  * gate/up's two residuals do not hold both sets of code words at once (that spilled 100 bytes). */
@@ -344,16 +361,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
         __syncwarp();
         if (DL) {
             const cu_mat dg = dtable[e * 3], du = dtable[e * 3 + 1]; /* one rotation for both (cu_delta_experts) */
-#pragma unroll
-            for (int j = 0; j < GR_TB; j++) {
-                p2[j] = 0.f;
-                if (j < nt) {
-                    float v[8];
-                    cu_rot_chunk_t<M>(v, x + (int64_t)(list[(int64_t)e * T + c0 + j] / K) * H, dg.rotated, dg.rot_seed, c,
-                                      dg.signs);
-                    p2[j] = tc_stage(v, m, b, X + (size_t)j * 2 * b);
-                }
-            }
+            tc_stage_slots<M>(x, H, list + (int64_t)e * T + c0, K, nt, dg, c, X, p2);
             __syncwarp();
             const float dq[2] = {dg.qscale * tc_pick(p2, t), dg.qscale * tc_pick(p2, 4 + t)},
                         uq[2] = {du.qscale * tc_pick(p2, t), du.qscale * tc_pick(p2, 4 + t)};
@@ -409,15 +417,7 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
         uint32_t wd[8], sd;
         tc_fetch<M>(dm, H, NB, ti, (int64_t)c * nb, wd, sd);
         float p2[GR_TB];
-#pragma unroll
-        for (int j = 0; j < GR_TB; j++) {
-            p2[j] = 0.f;
-            if (j < nt) {
-                float v[8];
-                cu_rot_chunk_t<M>(v, act + (int64_t)list[(int64_t)e * T + c0 + j] * F, dm.rotated, dm.rot_seed, c, dm.signs);
-                p2[j] = tc_stage(v, m, b, X + (size_t)j * 2 * b);
-            }
-        }
+        tc_stage_slots<M>(act, F, list + (int64_t)e * T + c0, 1, nt, dm, c, X, p2);
         __syncwarp();
         const float q[2] = {tc_pick(p2, t), tc_pick(p2, 4 + t)};
 #pragma unroll
@@ -429,15 +429,7 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
         __syncwarp();
         if (DL) {
             const cu_mat rm = dtable[e * 3 + 2];
-#pragma unroll
-            for (int j = 0; j < GR_TB; j++) {
-                p2[j] = 0.f;
-                if (j < nt) {
-                    float v[8];
-                    cu_rot_chunk_t<M>(v, act + (int64_t)list[(int64_t)e * T + c0 + j] * F, rm.rotated, rm.rot_seed, c, rm.signs);
-                    p2[j] = tc_stage(v, m, b, X + (size_t)j * 2 * b);
-                }
-            }
+            tc_stage_slots<M>(act, F, list + (int64_t)e * T + c0, 1, nt, rm, c, X, p2);
             __syncwarp();
             const float rq[2] = {rm.qscale * tc_pick(p2, t), rm.qscale * tc_pick(p2, 4 + t)};
             tc_nv_grp_mat<M>(rm, H, NB, ti, c, bs, nvl, rq, acc);

@@ -1,0 +1,110 @@
+/* expert_cache.c — see expert_cache.h. */
+#include "backend/expert_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet.h"
+
+int moet_ecache_init(moet_ecache *c, int64_t n_slots) {
+    memset(c, 0, sizeof *c);
+    if (n_slots < 0) return MOET_EINVAL;
+    c->n_slots = n_slots;
+    if (!n_slots) return MOET_OK;
+    if (!(c->free_slots = malloc((size_t)n_slots * sizeof(int64_t)))) return MOET_ENOMEM;
+    for (int64_t i = 0; i < n_slots; i++) c->free_slots[i] = n_slots - 1 - i; /* slot 0 handed out first */
+    c->n_free = n_slots;
+    return MOET_OK;
+}
+
+void moet_ecache_free(moet_ecache *c) {
+    for (size_t i = 0; i < c->n_layers; i++) {
+        free(c->layers[i].slot);
+        free(c->layers[i].stamp);
+        free(c->layers[i].miss);
+    }
+    free(c->layers);
+    free(c->free_slots);
+    memset(c, 0, sizeof *c);
+}
+
+moet_ecache_layer *moet_ecache_layer_of(moet_ecache *c, const void *key, int32_t n_experts) {
+    for (size_t i = 0; i < c->n_layers; i++)
+        if (c->layers[i].key == key && c->layers[i].n == n_experts) return &c->layers[i];
+    if (c->n_layers == c->cap_layers) {
+        const size_t nc = c->cap_layers ? 2 * c->cap_layers : 16;
+        moet_ecache_layer *nl = realloc(c->layers, nc * sizeof *nl);
+        if (!nl) return NULL;
+        /* the miss layer is a pointer into the array: keep it pointing at the same layer */
+        if (c->miss_layer) c->miss_layer = nl + (c->miss_layer - c->layers);
+        c->layers = nl;
+        c->cap_layers = nc;
+    }
+    moet_ecache_layer l = {.key = key, .n = n_experts};
+    l.slot = malloc((size_t)n_experts * sizeof(int64_t));
+    l.stamp = calloc((size_t)n_experts, sizeof(uint64_t));
+    l.miss = calloc((size_t)n_experts, 1);
+    if (!l.slot || !l.stamp || !l.miss) { free(l.slot); free(l.stamp); free(l.miss); return NULL; }
+    for (int32_t e = 0; e < n_experts; e++) l.slot[e] = -1;
+    c->layers[c->n_layers] = l;
+    return &c->layers[c->n_layers++];
+}
+
+int moet_ecache_use(moet_ecache *c, moet_ecache_layer *l, int32_t e) {
+    if (l->slot[e] >= 0) {
+        l->stamp[e] = c->step + 1; /* stamps are step + 1: 0 is "never used" */
+        return 1;
+    }
+    if (!c->miss_layer) c->miss_layer = l;
+    if (c->miss_layer == l) l->miss[e] = 1;
+    return 0;
+}
+
+/* The resident expert least recently used before this step (stamp < step + 1), or 0 when every resident expert was
+ * used by this step. */
+static int pick_victim(moet_ecache *c, moet_ecache_layer **vl, int32_t *ve) {
+    uint64_t best = UINT64_MAX;
+    for (size_t i = 0; i < c->n_layers; i++) {
+        moet_ecache_layer *l = &c->layers[i];
+        for (int32_t e = 0; e < l->n; e++)
+            if (l->slot[e] >= 0 && l->stamp[e] < c->step + 1 && l->stamp[e] < best) {
+                best = l->stamp[e];
+                *vl = l;
+                *ve = e;
+            }
+    }
+    return best != UINT64_MAX;
+}
+
+int64_t moet_ecache_resolve(moet_ecache *c, void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx) {
+    moet_ecache_layer *l = c->miss_layer;
+    if (!l) {
+        c->step++;
+        return 0;
+    }
+    int64_t n = 0;
+    for (int32_t e = 0; e < l->n; e++) {
+        if (!l->miss[e]) continue;
+        l->miss[e] = 0;
+        if (!c->n_free) {
+            moet_ecache_layer *vl = NULL;
+            int32_t ve = 0;
+            if (!pick_victim(c, &vl, &ve)) { /* this step's experts alone fill the slots */
+                for (int32_t k = e + 1; k < l->n; k++) l->miss[k] = 0;
+                c->miss_layer = NULL;
+                return -1;
+            }
+            c->free_slots[c->n_free++] = vl->slot[ve];
+            vl->slot[ve] = -1;
+            c->evicted++;
+        }
+        l->slot[e] = c->free_slots[--c->n_free];
+        l->stamp[e] = c->step + 1; /* the replay uses it: no later fetch of this step evicts it */
+        if (fetch) fetch(ctx, l->key, e, l->slot[e]);
+        n++;
+    }
+    c->fetched += n;
+    c->replays++;
+    c->miss_layer = NULL;
+    return n;
+}

@@ -1,0 +1,52 @@
+/*
+ * expert_cache.h — which routed experts are resident, for backends that hold fewer than all of them (DESIGN.md §5;
+ * the protocol in docs/design.md, "How the expert cache fits").
+ *
+ * Why one host-side bookkeeper: the decision of what to fetch and what to evict is the same whatever moves the bytes
+ * (the CPU backend moves none: it carries the protocol so the bit-identity of a replayed step is tested in CI; a GPU
+ * backend copies an expert into the slot this hands out). A step's MoE ops ask for every expert their routing picked
+ * (moet_ecache_use); a non-resident one is a miss, recorded only for the first layer of the step that missed, since
+ * later layers were routed on a residual stream the missing experts never shaped. After the step, moet_ecache_resolve
+ * makes that layer's missing experts resident, evicting the least recently used experts that no layer of this step
+ * used, and the caller replays the step; a step whose experts were all resident is the resident forward, bit for bit.
+ * An expert is one slot: its gate, up and down matrices (and the delta's residuals with them).
+ */
+#ifndef MOET_BACKEND_EXPERT_CACHE_H
+#define MOET_BACKEND_EXPERT_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const void *key;        /* the layer's expert array (moet_moe_args.gate) */
+    int32_t n;              /* experts */
+    int64_t *slot;          /* [n] the slot holding expert e, or -1 */
+    uint64_t *stamp;        /* [n] the step that last used it */
+    uint8_t *miss;          /* [n] missing in this step (the first missing layer only) */
+} moet_ecache_layer;
+
+typedef struct {
+    int64_t n_slots;        /* 0: every expert resident, nothing tracked */
+    int64_t n_free;
+    int64_t *free_slots;    /* stack of free slot ids */
+    moet_ecache_layer *layers;
+    size_t n_layers, cap_layers;
+    uint64_t step;          /* the current step (advanced by a resolve that finds no miss) */
+    moet_ecache_layer *miss_layer; /* the first layer of this step that missed, or NULL */
+    int64_t fetched, evicted, replays; /* experts fetched and evicted, steps run again */
+} moet_ecache;
+
+/* n_slots > 0: at most that many experts resident (none at first); 0: all. 0, or MOET_ENOMEM / MOET_EINVAL. */
+int moet_ecache_init(moet_ecache *c, int64_t n_slots);
+void moet_ecache_free(moet_ecache *c);
+/* The layer of expert array key (E experts), tracked from its first use; NULL when out of memory. */
+moet_ecache_layer *moet_ecache_layer_of(moet_ecache *c, const void *key, int32_t n_experts);
+/* Whether expert e of layer l is resident (1: its slot is marked used by this step) or not (0: a miss, recorded when
+ * l is the step's first missing layer). */
+int moet_ecache_use(moet_ecache *c, moet_ecache_layer *l, int32_t e);
+/* After a step: 0 when it missed nothing (the next step begins); else makes the first missing layer's experts
+ * resident and returns how many (the step must run again), calling fetch(ctx, key, e, slot) for each after the
+ * evictions it needed; -1 when the slots cannot hold them beside the experts this step already used. */
+int64_t moet_ecache_resolve(moet_ecache *c, void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx);
+
+#endif

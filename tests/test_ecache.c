@@ -1,0 +1,107 @@
+/*
+ * test_ecache.c — the expert cache's protocol (backend/expert_cache.h) through the public API, on the CPU backend:
+ *   - a model that holds at most 40 of its 256 routed experts (moe-mini-a: 8 layers x 32, top 4) gives the same logits
+ *     bit for bit as the model holding all of them, over a prompt evaluated a token a step and greedy decode steps:
+ *     each step that routed to a missing expert was run again once it was fetched, and a step that completes is the
+ *     resident forward; the counts show that experts were fetched, evicted and steps replayed;
+ *   - slots too few for one step's experts (16 < 8 layers x 4) fail the eval with MOET_ENOMEM and a message;
+ *   - a batched decode step on the cached model equals the same step on the resident one.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet.h"
+#include "test_util.h"
+
+static moet_model *open_cpu(const char *path, int64_t slots) {
+    moet_model_options mo = moet_model_default_options();
+    mo.device = "cpu";
+    mo.n_threads = 2;
+    mo.expert_slots = slots;
+    moet_model *m;
+    char err[512];
+    REQUIRE(moet_model_load(path, &mo, &m, err, sizeof err) == 0, "%s", err);
+    return m;
+}
+
+int main(int argc, char **argv) {
+    REQUIRE(argc >= 2, "usage: %s MODEL_DIR", argv[0]);
+    moet_model *full = open_cpu(argv[1], 0), *cached = open_cpu(argv[1], 40), *tiny = open_cpu(argv[1], 16);
+    moet_model_info info;
+    moet_model_info_get(full, &info);
+    const int32_t V = info.vocab_size;
+    char err[512];
+    moet_session_options so = moet_session_default_options();
+    so.n_ctx = 64;
+    so.n_batch = 1; /* a token a step: one step's experts (8 x 4) fit the 40 slots */
+    moet_session *a, *b, *c;
+    REQUIRE(moet_session_create(full, &so, &a, err, sizeof err) == 0, "%s", err);
+    REQUIRE(moet_session_create(cached, &so, &b, err, sizeof err) == 0, "%s", err);
+    REQUIRE(moet_session_create(tiny, &so, &c, err, sizeof err) == 0, "%s", err);
+
+    const int32_t prompt[10] = {16, 201, 464, 77, 1033, 5, 908, 42, 311, 2047};
+    int rc_a = moet_session_eval(a, prompt, 10, MOET_LOGITS_LAST, err, sizeof err);
+    REQUIRE(rc_a == 0, "%s", err);
+    int rc_b = moet_session_eval(b, prompt, 10, MOET_LOGITS_LAST, err, sizeof err);
+    REQUIRE(rc_b == 0, "%s", err);
+    int same = !memcmp(moet_session_logits(a, NULL), moet_session_logits(b, NULL), sizeof(float) * (size_t)V);
+    for (int step = 0; step < 24 && same; step++) {
+        const float *la = moet_session_logits(a, NULL);
+        int32_t best = 0;
+        for (int32_t i = 1; i < V; i++) best = la[i] > la[best] ? i : best;
+        REQUIRE(moet_session_eval(a, &best, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_eval(b, &best, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+        same = !memcmp(moet_session_logits(a, NULL), moet_session_logits(b, NULL), sizeof(float) * (size_t)V);
+    }
+    int64_t fetched, evicted, replays;
+    moet_model_expert_cache_stats(cached, &fetched, &evicted, &replays);
+    fprintf(stderr, "40 of 256 experts resident, 34 steps: %lld fetched, %lld evicted, %lld steps run again; logits %s\n",
+            (long long)fetched, (long long)evicted, (long long)replays, same ? "bit-identical" : "DIFFER");
+    CHECK(same, "the cached model's logits differ from the resident model's");
+    CHECK(fetched >= 40 && evicted > 0 && replays > 0, "the cache never fetched, evicted or replayed");
+    int64_t f0;
+    moet_model_expert_cache_stats(full, &f0, NULL, NULL);
+    CHECK(f0 == 0, "the resident model counted %lld fetches", (long long)f0);
+
+    /* one token routes to 8 x 4 experts: 16 slots cannot hold them */
+    const int rc = moet_session_eval(c, prompt, 1, MOET_LOGITS_LAST, err, sizeof err);
+    CHECK(rc == MOET_ENOMEM && strstr(err, "expert cache"), "16 slots: rc %d (%s)", rc, err);
+
+    /* a batched step of 3 sequences (up to 96 experts a step: the cached model needs more slots) */
+    moet_model *wide = open_cpu(argv[1], 120);
+    moet_batch *ba, *bb;
+    REQUIRE(moet_batch_create(full, 3, 64, &ba, err, sizeof err) == 0, "%s", err);
+    REQUIRE(moet_batch_create(wide, 3, 64, &bb, err, sizeof err) == 0, "%s", err);
+    moet_session *sa[3], *sb[3];
+    for (int i = 0; i < 3; i++) {
+        REQUIRE(moet_session_create(full, &so, &sa[i], err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_create(wide, &so, &sb[i], err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_eval(sa[i], prompt + 3 * i, 3, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_eval(sb[i], prompt + 3 * i, 3, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+    }
+    int bsame = 1;
+    for (int step = 0; step < 6 && bsame; step++) {
+        const int32_t tok[3] = {100 + step, 200 + step, 300 + step};
+        REQUIRE(moet_batch_decode(ba, sa, tok, 3, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_batch_decode(bb, sb, tok, 3, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < 3; i++)
+            bsame = bsame && !memcmp(moet_batch_logits(ba, i), moet_batch_logits(bb, i), sizeof(float) * (size_t)V);
+    }
+    moet_model_expert_cache_stats(wide, &fetched, &evicted, &replays);
+    fprintf(stderr, "batched, 120 slots: %lld fetched, %lld evicted, %lld steps run again; logits %s\n", (long long)fetched,
+            (long long)evicted, (long long)replays, bsame ? "bit-identical" : "DIFFER");
+    CHECK(bsame, "batched decode on the cached model differs");
+    CHECK(replays > 0, "the batched run never replayed");
+
+    for (int i = 0; i < 3; i++) { moet_session_free(sa[i]); moet_session_free(sb[i]); }
+    moet_batch_free(ba);
+    moet_batch_free(bb);
+    moet_session_free(a);
+    moet_session_free(b);
+    moet_session_free(c);
+    moet_model_free(full);
+    moet_model_free(cached);
+    moet_model_free(tiny);
+    moet_model_free(wide);
+    TEST_END();
+}

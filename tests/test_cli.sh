@@ -18,6 +18,12 @@ prompt="16 201 464 276 388 14 269 1702 276 388 14 1644 306 390 329 29"
 want="269 276 1642 2137 306 269 276 1642"
 got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids 2>"$tmp/run.err")
 [ "$got" = "$want" ] && ok "run --print-ids greedy" || bad "run greedy: '$got' want '$want' ($(tail -1 "$tmp/run.err"))"
+# the expert cache's protocol (CPU): 200 of 256 experts resident, every miss fetched and its step run again: the same ids
+got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids --expert-slots 200 2>"$tmp/run.err")
+[ "$got" = "$want" ] && ok "run --expert-slots 200: greedy ids equal transformers'" || bad "run --expert-slots 200: '$got' ($(tail -1 "$tmp/run.err"))"
+"$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 1 --expert-slots 120 >/dev/null 2>"$tmp/run.err" \
+  && bad "120 slots for a 16-token step's experts accepted" \
+  || { grep -q "expert cache" "$tmp/run.err" && ok "120 slots for a 16-token step: $(tail -1 "$tmp/run.err")" || bad "slots error: $(tail -1 "$tmp/run.err")"; }
 # run streams text to stdout, logs to stderr
 out=$("$MOET" run -m "$MODEL" -p "=head1 NAME" -n 12 --temp 0.7 --seed 1 2>"$tmp/log")
 [ -n "$out" ] && grep -q "generated" "$tmp/log" && ! grep -q "generated" <<<"$out" && ok "run text/log split" || bad "run output split"

@@ -36,6 +36,10 @@ echo "off: $off"; echo "on:  $on"
 [ "$b1" = "$on" ] && [ "$b2" = "$on" ] && ok "gate tau 1, two requests batched = on" || bad "batched gate: $b1 / $b2 vs $on"
 [ "${c0:-x}" = 0 ] && [ "${s0:-0}" -gt 0 ] && ok "tau 0: $s0 steps checked, 0 corrected" || bad "tau 0 metrics: $s0 / $c0"
 [ -n "${c1:-}" ] && [ "$c1" = "$s1" ] && [ "$c1" -gt 0 ] && ok "tau 1: $s1 steps checked, all corrected" || bad "tau 1 metrics: $s1 / $c1"
+# the expert cache in the server: 48 of the 192 routed experts resident (a step of one token routes to 3 x 8)
+serve --delta off --expert-slots 48 && { ec=$(text); fe=$(metric moet_expert_cache_fetched_total); re=$(metric moet_expert_cache_replayed_steps_total); stop; }
+[ -n "$off" ] && [ "$ec" = "$off" ] && [ "${fe:-0}" -gt 0 ] && [ "${re:-0}" -gt 0 ] \
+  && ok "--expert-slots 48: the same completion, $fe experts fetched, $re steps run again" || bad "--expert-slots 48: '$ec' vs '$off', fetched ${fe:-?}, replays ${re:-?}"
 "$MOET" serve -m "$tmp/p.gguf" --port $port --delta-file "" --delta on > "$tmp/e" 2>&1 && bad "--delta on without a delta accepted" \
   || { grep -q "needs a delta" "$tmp/e" && ok "--delta on without a delta refused" || bad "no-delta error: $(tail -1 "$tmp/e")"; }
 exit $fail

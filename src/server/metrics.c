@@ -121,6 +121,14 @@ char *metrics_render(metrics *m, size_t *len) {
             "# TYPE moet_prefix_cache_hit_tokens_total counter\nmoet_prefix_cache_hit_tokens_total %llu\n",
         (unsigned long long)m->preemptions, (unsigned long long)m->recomputed_tokens,
         (unsigned long long)m->prefix_hit_tokens);
+    put(&b, "# HELP moet_expert_cache_fetched_total Routed experts made resident (--expert-slots).\n"
+            "# TYPE moet_expert_cache_fetched_total counter\nmoet_expert_cache_fetched_total %llu\n"
+            "# HELP moet_expert_cache_evicted_total Routed experts evicted to make room.\n"
+            "# TYPE moet_expert_cache_evicted_total counter\nmoet_expert_cache_evicted_total %llu\n"
+            "# HELP moet_expert_cache_replayed_steps_total Steps run again after fetching the experts they missed.\n"
+            "# TYPE moet_expert_cache_replayed_steps_total counter\nmoet_expert_cache_replayed_steps_total %llu\n",
+        (unsigned long long)m->expert_fetched, (unsigned long long)m->expert_evicted,
+        (unsigned long long)m->expert_replays);
     put(&b, "# HELP moet_queue_depth Requests waiting for a sequence slot.\n# TYPE moet_queue_depth gauge\n"
             "moet_queue_depth %lld\n", (long long)m->queue_depth);
     put(&b, "# HELP moet_running_sequences Sequences in the running batch.\n# TYPE moet_running_sequences gauge\n"

@@ -52,11 +52,14 @@ moet_ecache_layer *moet_ecache_layer_of(moet_ecache *c, const void *key, int32_t
 
 int moet_ecache_use(moet_ecache *c, moet_ecache_layer *l, int32_t e) {
     if (l->slot[e] >= 0) {
-        l->stamp[e] = c->step + 1; /* stamps are step + 1: 0 is "never used" */
+        /* stamps are step + 1 (0: never used); a use after this pass's first miss, in a later layer, was routed on a
+         * stream that lacked the missing experts: it counts as the previous step's, so it protects nothing now */
+        const uint64_t st = c->miss_layer && c->miss_layer != l ? c->step : c->step + 1;
+        if (l->stamp[e] < st) l->stamp[e] = st;
         return 1;
     }
     if (!c->miss_layer) c->miss_layer = l;
-    if (c->miss_layer == l) l->miss[e] = 1;
+    l->miss[e] = 1; /* beyond the first missing layer: a guess (routed on a stream that lacked the missing experts) */
     return 0;
 }
 
@@ -76,35 +79,48 @@ static int pick_victim(moet_ecache *c, moet_ecache_layer **vl, int32_t *ve) {
     return best != UINT64_MAX;
 }
 
+/* Makes expert e of layer l resident with the given stamp; 0, or -1 when no slot is free and no expert may go. */
+static int fetch_one(moet_ecache *c, moet_ecache_layer *l, int32_t e, uint64_t stamp,
+                     void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx) {
+    if (!c->n_free) {
+        moet_ecache_layer *vl = NULL;
+        int32_t ve = 0;
+        if (!pick_victim(c, &vl, &ve)) return -1;
+        c->free_slots[c->n_free++] = vl->slot[ve];
+        vl->slot[ve] = -1;
+        c->evicted++;
+    }
+    l->slot[e] = c->free_slots[--c->n_free];
+    l->stamp[e] = stamp;
+    if (fetch) fetch(ctx, l->key, e, l->slot[e]);
+    c->fetched++;
+    return 0;
+}
+
 int64_t moet_ecache_resolve(moet_ecache *c, void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx) {
-    moet_ecache_layer *l = c->miss_layer;
-    if (!l) {
+    moet_ecache_layer *first = c->miss_layer;
+    if (!first) {
         c->step++;
         return 0;
     }
-    int64_t n = 0;
-    for (int32_t e = 0; e < l->n; e++) {
-        if (!l->miss[e]) continue;
-        l->miss[e] = 0;
-        if (!c->n_free) {
-            moet_ecache_layer *vl = NULL;
-            int32_t ve = 0;
-            if (!pick_victim(c, &vl, &ve)) { /* this step's experts alone fill the slots */
-                for (int32_t k = e + 1; k < l->n; k++) l->miss[k] = 0;
-                c->miss_layer = NULL;
-                return -1;
-            }
-            c->free_slots[c->n_free++] = vl->slot[ve];
-            vl->slot[ve] = -1;
-            c->evicted++;
+    int64_t n = 0, rc = 0;
+    /* the first missing layer's experts: needed, stamped as used by this step (no later fetch of it evicts them) */
+    for (int32_t e = 0; e < first->n && !rc; e++)
+        if (first->miss[e]) {
+            if (fetch_one(c, first, e, c->step + 1, fetch, ctx)) rc = -1; /* this step's experts alone fill the slots */
+            else n++;
         }
-        l->slot[e] = c->free_slots[--c->n_free];
-        l->stamp[e] = c->step + 1; /* the replay uses it: no later fetch of this step evicts it */
-        if (fetch) fetch(ctx, l->key, e, l->slot[e]);
-        n++;
+    /* the later layers' misses, a guess: fetched where a slot is free or an expert of an earlier step can go, and
+     * stamped as of the previous step, so a needed fetch of this step may still evict them */
+    for (size_t i = 0; i < c->n_layers && !rc; i++) {
+        moet_ecache_layer *l = &c->layers[i];
+        if (l == first) continue;
+        for (int32_t e = 0; e < l->n; e++)
+            if (l->miss[e] && l->slot[e] < 0 && fetch_one(c, l, e, c->step, fetch, ctx) == 0) { n++; c->guessed++; }
     }
-    c->fetched += n;
-    c->replays++;
+    for (size_t i = 0; i < c->n_layers; i++) memset(c->layers[i].miss, 0, (size_t)c->layers[i].n);
     c->miss_layer = NULL;
+    if (rc) return -1;
+    c->replays++;
     return n;
 }

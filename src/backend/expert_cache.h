@@ -5,10 +5,14 @@
  * Why one host-side bookkeeper: the decision of what to fetch and what to evict is the same whatever moves the bytes
  * (the CPU backend moves none: it carries the protocol so the bit-identity of a replayed step is tested in CI; a GPU
  * backend copies an expert into the slot this hands out). A step's MoE ops ask for every expert their routing picked
- * (moet_ecache_use); a non-resident one is a miss, recorded only for the first layer of the step that missed, since
- * later layers were routed on a residual stream the missing experts never shaped. After the step, moet_ecache_resolve
- * makes that layer's missing experts resident, evicting the least recently used experts that no layer of this step
- * used, and the caller replays the step; a step whose experts were all resident is the resident forward, bit for bit.
+ * (moet_ecache_use); a non-resident one is a miss. Only the first layer of the step that missed is sure to need its
+ * misses: later layers were routed on a residual stream the missing experts never shaped, so their misses (and their
+ * hits) are guesses. After the step, moet_ecache_resolve makes the first missing layer's experts resident, evicting
+ * the least recently used experts that no layer up to it used in this step; then it fetches the later layers'
+ * misses too where that evicts only experts of earlier steps, stamped so that a needed fetch may still evict them
+ * (moe-mini-a, tests/test_ecache.c: 120 slots, batched, steps run again 109 -> 32 for 275 -> 344 experts fetched;
+ * 40 slots, 252 -> 184 for 646 -> 1577: a replay costs a whole step, a fetch one expert's bytes). The caller replays
+ * the step; a step whose experts were all resident is the resident forward, bit for bit.
  * An expert is one slot: its gate, up and down matrices (and the delta's residuals with them).
  */
 #ifndef MOET_BACKEND_EXPERT_CACHE_H
@@ -22,7 +26,7 @@ typedef struct {
     int32_t n;              /* experts */
     int64_t *slot;          /* [n] the slot holding expert e, or -1 */
     uint64_t *stamp;        /* [n] the step that last used it */
-    uint8_t *miss;          /* [n] missing in this step (the first missing layer only) */
+    uint8_t *miss;          /* [n] missing in this step */
 } moet_ecache_layer;
 
 typedef struct {
@@ -34,6 +38,7 @@ typedef struct {
     uint64_t step;          /* the current step (advanced by a resolve that finds no miss) */
     moet_ecache_layer *miss_layer; /* the first layer of this step that missed, or NULL */
     int64_t fetched, evicted, replays; /* experts fetched and evicted, steps run again */
+    int64_t guessed;        /* of the fetched: later layers' misses, fetched on a guess */
 } moet_ecache;
 
 /* n_slots > 0: at most that many experts resident (none at first); 0: all. 0, or MOET_ENOMEM / MOET_EINVAL. */

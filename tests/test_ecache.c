@@ -3,8 +3,8 @@
  *   - a model that holds at most 40 of its 256 routed experts (moe-mini-a: 8 layers x 32, top 4) gives the same logits
  *     bit for bit as the model holding all of them, over a prompt evaluated a token a step and greedy decode steps:
  *     each step that routed to a missing expert was run again once it was fetched, and a step that completes is the
- *     resident forward; the counts show that experts were fetched, evicted and steps replayed (this stop: 1577
- *     fetched, 1537 evicted, 184 steps run again over 34 steps);
+ *     resident forward; the counts show that experts were fetched, evicted and steps replayed (stop 21: 1636
+ *     fetched, 1596 evicted, 179 steps run again over 34 steps);
  *   - slots too few for one step's experts (16 < 8 layers x 4) fail the eval with MOET_ENOMEM and a message;
  *   - a batched decode step on the cached model equals the same step on the resident one.
  */

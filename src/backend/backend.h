@@ -72,6 +72,12 @@ typedef struct {
      * routing (the K-th pick's probability minus the best unpicked expert's) and route_stats[2 t + 1] = the entropy
      * of the router's softmax (nats). Backends without it leave them untouched. */
     float *route_stats;
+    /* The expert cache's prefetch (NULL: none): the next MoE layer's router, pre-norm weights and expert array. A
+     * backend with a cache may route y (this block's output stream) through them and fetch the experts it guesses
+     * before that layer asks (DESIGN.md 5). Never changes y. */
+    const moet_weight *next_router;
+    const float *next_norm_w;
+    const moet_weight *next_gate;
 } moet_moe_args;
 
 typedef struct {

@@ -39,6 +39,7 @@ typedef struct {
     moet_ecache_layer *miss_layer; /* the first layer of this step that missed, or NULL */
     int64_t fetched, evicted, replays; /* experts fetched and evicted, steps run again */
     int64_t guessed;        /* of the fetched: later layers' misses, fetched on a guess */
+    int64_t prefetched;     /* of the fetched: moet_ecache_hint's */
 } moet_ecache;
 
 /* n_slots > 0: at most that many experts resident (none at first); 0: all. 0, or MOET_ENOMEM / MOET_EINVAL. */
@@ -49,6 +50,10 @@ moet_ecache_layer *moet_ecache_layer_of(moet_ecache *c, const void *key, int32_t
 /* Whether expert e of layer l is resident (1: its slot is marked used by this step) or not (0: a miss, recorded when
  * l is the step's first missing layer). */
 int moet_ecache_use(moet_ecache *c, moet_ecache_layer *l, int32_t e);
+/* A guess that expert e of layer l will be used soon (a prefetch): fetched now where a slot is free or an expert of an
+ * earlier step can go, stamped so that a needed fetch may still evict it; 1 when it was fetched. */
+int moet_ecache_hint(moet_ecache *c, moet_ecache_layer *l, int32_t e,
+                     void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx);
 /* After a step: 0 when it missed nothing (the next step begins); else makes the first missing layer's experts
  * resident and returns how many (the step must run again), calling fetch(ctx, key, e, slot) for each after the
  * evictions it needed; -1 when the slots cannot hold them beside the experts this step already used. */

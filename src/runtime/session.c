@@ -329,6 +329,14 @@ static void forward_chunk(void *vctx) {
                 ma.calib_count = s->calib->count[il];
             }
             if (s->route_stats) ma.route_stats = s->route_stats + (size_t)il * 2 * (size_t)n;
+            for (int jl = il + 1; jl < hp->n_layers; jl++) /* the next MoE layer: the expert cache's prefetch */
+                if (m->layers[jl].is_moe) {
+                    const moet_layer *N = &m->layers[jl];
+                    ma.next_router = &N->router;
+                    ma.next_norm_w = N->ffn_norm;
+                    ma.next_gate = dexp ? N->dexp_gate : N->exp_gate;
+                    break;
+                }
             op->moe(be, &ma);
         } else {
             op->rms_norm(be, s->x, L->ffn_norm, n, H, hp->rms_eps, s->h);

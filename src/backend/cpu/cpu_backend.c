@@ -36,6 +36,7 @@ typedef struct {
     float *xrot;        /* rotated activations for matrices stored as W·R */
     size_t xrot_cap;
     moet_ecache ec;     /* the expert cache's protocol (nothing moves on the CPU: every expert lies in host memory) */
+    int ec_prefetch;    /* guess the next MoE layer's experts from this one's output (MOET_EXPERT_PREFETCH=0: off) */
     char desc[64];
 } cpu_backend;
 
@@ -540,6 +541,23 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
     }
     if (a->accumulate) /* y += out: the residual add as session.c did it before it was fused */
         for (int64_t i = 0; i < T * H; i++) a->y[i] += out[i];
+    /* the cache's prefetch: y (the stream this block leaves) through the next MoE layer's pre-norm and router; its
+     * top k experts of each token are fetched now where that evicts only experts of earlier steps */
+    if (cl && cpu(be)->ec_prefetch && a->next_router && a->next_norm_w && a->next_gate) {
+        moet_ecache_layer *nl = moet_ecache_layer_of(&cpu(be)->ec, a->next_gate, E);
+        if (!nl) abort();
+        cpu_rms_norm(be, a->y, a->next_norm_w, T, H, a->eps, xg);
+        cpu_mul_mat(be, a->next_router, xg, T, logits);
+        for (int64_t t = 0; t < T; t++) {
+            float *p = logits + (size_t)t * E;
+            for (int32_t j = 0; j < K; j++) {
+                int32_t best = 0;
+                for (int32_t e = 1; e < E; e++) best = p[e] > p[best] ? e : best;
+                moet_ecache_hint(&cpu(be)->ec, nl, best, NULL, NULL);
+                p[best] = -INFINITY;
+            }
+        }
+    }
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------------------------------ */
@@ -608,6 +626,8 @@ static size_t cpu_topk_scratch_bytes(moet_backend *be, int64_t n, int64_t vocab,
 }
 
 static int cpu_expert_cache(moet_backend *be, int64_t n_slots) {
+    const char *pf = getenv("MOET_EXPERT_PREFETCH");
+    cpu(be)->ec_prefetch = !(pf && pf[0] == '0');
     moet_ecache_free(&cpu(be)->ec);
     return moet_ecache_init(&cpu(be)->ec, n_slots);
 }

@@ -50,7 +50,8 @@ typedef struct {
     const char *delta_path;
     /* Routed experts resident at once (the expert cache, DESIGN.md §5): 0: all; n > 0: at most n, a step that routes
      * to another is run again once it is fetched (backend/expert_cache.h). The CPU backend carries the protocol (on
-     * the CPU every expert lies in host memory: nothing moves); the CUDA backend does not have it yet (MOET_EUNSUP). */
+     * the CPU every expert lies in host memory: nothing moves); the CUDA backend holds n in device slots and copies
+     * the rest from where the model keeps them (backend/cuda/expert_cache.cu). */
     int64_t expert_slots;
 } moet_model_options;
 

@@ -21,9 +21,14 @@ got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids 2
 # the expert cache's protocol (CPU): 200 of 256 experts resident, every miss fetched and its step run again: the same ids
 got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids --expert-slots 200 2>"$tmp/run.err")
 [ "$got" = "$want" ] && ok "run --expert-slots 200: greedy ids equal transformers'" || bad "run --expert-slots 200: '$got' ($(tail -1 "$tmp/run.err"))"
-"$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 1 --expert-slots 120 >/dev/null 2>"$tmp/run.err" \
-  && bad "120 slots for a 16-token step's experts accepted" \
-  || { grep -q "expert cache" "$tmp/run.err" && ok "120 slots for a 16-token step: $(tail -1 "$tmp/run.err")" || bad "slots error: $(tail -1 "$tmp/run.err")"; }
+# 120 slots cannot hold what the 16-token prompt routes to in one step: the session runs it in smaller steps
+got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids --expert-slots 120 2>"$tmp/run.err")
+[ "$got" = "$want" ] && grep -q "steps of" "$tmp/run.err" && ok "run --expert-slots 120: the prompt in smaller steps, same ids" \
+  || bad "run --expert-slots 120: '$got' ($(grep 'expert cache' "$tmp/run.err" | tail -1))"
+# 16 slots cannot hold one token's 8 x 4 experts: an error that says so
+"$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 1 --expert-slots 16 >/dev/null 2>"$tmp/run.err" \
+  && bad "16 slots for one token's 32 experts accepted" \
+  || { grep -q "expert cache" "$tmp/run.err" && ok "16 slots for one token: $(tail -1 "$tmp/run.err")" || bad "slots error: $(tail -1 "$tmp/run.err")"; }
 # run streams text to stdout, logs to stderr
 out=$("$MOET" run -m "$MODEL" -p "=head1 NAME" -n 12 --temp 0.7 --seed 1 2>"$tmp/log")
 [ -n "$out" ] && grep -q "generated" "$tmp/log" && ! grep -q "generated" <<<"$out" && ok "run text/log split" || bad "run output split"

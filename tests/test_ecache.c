@@ -1,36 +1,51 @@
 /*
- * test_ecache.c — the expert cache's protocol (backend/expert_cache.h) through the public API, on the CPU backend:
+ * test_ecache.c — the expert cache (backend/expert_cache.h) through the public API:
  *   - a model that holds at most 40 of its 256 routed experts (moe-mini-a: 8 layers x 32, top 4) gives the same logits
  *     bit for bit as the model holding all of them, over a prompt evaluated a token a step and greedy decode steps:
  *     each step that routed to a missing expert was run again once it was fetched, and a step that completes is the
  *     resident forward; the counts show that experts were fetched, evicted and steps replayed (stop 21: 1636
  *     fetched, 1596 evicted, 179 steps run again over 34 steps);
- *   - slots too few for one step's experts (16 < 8 layers x 4) fail the eval with MOET_ENOMEM and a message;
- *   - a batched decode step on the cached model equals the same step on the resident one.
+ *   - a prompt evaluated in one step on those 40 slots: the session retries it in smaller steps, same argmax;
+ *   - slots too few for one token's experts (16 < 8 layers x 4) fail the eval with MOET_ENOMEM and a message;
+ *   - a batched decode step on the cached model equals the same step on the resident one;
+ *   - with a delta pack (a W2 pack whose X.delta.gguf lies beside it), the delta turned on after the prompt: the
+ *     residuals arrive in the slots of experts already resident, and decode with them stays bit-identical.
+ * usage: test_ecache MODEL [DEVICE]   (DEVICE cpu by default; cuda exits 77, skipped, where there is no GPU: the CPU
+ * backend carries the protocol with nothing to move, the CUDA backend moves the experts into device slots)
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "moet.h"
+#include "runtime/session_int.h"
 #include "test_util.h"
 
-static moet_model *open_cpu(const char *path, int64_t slots) {
+static const char *g_dev = "cpu";
+
+static moet_model *open_dev(const char *path, int64_t slots) {
     moet_model_options mo = moet_model_default_options();
-    mo.device = "cpu";
+    mo.device = g_dev;
     mo.n_threads = 2;
     mo.expert_slots = slots;
     moet_model *m;
     char err[512];
-    REQUIRE(moet_model_load(path, &mo, &m, err, sizeof err) == 0, "%s", err);
+    const int rc = moet_model_load(path, &mo, &m, err, sizeof err);
+    if (rc != 0 && strncmp(g_dev, "cuda", 4) == 0 && !slots) {
+        fprintf(stderr, "SKIP: no CUDA backend here (%s): this test runs on the device machine\n", err);
+        exit(TEST_SKIP_CODE);
+    }
+    REQUIRE(rc == 0, "%s", err);
     return m;
 }
 
 int main(int argc, char **argv) {
-    REQUIRE(argc >= 2, "usage: %s MODEL_DIR", argv[0]);
-    moet_model *full = open_cpu(argv[1], 0), *cached = open_cpu(argv[1], 40), *tiny = open_cpu(argv[1], 16);
+    REQUIRE(argc >= 2, "usage: %s MODEL [DEVICE]", argv[0]);
+    if (argc >= 3) g_dev = argv[2];
+    moet_model *full = open_dev(argv[1], 0), *cached = open_dev(argv[1], 40), *tiny = open_dev(argv[1], 16);
     moet_model_info info;
     moet_model_info_get(full, &info);
     const int32_t V = info.vocab_size;
+    fprintf(stderr, "%s on %s%s\n", argv[1], info.device, info.has_delta ? ", with its delta" : "");
     char err[512];
     moet_session_options so = moet_session_default_options();
     so.n_ctx = 64;
@@ -64,12 +79,42 @@ int main(int argc, char **argv) {
     moet_model_expert_cache_stats(full, &f0, NULL, NULL);
     CHECK(f0 == 0, "the resident model counted %lld fetches", (long long)f0);
 
+    /* a prompt in one step routes to more experts than 40 slots hold: the session retries it in smaller steps
+     * (the same tokens; the logits of a chunked prefill are close to, not bit-equal with, one step's) */
+    {
+        moet_session_options sw = so;
+        sw.n_batch = 16;
+        moet_session *p1, *p2;
+        REQUIRE(moet_session_create(full, &sw, &p1, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_create(cached, &sw, &p2, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_eval(p1, prompt, 10, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+        const int prc = moet_session_eval(p2, prompt, 10, MOET_LOGITS_LAST, err, sizeof err);
+        CHECK(prc == 0, "a 10-token prompt on 40 slots: %s", err);
+        if (prc == 0) {
+            const float *l1 = moet_session_logits(p1, NULL), *l2 = moet_session_logits(p2, NULL);
+            double md = 0, mx = 0;
+            int32_t b1 = 0, b2 = 0;
+            for (int32_t i = 0; i < V; i++) {
+                const double d = l1[i] > l2[i] ? l1[i] - l2[i] : l2[i] - l1[i];
+                md = d > md ? d : md;
+                mx = (l1[i] > 0 ? l1[i] : -l1[i]) > mx ? (l1[i] > 0 ? l1[i] : -l1[i]) : mx;
+                b1 = l1[i] > l1[b1] ? i : b1;
+                b2 = l2[i] > l2[b2] ? i : b2;
+            }
+            fprintf(stderr, "a 10-token prompt on 40 slots, in smaller steps: max |diff| / max |logit| %.2e, argmax %d / %d\n",
+                    md / (mx > 0 ? mx : 1), b1, b2);
+            CHECK(md <= 1e-4 * mx && b1 == b2, "the prompt in smaller steps differs: %.3e of %.3e", md, mx);
+        }
+        moet_session_free(p1);
+        moet_session_free(p2);
+    }
+
     /* one token routes to 8 x 4 experts: 16 slots cannot hold them */
     const int rc = moet_session_eval(c, prompt, 1, MOET_LOGITS_LAST, err, sizeof err);
     CHECK(rc == MOET_ENOMEM && strstr(err, "expert cache"), "16 slots: rc %d (%s)", rc, err);
 
     /* a batched step of 3 sequences (up to 96 experts a step: the cached model needs more slots) */
-    moet_model *wide = open_cpu(argv[1], 120);
+    moet_model *wide = open_dev(argv[1], 120);
     moet_batch *ba, *bb;
     REQUIRE(moet_batch_create(full, 3, 64, &ba, err, sizeof err) == 0, "%s", err);
     REQUIRE(moet_batch_create(wide, 3, 64, &bb, err, sizeof err) == 0, "%s", err);
@@ -93,6 +138,46 @@ int main(int argc, char **argv) {
             (long long)evicted, (long long)replays, bsame ? "bit-identical" : "DIFFER");
     CHECK(bsame, "batched decode on the cached model differs");
     CHECK(replays > 0, "the batched run never replayed");
+
+    /* the delta turned on after the prompt: on the cached model its residuals come to experts already resident */
+    if (info.has_delta) {
+        moet_session *da, *db;
+        REQUIRE(moet_session_create(full, &so, &da, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_create(cached, &so, &db, err, sizeof err) == 0, "%s", err);
+        moet_session_use_delta(da, 0);
+        moet_session_use_delta(db, 0);
+        REQUIRE(moet_session_eval(da, prompt, 10, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_eval(db, prompt, 10, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+        moet_session_use_delta(da, 1);
+        moet_session_use_delta(db, 1);
+        int dsame = 1, dchanged = 0;
+        for (int step = 0; step < 10 && dsame; step++) {
+            const float *la = moet_session_logits(da, NULL);
+            int32_t best = 0;
+            for (int32_t i = 1; i < V; i++) best = la[i] > la[best] ? i : best;
+            REQUIRE(moet_session_eval(da, &best, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+            REQUIRE(moet_session_eval(db, &best, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+            dsame = !memcmp(moet_session_logits(da, NULL), moet_session_logits(db, NULL), sizeof(float) * (size_t)V);
+            /* the same token without the delta, for a check that the delta took part */
+            if (step == 0) {
+                moet_session *z;
+                REQUIRE(moet_session_create(full, &so, &z, err, sizeof err) == 0, "%s", err);
+                moet_session_use_delta(z, 0);
+                REQUIRE(moet_session_eval(z, prompt, 10, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+                REQUIRE(moet_session_eval(z, &best, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+                dchanged = memcmp(moet_session_logits(z, NULL), moet_session_logits(da, NULL), sizeof(float) * (size_t)V) != 0;
+                moet_session_free(z);
+            }
+        }
+        moet_model_expert_cache_stats(cached, &fetched, &evicted, &replays);
+        fprintf(stderr, "delta on after the prompt, 40 slots: %lld fetched, %lld evicted, %lld steps run again "
+                "(all runs of this model); logits %s\n", (long long)fetched, (long long)evicted, (long long)replays,
+                dsame ? "bit-identical" : "DIFFER");
+        CHECK(dsame, "decode with the delta on the cached model differs");
+        CHECK(dchanged, "the delta did not change the logits: it did not take part");
+        moet_session_free(da);
+        moet_session_free(db);
+    }
 
     for (int i = 0; i < 3; i++) { moet_session_free(sa[i]); moet_session_free(sb[i]); }
     moet_batch_free(ba);

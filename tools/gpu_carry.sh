@@ -5,13 +5,13 @@ set -eu
 build=${1:-build}  # e.g. build-sm90: -DMOET_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" (smaller upload)
 rm -rf .carry/bin .carry/lib && mkdir -p .carry/bin .carry/lib .carry/shared
 cp "$build/moet" "$build/tests/test_ops" "$build/tests/test_cuda" "$build/tests/test_logits" "$build/tests/test_batch" \
-   "$build/tests/test_kv" .carry/bin/
+   "$build/tests/test_kv" "$build/tests/test_ecache" .carry/bin/
 # the libraries the GPU image (Ubuntu 24.04) lacks; it has gnutls and the rest of libmicrohttpd's chain, no Node.js
 for l in libjansson.so.4 libpcre2-8.so.0 libutf8proc.so.2 libmicrohttpd.so.12; do cp -L "/lib/x86_64-linux-gnu/$l" .carry/lib/; done
 cp ../shared/models/moe-mini-a/reference_fp32.safetensors .carry/shared/
 strip --strip-unneeded .carry/bin/* .carry/lib/*  # host symbols only; the device code (.nv_fatbin) stays
 rm -rf .carry/node_modules
-# six statically linked binaries are ~90 MB, past the device call's 64 MiB working tree: ship them xz'd (~11 MB);
+# seven statically linked binaries are ~100 MB, past the device call's 64 MiB working tree: ship them xz'd (~11 MB);
 # gpu_check.sh unpacks them
 tar -C .carry -cJf .carry/bin.tar.xz bin && rm -rf .carry/bin
 git describe --always --dirty --abbrev=12 > .carry/commit  # what the binaries were built from (bench JSONs)

@@ -20,6 +20,10 @@ run logits_b_cuda $bin/test_logits tests/models/moe-mini-b tests/models/moe-mini
 # the FP4 delta end to end on the GPU (W2 pack + NVFP4 delta pack, the tensor-core delta kernels) against the
 # in-memory base + delta, and the gate at tau 0 / 1 against off / on
 TAIL=12 run delta_cuda bash tests/test_delta.sh $bin/moet tests/models/moe-mini-b
+# the expert cache on the GPU: 40 of moe-mini-a's 256 experts in device slots (fp32 kernels), then a W2 pack with
+# its delta (tiled slots, residuals beside them), each bit-identical to the resident model
+TAIL=6 run ecache_cuda $bin/test_ecache models/moe-mini-a cuda
+TAIL=6 run ecache_pack_cuda bash tests/test_ecache_pack.sh $bin/moet $bin/test_ecache models/moe-mini-a cuda
 # the server on the GPU: the real-client tests when the image has Node.js (carry tests/server/node_modules), else curl
 if command -v node >/dev/null 2>&1 && [ -d tests/server/node_modules ]; then
   TAIL=60 run server_clients node tests/server/test_server.mjs $bin/moet models/moe-mini-a tests/fixtures/ppl_window.txt

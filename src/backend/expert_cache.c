@@ -129,7 +129,28 @@ int64_t moet_ecache_resolve(moet_ecache *c, void (*fetch)(void *ctx, const void 
     }
     for (size_t i = 0; i < c->n_layers; i++) memset(c->layers[i].miss, 0, (size_t)c->layers[i].n);
     c->miss_layer = NULL;
-    if (rc) return -1;
+    if (rc) {
+        c->step++; /* the failed step is given up: its uses protect nothing from the smaller steps that redo it */
+        return -1;
+    }
     c->replays++;
+    return n;
+}
+
+int64_t moet_ecache_layer_drop(moet_ecache *c, const void *key) {
+    int64_t n = 0;
+    for (size_t i = 0; i < c->n_layers; i++) {
+        moet_ecache_layer *l = &c->layers[i];
+        if (!key || l->key != key) continue;
+        for (int32_t e = 0; e < l->n; e++)
+            if (l->slot[e] >= 0) {
+                c->free_slots[c->n_free++] = l->slot[e];
+                l->slot[e] = -1;
+                n++;
+            }
+        memset(l->miss, 0, (size_t)l->n);
+        if (c->miss_layer == l) c->miss_layer = NULL;
+        l->key = NULL;
+    }
     return n;
 }

@@ -21,6 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     const void *key;        /* the layer's expert array (moet_moe_args.gate) */
     int32_t n;              /* experts */
@@ -58,5 +62,11 @@ int moet_ecache_hint(moet_ecache *c, moet_ecache_layer *l, int32_t e,
  * resident and returns how many (the step must run again), calling fetch(ctx, key, e, slot) for each after the
  * evictions it needed; -1 when the slots cannot hold them beside the experts this step already used. */
 int64_t moet_ecache_resolve(moet_ecache *c, void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx);
+/* The layer keyed on key goes away (its weights are freed): its slots go back to the free stack and its key is
+ * cleared, so a later layer at the same address starts afresh; the number of slots freed. */
+int64_t moet_ecache_layer_drop(moet_ecache *c, const void *key);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -6,7 +6,9 @@
  * Each figure is the median of --reps runs. Token ids are a fixed pseudo-random sequence (speed does not depend
  * on which ids, only routing does, and real routing is measured by perplexity runs).
  * --synthetic SHAPE builds a model of a real shape with random weights in backend memory (model/synthetic.c);
- * --experts picks its expert format. For decode the JSON also carries the bytes one token reads (every dense weight,
+ * --experts picks its expert format; with --expert-slots N its experts are built in host memory and the device caches N
+ * of them (the table's experts column says so; the JSON carries the experts fetched and steps run again over the
+ * last rep's decode). For decode the JSON also carries the bytes one token reads (every dense weight,
  * k experts per layer, the router, lm_head, the KV cache) and that over the time per token (effective GB/s), which
  * docs/performance.md sets against the GPU's measured copy bandwidth.
  * -b 4,16: batched decode as a server runs it: B sessions after a short prompt each, tg steps of one forward over
@@ -124,6 +126,7 @@ int cmd_bench(int argc, char **argv) {
             moet_model_options mo = moet_model_default_options();
             mo.n_threads = cc.threads;
             mo.device = cc.device;
+            mo.expert_slots = cc.expert_slots; /* experts in host memory, the device caching that many */
             double tb = moet_time_s();
             if (moet_model_synthetic(synthetic, moet_qformat_type((moet_qformat)qf), qf == MOET_QF_W2_NVFP4, &mo, &m,
                                      err, sizeof err)) {
@@ -167,6 +170,7 @@ int cmd_bench(int argc, char **argv) {
         int32_t *ids = malloc((size_t)(pp + tg + 8) * sizeof(int32_t));
         for (long i = 0; i < pp + tg + 8; i++) ids[i] = (int32_t)((i * 7919 + 13) % info.vocab_size);
         double tpp[100], ttg[100];
+        int64_t ec0[3] = {0, 0, 0}, ec1[3] = {0, 0, 0}; /* expert cache counts around the last rep's tg steps */
         for (long r = 0; r < reps; r++) {
             moet_session_truncate(s, 0, NULL, 0);
             double t0 = moet_time_s();
@@ -176,6 +180,7 @@ int cmd_bench(int argc, char **argv) {
             tpp[r] = pp > 0 ? (double)pp / (t1 - t0) : 0;
             moet_session_truncate(s, 0, NULL, 0);
             erc |= moet_session_eval(s, ids, 4, MOET_LOGITS_LAST, err, sizeof err);
+            moet_model_expert_cache_stats(m, &ec0[0], &ec0[1], &ec0[2]);
             t0 = moet_time_s();
             for (long i = 0; i < tg && !erc; i++) {
                 erc |= moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
@@ -190,14 +195,24 @@ int cmd_bench(int argc, char **argv) {
             }
             t1 = moet_time_s();
             ttg[r] = tg > 0 ? (double)tg / (t1 - t0) : 0;
+            moet_model_expert_cache_stats(m, &ec1[0], &ec1[1], &ec1[2]);
             fprintf(stderr, "moet: bench threads %ld rep %ld/%ld: pp %.1f t/s, tg %.1f t/s\n", nt, r + 1, reps, tpp[r], ttg[r]);
+            if (c.expert_slots)
+                fprintf(stderr, "moet: expert cache over the tg%ld steps: %lld experts fetched, %lld evicted, %lld steps "
+                        "run again\n", tg, (long long)(ec1[0] - ec0[0]), (long long)(ec1[1] - ec0[1]),
+                        (long long)(ec1[2] - ec0[2]));
         }
         qsort(tpp, (size_t)reps, sizeof(double), cmp_d);
         qsort(ttg, (size_t)reps, sizeof(double), cmp_d);
         double mpp = tpp[reps / 2], mtg = ttg[reps / 2];
         const char *name = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
         double mib = (double)info.weight_bytes / (1 << 20);
+        char exb[64];
         const char *ex = synthetic ? experts : "as stored";
+        if (c.expert_slots) { /* the expert cache: its slots in the table's experts column */
+            snprintf(exb, sizeof exb, "%s, %ld slots", ex, c.expert_slots);
+            ex = exb;
+        }
         char size[32];
         if (mib >= 1024) snprintf(size, sizeof size, "%.2f GiB", mib / 1024); else snprintf(size, sizeof size, "%.1f MiB", mib);
         if (pp > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | pp%ld | %.1f | |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, pp, mpp);
@@ -206,9 +221,11 @@ int cmd_bench(int argc, char **argv) {
         ro += (size_t)snprintf(results + ro, sizeof results - ro,
                                "%s\n    {\"backend\": \"%s\", \"device\": \"%s\", \"experts\": \"%s\", \"threads\": %ld, "
                                "\"pp\": %ld, \"pp_tps\": %.2f, \"tg\": %ld, \"tg_tps\": %.2f, \"tg_bytes_per_token\": %.0f, "
-                               "\"tg_gbps\": %.1f, \"weight_bytes\": %lld, \"n_params\": %lld}",
+                               "\"tg_gbps\": %.1f, \"weight_bytes\": %lld, \"n_params\": %lld, \"expert_slots\": %ld, "
+                               "\"tg_experts_fetched\": %lld, \"tg_steps_replayed\": %lld}",
                                first ? "" : ",", info.backend, info.device, ex, nt, pp, mpp, tg, mtg, tok_bytes,
-                               tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params);
+                               tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params,
+                               c.expert_slots, (long long)(ec1[0] - ec0[0]), (long long)(ec1[2] - ec0[2]));
         first = 0;
         for (const char *bp = batches; bp && *bp && tg > 0;) {  /* batched decode */
             long B;

@@ -28,7 +28,7 @@ void cli_usage(FILE *f) {
             "                               [--max-seqs N] [--ctx N] [--queue N] [--timeout S]\n\n"
             "common options: -m DIR|PACK (Hugging Face checkpoint dir or moet pack; default: the embedded %s),\n"
             "                -t N (threads), --device cpu|cuda[:N] (default: cuda when a GPU is there), -v,\n"
-            "                --expert-slots N (routed experts resident at once; 0: all; CPU backend only for now)\n"
+            "                --expert-slots N (routed experts resident at once, the rest fetched on a miss; 0: all)\n"
             "supported architectures: %s\n",
             MOET_DEFAULT_MODEL_DIR, moet_model_supported_architectures());
 }

@@ -177,6 +177,17 @@ int moet_backend_open(const char *device, int n_threads, moet_backend **out, cha
     return *out ? MOET_OK : moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend");
 }
 
+int moet_model_backend_open(moet_model *m, const moet_model_options *o, char *err, size_t errlen) {
+    int rc = moet_backend_open(o->device, o->n_threads, &m->be, err, errlen);
+    if (rc || !o->expert_slots) return rc;
+    if (!m->be->ops->expert_cache)
+        return moet_err(err, errlen, MOET_EUNSUP, "the %s backend has no expert cache (expert slots %lld)",
+                        m->be->ops->name, (long long)o->expert_slots);
+    if ((rc = m->be->ops->expert_cache(m->be, o->expert_slots)))
+        return moet_err(err, errlen, rc, "expert cache of %lld slots", (long long)o->expert_slots);
+    return MOET_OK;
+}
+
 /* ---- load ------------------------------------------------------------------------------------------------------ */
 
 static int read_json(const char *path, json_t **out, char *err, size_t errlen) {
@@ -363,18 +374,7 @@ int moet_model_load(const char *path, const moet_model_options *opt, moet_model 
         if ((rc = moet_file_read_all(p, 1u << 22, &m->chat_template, &tl, err, errlen))) goto fail;
     }
 backend:
-    if ((rc = moet_backend_open(o.device, o.n_threads, &m->be, err, errlen))) goto fail;
-    if (o.expert_slots) {
-        if (!m->be->ops->expert_cache) {
-            rc = moet_err(err, errlen, MOET_EUNSUP, "the %s backend has no expert cache yet (expert slots %lld)",
-                          m->be->ops->name, (long long)o.expert_slots);
-            goto fail;
-        }
-        if ((rc = m->be->ops->expert_cache(m->be, o.expert_slots))) {
-            rc = moet_err(err, errlen, rc, "expert cache of %lld slots", (long long)o.expert_slots);
-            goto fail;
-        }
-    }
+    if ((rc = moet_model_backend_open(m, &o, err, errlen))) goto fail;
     if (o.verbose)
         MOET_LOGI("loaded %s (%s): %d layers, %d experts (top %d), %.1fM params, %.1f MiB, %.2f s", path, m->hp.architecture,
                   m->hp.n_layers, m->hp.n_experts, m->hp.n_experts_used, (double)m->n_params / 1e6,

@@ -32,6 +32,8 @@ struct moet_model {
 };
 
 /* A model of a real architecture's shape with random weights, built in backend memory (no file): for benchmarks.
+ * With opt->expert_slots > 0 on a device backend, the routed experts (and residuals) are built in host memory
+ * instead and the device holds that many in its expert cache: the cache's fetches and replays, measured.
  * shape: "qwen3-30b-a3b", "qwen3-235b-a22b" or "mini" (a tiny one for tests); expert_type a MOET_TYPE_*. delta (W2
  * experts only): random NVFP4 residuals beside them as well (the layers' dres_*, a delta pack's form). */
 int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, const moet_model_options *opt,
@@ -39,6 +41,9 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
 
 /* Creates the backend a device string names ("cpu", "cuda", "cuda:N", NULL/"auto"). */
 int moet_backend_open(const char *device, int n_threads, moet_backend **out, char *err, size_t errlen);
+
+/* m->be for the options: the device's backend, with its expert cache set up when o->expert_slots > 0. */
+int moet_model_backend_open(struct moet_model *m, const moet_model_options *o, char *err, size_t errlen);
 
 /* Binds a 2-D tensor of exactly [rows, cols] (F32/F16/BF16). */
 int moet_bind_matrix(struct moet_model *m, const char *name, int64_t rows, int64_t cols, moet_weight *w, char *err,

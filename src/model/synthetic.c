@@ -38,6 +38,14 @@ static void *buf(moet_model *m, size_t bytes) {
     return p;
 }
 
+/* Host memory for weights (page-aligned, freed with the model's host vectors). */
+static void *host_buf(moet_model *m, size_t bytes) {
+    if (m->n_f32_bufs == m->cap_f32_bufs && moet_model_f32_reserve(m, 1)) return NULL;
+    void *p = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (p) m->f32_bufs[m->n_f32_bufs++] = p;
+    return p;
+}
+
 static int dense(moet_model *m, moet_weight *w, int64_t rows, int64_t cols, uint64_t seed) {
     memset(w, 0, sizeof(*w));
     w->type = MOET_TYPE_BF16;
@@ -84,8 +92,15 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
     moet_model *m = calloc(1, sizeof(*m));
     if (!m) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     moet_st_init(&m->st);
-    int rc = moet_backend_open(o.device, o.n_threads, &m->be, err, errlen);
-    if (rc) { free(m); return rc; }
+    int rc = moet_model_backend_open(m, &o, err, errlen);
+    if (rc) { if (m->be) m->be->ops->destroy(m->be); free(m); return rc; }
+    /* experts beyond the device: built in host memory (filled by a CPU backend), the device caching o.expert_slots */
+    moet_backend *hb = NULL;
+    if (o.expert_slots && strcmp(m->be->ops->name, "cpu") && !(hb = moet_backend_cpu_create(o.n_threads))) {
+        m->be->ops->destroy(m->be);
+        free(m);
+        return moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend");
+    }
     moet_hparams *hp = &m->hp;
     snprintf(hp->architecture, sizeof hp->architecture, "Qwen3MoeForCausalLM");
     hp->vocab = sd->vocab;
@@ -131,7 +146,8 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
         if (!L->exp_gate) goto oom;
         L->exp_up = L->exp_gate + E;
         L->exp_down = L->exp_up + E;
-        uint8_t *mem = buf(m, per_expert * (size_t)E);
+        uint8_t *mem = hb ? host_buf(m, per_expert * (size_t)E) : buf(m, per_expert * (size_t)E);
+        moet_backend *fb = hb ? hb : m->be; /* what fills the experts */
         if (!mem) goto oom;
         for (int64_t e = 0; e < E; e++) {
             moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
@@ -143,8 +159,8 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
                 w->cols = k == 2 ? F : H;
                 w->row_bytes = k == 2 ? rb_dn : rb_gu;
                 w->data = base + (k == 2 ? 2 * rb_gu * (size_t)F : (size_t)k * rb_gu * (size_t)F);
-                m->be->ops->fill_random(m->be, (void *)w->data, expert_type, w->rows, w->cols, 0.02f,
-                                        seed * 1000003u + (uint64_t)(e * 3 + k));
+                fb->ops->fill_random(fb, (void *)w->data, expert_type, w->rows, w->cols, 0.02f,
+                                     seed * 1000003u + (uint64_t)(e * 3 + k));
                 w->qscale = expert_type == MOET_TYPE_NVFP4 ? 0.005f : 0.02f;
                 w->qbeta = moet_f16_round(0.3f); /* an f16 value, as the quantizer's betas are */
                 if (expert_type == MOET_TYPE_W2) {
@@ -155,7 +171,7 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
         }
         if (delta) { /* the residuals: NVFP4, unrotated (as the quantizer writes them), small */
             const size_t nb_gu = moet_type_row_bytes(MOET_TYPE_NVFP4, H) * (size_t)F, nb_dn = moet_type_row_bytes(MOET_TYPE_NVFP4, F) * (size_t)H;
-            uint8_t *dmem = buf(m, (2 * nb_gu + nb_dn) * (size_t)E);
+            uint8_t *dmem = hb ? host_buf(m, (2 * nb_gu + nb_dn) * (size_t)E) : buf(m, (2 * nb_gu + nb_dn) * (size_t)E);
             if (!dmem || !(L->dres_gate = calloc((size_t)E * 3, sizeof(moet_weight)))) goto oom;
             L->dres_up = L->dres_gate + E;
             L->dres_down = L->dres_up + E;
@@ -166,8 +182,8 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
                                        .qscale = 0.0005f};
                     w->row_bytes = moet_type_row_bytes(MOET_TYPE_NVFP4, w->cols);
                     w->data = dmem + (size_t)e * (2 * nb_gu + nb_dn) + (size_t)k * nb_gu;
-                    m->be->ops->fill_random(m->be, (void *)w->data, MOET_TYPE_NVFP4, w->rows, w->cols, 0.02f,
-                                            seed * 2000003u + (uint64_t)(e * 3 + k));
+                    fb->ops->fill_random(fb, (void *)w->data, MOET_TYPE_NVFP4, w->rows, w->cols, 0.02f,
+                                         seed * 2000003u + (uint64_t)(e * 3 + k));
                 }
             m->weight_bytes += (int64_t)((2 * nb_gu + nb_dn) * (size_t)E);
         }
@@ -177,11 +193,13 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
     }
     char sub[256];
     if (m->be->ops->status(m->be, sub, sizeof sub)) { rc = moet_err(err, errlen, MOET_EDEVICE, "%s", sub); goto fail; }
+    if (hb) hb->ops->destroy(hb);
     *out = m;
     return MOET_OK;
 oom:
     rc = moet_err(err, errlen, MOET_ENOMEM, "out of %s memory building the synthetic %s model", m->be->ops->name, shape);
 fail:
+    if (hb) hb->ops->destroy(hb);
     moet_model_free(m);
     return rc;
 }

@@ -25,6 +25,9 @@ struct moet_session {
     const moet_model *m;
     moet_backend *be;
     int32_t n_ctx, n_batch, n_logits_cap, pos;
+    int32_t ec_cap;                 /* tokens a step at most (<= n_batch): halved while the expert cache's slots
+                                       cannot hold the experts one step routes to */
+    int ec_short;                   /* the last step_run failed for that reason */
     moet_kv *kv;                    /* the pool its KV blocks come from (NULL: a batch's scratch session) */
     int32_t *blk_host, *blk_dev;    /* the block table [blk_cap]: position p is in pool block blk[p >> kv->shift] */
     int32_t n_blk, blk_cap, blk_sent; /* blocks held; the table's size (n_ctx's blocks); entries on the backend */
@@ -161,6 +164,7 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
     s->be = be ? be : m->be;
     s->n_ctx = o.n_ctx;
     s->n_batch = o.n_batch;
+    s->ec_cap = o.n_batch;
     s->n_logits_cap = o.n_logits;
     s->graphs = o.graphs;
     {
@@ -370,6 +374,7 @@ static int step_run(moet_session *s, uint64_t key, chunk_args *ca, int32_t n, ch
         }
         const int64_t f = op->expert_cache_resolve ? op->expert_cache_resolve(s->be) : 0;
         if (f == 0) return MOET_OK;
+        s->ec_short = f < 0;
         if (f < 0)
             return moet_err(err, errlen, MOET_ENOMEM, "expert cache: its slots cannot hold the experts one step of %d "
                             "tokens routes to (more slots, or fewer tokens a step)", n);
@@ -541,14 +546,24 @@ int moet_session_eval(moet_session *s, const int32_t *tokens, int32_t n, int log
         return rc;
     }
     memcpy(s->toks + s->pos, tokens, (size_t)n * sizeof(int32_t));
-    for (int32_t off = 0; off < n; off += s->n_batch) {
-        int32_t c = n - off < s->n_batch ? n - off : s->n_batch;
+    for (int32_t off = 0; off < n;) {
+        int32_t c = n - off < s->ec_cap ? n - off : s->ec_cap;
         int last = off + c == n;
+        s->ec_short = 0;
         if (logits_mode == MOET_LOGITS_ALL)
             rc = run_chunk(s, tokens + off, c, 0, s->logits_dev + (size_t)off * V, 0, err, errlen);
         else
             rc = run_chunk(s, tokens + off, c, last ? c - 1 : c, s->logits_dev, last && s->n_cand > 0, err, errlen);
+        if (rc && s->ec_short && c > 1) {
+            /* the expert cache cannot hold what c tokens route to: the same tokens in smaller steps (the failed
+             * step's KV rows are rewritten by them; the cap stays for the session) */
+            s->ec_cap = (c + 1) / 2;
+            MOET_LOGI("expert cache: a step of %d tokens routes to more experts than its slots hold; steps of %d now",
+                      c, s->ec_cap);
+            continue;
+        }
         if (rc) return rc;
+        off += c;
     }
     session_keep(s, logits_mode == MOET_LOGITS_ALL ? n : 1, logits_mode != MOET_LOGITS_ALL && s->n_cand > 0);
     rc = s->be->ops->status(s->be, err, errlen);

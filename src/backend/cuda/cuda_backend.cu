@@ -193,13 +193,13 @@ static int tab_tile(cu_backend *c, const moet_weight *const w3[3], int32_t E, co
     return CU_CHECK(c, cudaStreamSynchronize(c->stream)) || CU_CHECK(c, cudaFree(tmp)) || bad ? -1 : 0;
 }
 
-/* Uploads host (E * 3 entries) as t's device table, frees host, and appends t to the tables (etab_slot made room). */
+/* Uploads host (E * 3 entries) as t's device table, frees host (a cached table keeps it), and appends t to the tables (etab_slot made room). */
 static const cu_expert_table *tab_finish(cu_backend *c, cu_expert_table *t, cu_mat *host, int32_t E) {
     const int bad = CU_CHECK(c, cudaMalloc(&t->table, (size_t)E * 3 * sizeof(cu_mat))) ||
                     CU_CHECK(c, cudaMemcpyAsync(t->table, host, (size_t)E * 3 * sizeof(cu_mat), cudaMemcpyHostToDevice, c->stream)) ||
                     CU_CHECK(c, cudaStreamSynchronize(c->stream));
-    free(host);
-    if (bad) return NULL;
+    if (bad || !t->cached) free(host); /* a cached table keeps its host copy (expert_cache.cu repoints entries) */
+    if (bad) { cudaFree(t->table); return NULL; }
     c->etabs[c->n_etabs] = *t;
     return &c->etabs[c->n_etabs++];
 }
@@ -216,6 +216,7 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
     cu_mat *host = (cu_mat *)calloc((size_t)E * 3, sizeof(cu_mat));
     if (!host) { cu_fail(c, cudaErrorMemoryAllocation, "expert table", __FILE__, __LINE__); return NULL; }
     const int32_t type = a->gate[0].type;
+    const int cached = c->ecache.n_slots > 0; /* the experts arrive at fetches (expert_cache.cu): none mirrored */
     int32_t down_uniform = 1, gu_uniform = 1, aligned4 = 1, aligned16 = 1;
     for (int32_t e = 0; e < E; e++) {
         if (a->gate[e].rotated != a->up[e].rotated || (a->gate[e].rotated && a->gate[e].rot_seed != a->up[e].rot_seed)) {
@@ -232,8 +233,8 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
                 cu_fail(c, cudaErrorInvalidValue, "routed experts of one layer in several types", __FILE__, __LINE__);
                 return NULL;
             }
-            const uint8_t *d = cu_weight_mat(c, ws[k]);
-            if (!d) { free(host); return NULL; }
+            const uint8_t *d = cached ? NULL : cu_weight_mat(c, ws[k]); /* cached: slots, 256-byte aligned */
+            if (!d && !cached) { free(host); return NULL; }
             if (((uintptr_t)d & 3) || (ws[k]->row_bytes & 3)) aligned4 = 0;
             if ((uintptr_t)d & 15) aligned16 = 0;
             host[e * 3 + k] = (cu_mat){d, ws[k]->qscale, ws[k]->qbeta, ws[k]->rot_seed, ws[k]->rotated, NULL};
@@ -249,9 +250,14 @@ extern "C" const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args 
                          a->gate[0].rot_seed, a->down[0].rot_seed, aligned4, aligned16, 0, NULL, levels_f16};
     if (tiled_ok(a, type, gu_uniform, aligned4)) {
         const moet_weight *const w3[3] = {a->gate, a->up, a->down};
-        if (tab_tile(c, w3, E, host, cu_q2_tile_repack)) { free(host); return NULL; }
+        if (!cached && tab_tile(c, w3, E, host, cu_q2_tile_repack)) { free(host); return NULL; }
         if (tab_signs(c, host, E, a->hidden, a->ffn, &t.signs)) { free(host); return NULL; }
         t.tiled = 1;
+    }
+    if (cached) {
+        t.cached = 1;
+        t.w3[0] = a->gate, t.w3[1] = a->up, t.w3[2] = a->down;
+        if (cu_ecache_table(c, &t, host)) { free(host); if (t.signs) cudaFree(t.signs); return NULL; }
     }
     return tab_finish(c, &t, host, E);
 }
@@ -266,6 +272,7 @@ extern "C" const cu_expert_table *cu_delta_experts(cu_backend *c, const moet_moe
     }
     if (!etab_slot(c)) return NULL;
     const int32_t E = a->n_experts;
+    const int cached = c->ecache.n_slots > 0;
     cu_mat *host = (cu_mat *)calloc((size_t)E * 3, sizeof(cu_mat));
     if (!host) { cu_fail(c, cudaErrorMemoryAllocation, "delta table", __FILE__, __LINE__); return NULL; }
     for (int32_t e = 0; e < E; e++) {
@@ -285,15 +292,21 @@ extern "C" const cu_expert_table *cu_delta_experts(cu_backend *c, const moet_moe
                         __FILE__, __LINE__);
                 return NULL;
             }
-            const uint8_t *d = cu_weight_mat(c, w);
-            if (!d) { free(host); return NULL; }
+            const uint8_t *d = cached ? NULL : cu_weight_mat(c, w);
+            if (!d && !cached) { free(host); return NULL; }
             host[e * 3 + k] = (cu_mat){d, w->qscale, w->qbeta, w->rot_seed, w->rotated, NULL};
         }
     }
     const moet_weight *const w3[3] = {a->dgate, a->dup, a->ddown};
-    if (tab_tile(c, w3, E, host, cu_nv_tile_repack)) { free(host); return NULL; }
+    if (!cached && tab_tile(c, w3, E, host, cu_nv_tile_repack)) { free(host); return NULL; }
     cu_expert_table t = {a->dgate, E, NULL, MOET_TYPE_NVFP4, 0, 0, 0, 0, 0, 0, 1, 1, 1, NULL, 0};
     if (tab_signs(c, host, E, a->hidden, a->ffn, &t.signs)) { free(host); return NULL; }
+    if (cached) { /* the residuals share their base expert's slot index (expert_cache.cu) */
+        t.cached = 2;
+        t.base_gate = a->gate;
+        t.w3[0] = a->dgate, t.w3[1] = a->dup, t.w3[2] = a->ddown;
+        if (cu_ecache_table(c, &t, host)) { free(host); cudaFree(t.signs); return NULL; }
+    }
     return tab_finish(c, &t, host, E);
 }
 
@@ -306,6 +319,7 @@ static void cu_forget(moet_backend *be, const void *host) {
     for (size_t i = 0; i < c->n_etabs; i++)
         if (c->etabs[i].gate == host) {
             CU_CHECK(c, cudaStreamSynchronize(c->stream));
+            if (c->etabs[i].cached) cu_ecache_forget(c, &c->etabs[i]);
             CU_CHECK(c, cudaFree(c->etabs[i].table));
             if (c->etabs[i].signs) CU_CHECK(c, cudaFree(c->etabs[i].signs));
             c->etabs[i] = c->etabs[--c->n_etabs];
@@ -435,7 +449,12 @@ static void cu_destroy(moet_backend *be) {
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     for (size_t i = 0; i < c->cap_mirrors; i++)
         if (c->mirrors[i].host && c->mirrors[i].owned) cudaFree(c->mirrors[i].dev);
-    for (size_t i = 0; i < c->n_etabs; i++) { cudaFree(c->etabs[i].table); cudaFree(c->etabs[i].signs); }
+    for (size_t i = 0; i < c->n_etabs; i++) {
+        cudaFree(c->etabs[i].table);
+        cudaFree(c->etabs[i].signs);
+        free(c->etabs[i].host_table);
+    }
+    cu_ecache_free(c);
     free(c->mirrors);
     free(c->etabs);
     cudaFree(c->ticket);
@@ -478,6 +497,9 @@ static const moet_backend_ops k_cuda_ops = {
     /* .attn_rows = */ cu_attn_rows,
     /* .topk = */ cu_topk,
     /* .topk_scratch_bytes = */ cu_topk_scratch_bytes,
+    /* .expert_cache = */ cu_expert_cache,
+    /* .expert_cache_resolve = */ cu_expert_cache_resolve,
+    /* .expert_cache_stats = */ cu_expert_cache_stats,
 };
 
 extern "C" int moet_backend_cuda_device_count(void) {

@@ -46,7 +46,36 @@ typedef struct {
     uint32_t *signs;       /* device, tiled tables: every rotated matrix's column signs (cu_mat.signs points here) */
     int32_t levels_f16;    /* every matrix's two level magnitudes (W2: 1 and beta; sym2: 1.5, 0.5) are f16 values, so
                               a tile of levels is an exact f16 mma operand (moe_grp.cu's LV kernels) */
+    /* The expert cache (expert_cache.cu; cached == 0: every expert mirrored, the fields below unused). A cached
+     * table's entries point into the cache's slots, or at the stand-in slot when the expert is not resident. */
+    int32_t cached;        /* 1: base experts (pool 0), 2: the delta's residuals (pool 1) */
+    int32_t ec_row;        /* base tables: the layer's row of the cache's used-expert bytes (and its moet_ecache layer) */
+    const moet_weight *base_gate; /* delta tables: the base layer's key (the slot an expert holds is the base's) */
+    const moet_weight *w3[3];     /* the host matrices a fetch copies (gate, up, down arrays of E) */
+    cu_mat *host_table;    /* host copy of table, rewritten entry by entry as experts come and go */
+    int32_t ec_dirty;      /* host_table changed since its last upload */
 } cu_expert_table;
+
+/* The GPU as an expert cache (DESIGN.md 5; expert_cache.cu). n_slots experts resident at once; pool 0 holds the
+ * base matrices, pool 1 (made at the first delta table) the delta residuals of the same expert in the same slot
+ * index. The decision of what to fetch and evict is the shared host protocol (backend/expert_cache.h). */
+typedef struct {
+    int64_t n_slots;       /* 0: no cache */
+    void *ec;              /* moet_ecache (host bookkeeping; void here: that header is C) */
+    size_t slot_bytes[2], off[2][3]; /* a slot's size and its three matrices' offsets, per pool */
+    int64_t mat_bytes[2][3];
+    uint8_t *pool[2];      /* device: n_slots + 1 slots, the last the stand-in (zeros, never handed out) */
+    uint8_t *tmp;          /* device: repack scratch of tmp_bytes */
+    size_t tmp_bytes;
+    const void **owner_key; /* [n_slots]: the layer key holding the slot (NULL: free) */
+    int32_t *owner_e;      /* [n_slots]: and its expert */
+    uint8_t *used;         /* device: [CU_EC_ROWS][E] bytes, 1 where a step routed to the expert (k_ecache_mark) */
+    uint8_t *used_host;    /* pinned, the same */
+    int32_t E;             /* experts a row (the first cached layer's; later layers must not have more) */
+    int32_t n_rows;        /* rows handed out */
+} cu_ecache;
+
+#define CU_EC_ROWS 1024
 
 typedef struct {
     uint64_t key;
@@ -78,6 +107,7 @@ typedef struct {
     void *gemm_buf;        /* split x and partial products (device): GEMM_SCRATCH bytes, made once, never moved */
     void *attn_part;       /* attn_tc.cu: split row tiles' tickets (0 between launches) and partial results; made
                               at the first split, sized for any shape, never moved */
+    cu_ecache ecache;      /* the expert cache (n_slots 0: off) */
 } cu_backend;
 
 static inline cu_backend *cu_of(moet_backend *be) { return (cu_backend *)be; }
@@ -104,6 +134,18 @@ const cu_expert_table *cu_experts(cu_backend *c, const moet_moe_args *a);
  * rows, keyed on a->dgate; an expert's gate and up residuals must share one rotation. NULL after recording an error
  * (a->dgate NULL: NULL, no error). */
 const cu_expert_table *cu_delta_experts(cu_backend *c, const moet_moe_args *a);
+
+/* expert_cache.cu: the GPU as an expert cache. cu_ecache_table fills a new table's device pointers with the stand-in
+ * slot (nothing is mirrored; experts arrive at fetches) and registers it (t->w3, t->base_gate set by the caller);
+ * 0, or -1 after recording an error. cu_ecache_mark, after a cached layer's MoE launches: marks the experts its
+ * n picks (ids, device) routed to. cu_ecache_forget: a table keyed on key goes away. */
+int cu_ecache_table(cu_backend *c, cu_expert_table *t, cu_mat *host);
+void cu_ecache_mark(cu_backend *c, const cu_expert_table *t, const int32_t *ids, int64_t n);
+void cu_ecache_forget(cu_backend *c, const cu_expert_table *t);
+int cu_expert_cache(moet_backend *be, int64_t n_slots);
+int64_t cu_expert_cache_resolve(moet_backend *be);
+void cu_expert_cache_stats(moet_backend *be, int64_t out[3]);
+void cu_ecache_free(cu_backend *c);
 
 /* op families (matmul.cu, elementwise.cu, attention.cu, moe.cu) */
 void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);

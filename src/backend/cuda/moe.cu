@@ -456,7 +456,7 @@ static int set_attrs(cu_backend *c) {
     return 0;
 }
 
-extern "C" void cu_moe(moet_backend *be, const moet_moe_args *args) {
+static void moe_run(moet_backend *be, const moet_moe_args *args) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || args->n_tok <= 0) return;
     moet_moe_args na = *args;
@@ -574,6 +574,16 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *args) {
     if (q2) k_moe_down<1><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y, a->accumulate);
     else k_moe_down<0><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y, a->accumulate);
     CU_LAUNCHED(c, "k_moe_down");
+}
+
+extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
+    cu_backend *c = cu_of(be);
+    moe_run(be, a);
+    /* the expert cache: which experts this layer's picks routed to (expert_cache.cu; the table exists by now) */
+    if (c->ecache.n_slots && !c->err[0] && a->n_tok > 0) {
+        const cu_expert_table *tab = cu_experts(c, a);
+        if (tab) cu_ecache_mark(c, tab, a->topk_ids, a->n_tok * a->n_used);
+    }
 }
 
 /* Dense SwiGLU MLP: gate and up products, the gating, the down product (three matmul launches + one elementwise). */

@@ -53,6 +53,10 @@ typedef struct {
      * the CPU every expert lies in host memory: nothing moves); the CUDA backend holds n in device slots and copies
      * the rest from where the model keeps them (backend/cuda/expert_cache.cu). */
     int64_t expert_slots;
+    /* With expert_slots: 1: a device backend keeps the experts outside its slots in pinned host RAM (copied there
+     * at their layer's first step, in the layout its kernels read: a fetch is one DMA); 0: it copies them from where
+     * the model maps them (page cache or the pack file itself) on each fetch. */
+    int expert_pinned;
 } moet_model_options;
 
 moet_model_options moet_model_default_options(void);

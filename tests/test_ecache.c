@@ -10,7 +10,7 @@
  *   - a batched decode step on the cached model equals the same step on the resident one;
  *   - with a delta pack (a W2 pack whose X.delta.gguf lies beside it), the delta turned on after the prompt: the
  *     residuals arrive in the slots of experts already resident, and decode with them stays bit-identical.
- * usage: test_ecache MODEL [DEVICE]   (DEVICE cpu by default; cuda exits 77, skipped, where there is no GPU: the CPU
+ * usage: test_ecache MODEL [DEVICE [pinned|mapped]]   (DEVICE cpu by default; cuda exits 77, skipped, where there is no GPU: the CPU
  * backend carries the protocol with nothing to move, the CUDA backend moves the experts into device slots)
  */
 #include <stdlib.h>
@@ -21,12 +21,14 @@
 #include "test_util.h"
 
 static const char *g_dev = "cpu";
+static int g_pinned; /* the experts outside the slots in pinned host RAM (a device backend) */
 
 static moet_model *open_dev(const char *path, int64_t slots) {
     moet_model_options mo = moet_model_default_options();
     mo.device = g_dev;
     mo.n_threads = 2;
     mo.expert_slots = slots;
+    mo.expert_pinned = g_pinned;
     moet_model *m;
     char err[512];
     const int rc = moet_model_load(path, &mo, &m, err, sizeof err);
@@ -41,11 +43,13 @@ static moet_model *open_dev(const char *path, int64_t slots) {
 int main(int argc, char **argv) {
     REQUIRE(argc >= 2, "usage: %s MODEL [DEVICE]", argv[0]);
     if (argc >= 3) g_dev = argv[2];
+    if (argc >= 4) g_pinned = !strcmp(argv[3], "pinned");
     moet_model *full = open_dev(argv[1], 0), *cached = open_dev(argv[1], 40), *tiny = open_dev(argv[1], 16);
     moet_model_info info;
     moet_model_info_get(full, &info);
     const int32_t V = info.vocab_size;
-    fprintf(stderr, "%s on %s%s\n", argv[1], info.device, info.has_delta ? ", with its delta" : "");
+    fprintf(stderr, "%s on %s%s, experts outside the slots %s\n", argv[1], info.device,
+            info.has_delta ? ", with its delta" : "", g_pinned ? "pinned" : "mapped");
     char err[512];
     moet_session_options so = moet_session_default_options();
     so.n_ctx = 64;

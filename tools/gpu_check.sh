@@ -24,6 +24,7 @@ TAIL=12 run delta_cuda bash tests/test_delta.sh $bin/moet tests/models/moe-mini-
 # its delta (tiled slots, residuals beside them), each bit-identical to the resident model
 TAIL=6 run ecache_cuda $bin/test_ecache models/moe-mini-a cuda
 TAIL=6 run ecache_pack_cuda bash tests/test_ecache_pack.sh $bin/moet $bin/test_ecache models/moe-mini-a cuda
+TAIL=6 run ecache_pack_pinned bash tests/test_ecache_pack.sh $bin/moet $bin/test_ecache models/moe-mini-a cuda pinned
 # the server on the GPU: the real-client tests when the image has Node.js (carry tests/server/node_modules), else curl
 if command -v node >/dev/null 2>&1 && [ -d tests/server/node_modules ]; then
   TAIL=60 run server_clients node tests/server/test_server.mjs $bin/moet models/moe-mini-a tests/fixtures/ppl_window.txt
@@ -57,6 +58,13 @@ if [ "${BENCH:-1}" = 1 ]; then
     TAIL=4 run bench_$shape $bin/moet bench --synthetic $shape --device cuda -p 512 -n 128 --reps 3 -b ${BATCHES:-4,16,64} --json "$out/bench-$shape.json"
   done
   TAIL=4 run bench_mini_a $bin/moet bench -m models/moe-mini-a --device cuda -p 512 -n 128 --reps 3 --json "$out/bench-moe-mini-a.json"
+  # the expert cache: 30b with half and a quarter of its 6144 experts in device slots, the rest in host memory
+  # (pageable, then pinned); synthetic routing is near uniform, so this is the cache's worst case, not a model's
+  for spec in "3072 mapped" "3072 pinned" "1536 pinned"; do
+    set -- $spec
+    TAIL=4 run bench_30b_cache_$1_$2 $bin/moet bench --synthetic qwen3-30b-a3b --device cuda -t 16 -p 0 -n 64 --reps 1 \
+      --expert-slots $1 --expert-home $2 --json "$out/bench-qwen3-30b-a3b-slots$1-$2.json"
+  done
   # the FP4 delta on every step (W2 base + NVFP4 residuals through the tensor-core decode kernels)
   TAIL=4 run bench_30b_delta $bin/moet bench --synthetic qwen3-30b-a3b --experts w2+nvfp4 --device cuda -p 512 -n 128 \
     --reps 3 -b 4 --json "$out/bench-qwen3-30b-a3b-delta.json"

@@ -41,6 +41,7 @@ typedef struct {
 } moet_weight;
 
 enum { MOET_ROUTER_SOFTMAX = 0 };
+enum { MOET_EXPERT_HOME_MAPPED = 0, MOET_EXPERT_HOME_PINNED = 1 };
 
 typedef struct {
     const float *x;            /* [n_tok][hidden] normed input */
@@ -183,11 +184,14 @@ typedef struct {
     size_t (*topk_scratch_bytes)(moet_backend *be, int64_t n, int64_t vocab, int32_t k);
     /* The expert cache (backend/expert_cache.h; optional: NULL means every expert is always resident).
      * expert_cache: at most n_slots routed experts resident at once (0: all); an MoE op that routes to a
-     * non-resident expert leaves its contribution out and records the miss. expert_cache_resolve, after every step:
+     * non-resident expert leaves its contribution out and records the miss. home: where the others wait,
+     * MOET_EXPERT_HOME_MAPPED (the model's memory as it is: a mapped pack, so the page cache or the file) or
+     * MOET_EXPERT_HOME_PINNED (a device backend copies them to pinned host memory in the layout its kernels read,
+     * so a fetch is one DMA; a host backend ignores it). expert_cache_resolve, after every step:
      * 0 when the step missed nothing; > 0 experts fetched, and the caller runs the step again (it rewrites the same
      * KV rows); < 0 when the slots cannot hold one step's experts. expert_cache_stats: experts fetched, evicted,
      * steps run again. */
-    int (*expert_cache)(moet_backend *be, int64_t n_slots);
+    int (*expert_cache)(moet_backend *be, int64_t n_slots, int32_t home);
     int64_t (*expert_cache_resolve)(moet_backend *be);
     void (*expert_cache_stats)(moet_backend *be, int64_t out[3]);
 } moet_backend_ops;

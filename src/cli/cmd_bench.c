@@ -127,6 +127,7 @@ int cmd_bench(int argc, char **argv) {
             mo.n_threads = cc.threads;
             mo.device = cc.device;
             mo.expert_slots = cc.expert_slots; /* experts in host memory, the device caching that many */
+            mo.expert_pinned = cc.expert_pinned;
             double tb = moet_time_s();
             if (moet_model_synthetic(synthetic, moet_qformat_type((moet_qformat)qf), qf == MOET_QF_W2_NVFP4, &mo, &m,
                                      err, sizeof err)) {
@@ -210,7 +211,7 @@ int cmd_bench(int argc, char **argv) {
         char exb[64];
         const char *ex = synthetic ? experts : "as stored";
         if (c.expert_slots) { /* the expert cache: its slots in the table's experts column */
-            snprintf(exb, sizeof exb, "%s, %ld slots", ex, c.expert_slots);
+            snprintf(exb, sizeof exb, "%s, %ld slots%s", ex, c.expert_slots, c.expert_pinned ? " pinned" : "");
             ex = exb;
         }
         char size[32];

@@ -29,6 +29,8 @@ void cli_usage(FILE *f) {
             "common options: -m DIR|PACK (Hugging Face checkpoint dir or moet pack; default: the embedded %s),\n"
             "                -t N (threads), --device cpu|cuda[:N] (default: cuda when a GPU is there), -v,\n"
             "                --expert-slots N (routed experts resident at once, the rest fetched on a miss; 0: all)\n"
+            "                --expert-home pinned|mapped (with slots: the others in pinned host RAM, or where the\n"
+            "                  model maps them: page cache or the pack file; default mapped)\n"
             "supported architectures: %s\n",
             MOET_DEFAULT_MODEL_DIR, moet_model_supported_architectures());
 }
@@ -91,6 +93,15 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
         }
         return 1;
     }
+    if (!strcmp(a, "--expert-home")) {
+        const char *v = cli_value(argc, argv, i);
+        if (!v || (strcmp(v, "pinned") && strcmp(v, "mapped"))) {
+            fprintf(stderr, "moet: --expert-home needs pinned or mapped\n");
+            return -1;
+        }
+        c->expert_pinned = !strcmp(v, "pinned");
+        return 1;
+    }
     if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
         c->verbose = 1;
         moet_log_set_level(MOET_LOG_DEBUG);
@@ -106,6 +117,7 @@ moet_model *cli_load_model(const cli_common *c) {
     o.device = c->device;
     o.delta_path = c->delta_file;
     o.expert_slots = c->expert_slots;
+    o.expert_pinned = c->expert_pinned;
     moet_model *m = NULL;
     char err[1024];
     const char *path = c->model ? c->model : MOET_DEFAULT_MODEL_DIR;

@@ -183,7 +183,8 @@ int moet_model_backend_open(moet_model *m, const moet_model_options *o, char *er
     if (!m->be->ops->expert_cache)
         return moet_err(err, errlen, MOET_EUNSUP, "the %s backend has no expert cache (expert slots %lld)",
                         m->be->ops->name, (long long)o->expert_slots);
-    if ((rc = m->be->ops->expert_cache(m->be, o->expert_slots)))
+    if ((rc = m->be->ops->expert_cache(m->be, o->expert_slots, o->expert_pinned ? MOET_EXPERT_HOME_PINNED
+                                                                                 : MOET_EXPERT_HOME_MAPPED)))
         return moet_err(err, errlen, rc, "expert cache of %lld slots", (long long)o->expert_slots);
     return MOET_OK;
 }

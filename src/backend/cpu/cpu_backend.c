@@ -625,7 +625,8 @@ static size_t cpu_topk_scratch_bytes(moet_backend *be, int64_t n, int64_t vocab,
     return (size_t)(k > 0 ? k : 1) * sizeof(uint64_t);
 }
 
-static int cpu_expert_cache(moet_backend *be, int64_t n_slots) {
+static int cpu_expert_cache(moet_backend *be, int64_t n_slots, int32_t home) {
+    (void)home; /* every expert is host memory already */
     const char *pf = getenv("MOET_EXPERT_PREFETCH");
     cpu(be)->ec_prefetch = !(pf && pf[0] == '0');
     moet_ecache_free(&cpu(be)->ec);

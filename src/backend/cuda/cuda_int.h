@@ -54,6 +54,7 @@ typedef struct {
     const moet_weight *w3[3];     /* the host matrices a fetch copies (gate, up, down arrays of E) */
     cu_mat *host_table;    /* host copy of table, rewritten entry by entry as experts come and go */
     int32_t ec_dirty;      /* host_table changed since its last upload */
+    uint8_t *home;         /* pinned home (MOET_EXPERT_HOME_PINNED): [E] slot images in the layout the kernels read */
 } cu_expert_table;
 
 /* The GPU as an expert cache (DESIGN.md 5; expert_cache.cu). n_slots experts resident at once; pool 0 holds the
@@ -67,6 +68,9 @@ typedef struct {
     uint8_t *pool[2];      /* device: n_slots + 1 slots, the last the stand-in (zeros, never handed out) */
     uint8_t *tmp;          /* device: repack scratch of tmp_bytes */
     size_t tmp_bytes;
+    int32_t pinned;        /* MOET_EXPERT_HOME_PINNED: each cached table keeps a pinned image of its experts */
+    uint8_t *stage;        /* device: one slot of stage_bytes, where pinned images are made */
+    size_t stage_bytes;
     const void **owner_key; /* [n_slots]: the layer key holding the slot (NULL: free) */
     int32_t *owner_e;      /* [n_slots]: and its expert */
     uint8_t *used;         /* device: [CU_EC_ROWS][E] bytes, 1 where a step routed to the expert (k_ecache_mark) */
@@ -142,7 +146,7 @@ const cu_expert_table *cu_delta_experts(cu_backend *c, const moet_moe_args *a);
 int cu_ecache_table(cu_backend *c, cu_expert_table *t, cu_mat *host);
 void cu_ecache_mark(cu_backend *c, const cu_expert_table *t, const int32_t *ids, int64_t n);
 void cu_ecache_forget(cu_backend *c, const cu_expert_table *t);
-int cu_expert_cache(moet_backend *be, int64_t n_slots);
+int cu_expert_cache(moet_backend *be, int64_t n_slots, int32_t home);
 int64_t cu_expert_cache_resolve(moet_backend *be);
 void cu_expert_cache_stats(moet_backend *be, int64_t out[3]);
 void cu_ecache_free(cu_backend *c);

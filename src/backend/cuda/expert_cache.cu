@@ -23,8 +23,12 @@
  * in pool 0: one residency decision for both, so a cached expert is always whole. Pool 1 is made at the first delta
  * table (the gate may never turn the delta on), and the experts already resident get their residuals then.
  *
- * Not here yet (docs/design.md): the prefetch guess on the GPU (the CPU backend's moet_ecache_hint), pinned staging
- * for the copies (a fetch now copies from pageable memory, which the driver stages itself), LRU+frequency.
+ * Where the other experts wait (expert_cache(..., home)): MAPPED, the model's memory as it is (a pack's mapping: the
+ * page cache, or the NVMe file behind it); a fetch copies the three matrices from pageable pages (the driver stages
+ * them, synchronising the stream) and rewrites them in the slot. PINNED: at a layer's first step its experts are
+ * rewritten once on the device and kept as slot images in pinned host RAM, so a fetch is one asynchronous DMA.
+ *
+ * Not here yet (docs/design.md): the prefetch guess on the GPU (the CPU backend's moet_ecache_hint), LRU+frequency.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,13 +93,14 @@ static int ec_tmp(cu_backend *c, size_t bytes) {
     return 0;
 }
 
-/* Copies expert e's matrices of table t (t->w3) into slot s of t's pool and rewrites them as the kernels read them. */
-static int ec_copy(cu_backend *c, cu_expert_table *t, int32_t e, int64_t s) {
+/* Copies expert e's matrices of table t (t->w3) into the slot-shaped device memory at dst (a slot of t's pool, or
+ * the stage) and rewrites them as the kernels read them. */
+static int ec_copy(cu_backend *c, cu_expert_table *t, int32_t e, uint8_t *dst) {
     cu_ecache *ce = &c->ecache;
     const int p = t->cached - 1;
     for (int k = 0; k < 3; k++) {
         const moet_weight *w = &t->w3[k][e];
-        uint8_t *d = ec_addr(ce, p, s, k);
+        uint8_t *d = dst + ce->off[p][k];
         const size_t bytes = (size_t)w->rows * w->row_bytes;
         /* cudaMemcpyDefault: the model's host pages, or a synthetic model's device buffer */
         if (CU_CHECK(c, cudaMemcpyAsync(d, w->data, bytes, cudaMemcpyDefault, c->stream))) return -1;
@@ -103,6 +108,48 @@ static int ec_copy(cu_backend *c, cu_expert_table *t, int32_t e, int64_t s) {
         if ((p == 0 ? cu_q2_tile_repack : cu_nv_tile_repack)(c, d, w->rows, w->cols, w->row_bytes, ce->tmp)) return -1;
     }
     return 0;
+}
+
+/* Expert e of t into slot s: one DMA from its pinned image, or the copy and rewrite from the model's memory. */
+static int ec_load(cu_backend *c, cu_expert_table *t, int32_t e, int64_t s) {
+    cu_ecache *ce = &c->ecache;
+    const int p = t->cached - 1;
+    uint8_t *slot = ec_addr(ce, p, s, 0); /* off[p][0] is 0: the slot's start */
+    if (!t->home) return ec_copy(c, t, e, slot);
+    return CU_CHECK(c, cudaMemcpyAsync(slot, t->home + (size_t)e * ce->slot_bytes[p], ce->slot_bytes[p],
+                                       cudaMemcpyHostToDevice, c->stream));
+}
+
+/* The pinned home of t's experts: each rewritten once on the device (through the stage) and kept as a slot image. */
+static int ec_home(cu_backend *c, cu_expert_table *t) {
+    cu_ecache *ce = &c->ecache;
+    const size_t sb = ce->slot_bytes[t->cached - 1];
+    size_t total;
+    if (__builtin_mul_overflow((size_t)t->n_experts, sb, &total)) {
+        cu_fail(c, cudaErrorMemoryAllocation, "expert cache: a layer's pinned home overflows", __FILE__, __LINE__);
+        return -1;
+    }
+    if (sb > ce->stage_bytes) {
+        if (ce->stage && (CU_CHECK(c, cudaStreamSynchronize(c->stream)) || CU_CHECK(c, cudaFree(ce->stage)))) return -1;
+        ce->stage = NULL;
+        ce->stage_bytes = 0;
+        if (CU_CHECK(c, cudaMalloc(&ce->stage, sb))) return -1;
+        ce->stage_bytes = sb;
+    }
+    if (cudaHostAlloc(&t->home, total, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        t->home = NULL;
+        char what[160];
+        snprintf(what, sizeof what, "expert cache: %.2f GiB of pinned host memory for a layer's experts",
+                 (double)total / (1u << 30));
+        cu_fail(c, cudaErrorMemoryAllocation, what, __FILE__, __LINE__);
+        return -1;
+    }
+    for (int32_t e = 0; e < t->n_experts; e++) /* stream order: each image leaves the stage before the next arrives */
+        if (ec_copy(c, t, e, ce->stage) ||
+            CU_CHECK(c, cudaMemcpyAsync(t->home + (size_t)e * sb, ce->stage, sb, cudaMemcpyDeviceToHost, c->stream)))
+            return -1;
+    return CU_CHECK(c, cudaStreamSynchronize(c->stream));
 }
 
 static cu_expert_table *ec_table(cu_backend *c, const void *key, int delta) {
@@ -128,7 +175,7 @@ static void ec_fetch(void *ctx, const void *key, int32_t e, int64_t s) {
     for (int d = 0; d < 2; d++) {
         cu_expert_table *t = ec_table(c, key, d);
         if (!t) continue;
-        if (ec_copy(c, t, e, s)) return;
+        if (ec_load(c, t, e, s)) return;
         ec_point(c, t, e, s);
     }
     ce->owner_key[s] = key;
@@ -191,6 +238,11 @@ extern "C" int cu_ecache_table(cu_backend *c, cu_expert_table *t, cu_mat *host) 
     moet_ecache *ec = ec_of(c);
     const int p = t->cached - 1;
     if (ec_pool(c, t, p)) return -1;
+    if (ce->pinned && ec_home(c, t)) {
+        cudaFreeHost(t->home);
+        t->home = NULL;
+        return -1;
+    }
     t->host_table = host;
     if (p == 0) {
         if (!ce->used) {
@@ -221,7 +273,7 @@ extern "C" int cu_ecache_table(cu_backend *c, cu_expert_table *t, cu_mat *host) 
         if (ec->layers[i].key == t->base_gate && ec->layers[i].n == t->n_experts) bl = &ec->layers[i];
     for (int32_t e = 0; e < t->n_experts; e++) {
         const int64_t s = bl ? bl->slot[e] : -1;
-        if (s >= 0 && ec_copy(c, t, e, s)) return -1;
+        if (s >= 0 && ec_load(c, t, e, s)) return -1;
         for (int k = 0; k < 3; k++) host[(size_t)e * 3 + k].w = ec_addr(ce, 1, s, k);
     }
     return 0;
@@ -245,13 +297,14 @@ extern "C" void cu_ecache_forget(cu_backend *c, const cu_expert_table *t) {
         ec_flush(c);
     }
     free(t->host_table);
+    cudaFreeHost(t->home);
 }
 
-extern "C" int cu_expert_cache(moet_backend *be, int64_t n_slots) {
+extern "C" int cu_expert_cache(moet_backend *be, int64_t n_slots, int32_t home) {
     cu_backend *c = cu_of(be);
     cu_ecache *ce = &c->ecache;
-    if (n_slots < 0) return MOET_EINVAL;
-    if (n_slots == ce->n_slots) return MOET_OK;
+    if (n_slots < 0 || (home != MOET_EXPERT_HOME_MAPPED && home != MOET_EXPERT_HOME_PINNED)) return MOET_EINVAL;
+    if (n_slots == ce->n_slots && (!n_slots || (home == MOET_EXPERT_HOME_PINNED) == ce->pinned)) return MOET_OK;
     if (c->n_etabs || ce->n_slots) return MOET_EINVAL; /* once, before the first MoE op built a table */
     moet_ecache *ec = (moet_ecache *)calloc(1, sizeof *ec);
     ce->owner_key = (const void **)calloc((size_t)n_slots, sizeof(void *));
@@ -266,6 +319,7 @@ extern "C" int cu_expert_cache(moet_backend *be, int64_t n_slots) {
     }
     ce->ec = ec;
     ce->n_slots = n_slots;
+    ce->pinned = home == MOET_EXPERT_HOME_PINNED;
     return MOET_OK;
 }
 
@@ -305,6 +359,7 @@ extern "C" void cu_ecache_free(cu_backend *c) {
     cu_ecache *ce = &c->ecache;
     for (int p = 0; p < 2; p++) cudaFree(ce->pool[p]);
     cudaFree(ce->tmp);
+    cudaFree(ce->stage);
     cudaFree(ce->used);
     cudaFreeHost(ce->used_host);
     free(ce->owner_key);

@@ -2,7 +2,8 @@
 # test_serve_gate.sh — the confidence gate in `moet serve` on a W2 pack with its NVFP4 delta pack: greedy completions
 # of a one-token prompt with --delta gate --tau 0 equal --delta off, with --tau 1 equal --delta on (the gate also
 # decides the prompt's last step, the only one here; also two requests batched together),
-# off differs from on, and /metrics counts the checked and corrected steps.
+# off differs from on, and /metrics counts the checked and corrected steps; the expert cache serves the same
+# completions, also where two batched rows route to more experts than its slots hold.
 # usage: test_serve_gate.sh MOET_BIN HF_MODEL_DIR
 set -u
 MOET=$1; MODEL=$2
@@ -20,9 +21,12 @@ serve() {  # serve ARGS...: starts the server, waits for /health
 }
 stop() { kill -TERM $pid; wait $pid 2>/dev/null; pid=; port=$((port + 1)); }
 req='{"prompt": [5], "max_tokens": 10, "temperature": 0, "ignore_eos": true}'
-text() { curl -s localhost:$port/v1/completions -d "$req" | grep -o '"text":"[^"]*"'; }
+text() { curl -s localhost:$port/v1/completions -d "${1:-$req}" | grep -o '"text":"[^"]*"'; }
+# two long requests of different routings (they overlap, so the server batches their steps)
+reqA='{"prompt": [5], "max_tokens": 48, "temperature": 0, "ignore_eos": true}'
+reqB='{"prompt": [7, 300], "max_tokens": 48, "temperature": 0, "ignore_eos": true}'
 metric() { curl -s localhost:$port/metrics | grep "^$1 " | cut -d' ' -f2; }
-serve --delta off && { off=$(text); stop; }
+serve --delta off && { off=$(text); offA=$(text "$reqA"); offB=$(text "$reqB"); stop; }
 serve --delta on && { on=$(text); stop; }
 serve --delta gate --tau 0 && { g0=$(text); c0=$(metric moet_gate_corrected_total); s0=$(metric moet_gate_steps_total); stop; }
 serve --delta gate --tau 1 && {
@@ -40,6 +44,14 @@ echo "off: $off"; echo "on:  $on"
 serve --delta off --expert-slots 48 && { ec=$(text); fe=$(metric moet_expert_cache_fetched_total); re=$(metric moet_expert_cache_replayed_steps_total); stop; }
 [ -n "$off" ] && [ "$ec" = "$off" ] && [ "${fe:-0}" -gt 0 ] && [ "${re:-0}" -gt 0 ] \
   && ok "--expert-slots 48: the same completion, $fe experts fetched, $re steps run again" || bad "--expert-slots 48: '$ec' vs '$off', fetched ${fe:-?}, replays ${re:-?}"
+# 30 slots hold one token's 24 experts but not what two batched rows route to: the server decodes that step a
+# sequence at a time instead of failing the requests
+serve --delta off --expert-slots 30 && {
+  text "$reqA" > "$tmp/c1" & tp=$!; text "$reqB" > "$tmp/c2"; wait $tp; stop; }
+c1=$(cat "$tmp/c1"); c2=$(cat "$tmp/c2")
+[ -n "$offA" ] && [ "$c1" = "$offA" ] && [ "$c2" = "$offB" ] && grep -q "one at a time" "$tmp/serve.log" \
+  && ok "--expert-slots 30, two requests: batched steps that do not fit run a sequence at a time, same completions" \
+  || bad "--expert-slots 30, two requests: '$c1' / '$c2' vs '$offA' / '$offB' ($(grep -c 'one at a time' "$tmp/serve.log") fallbacks)"
 "$MOET" serve -m "$tmp/p.gguf" --port $port --delta-file "" --delta on > "$tmp/e" 2>&1 && bad "--delta on without a delta accepted" \
   || { grep -q "needs a delta" "$tmp/e" && ok "--delta on without a delta refused" || bad "no-delta error: $(tail -1 "$tmp/e")"; }
 exit $fail

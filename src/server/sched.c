@@ -694,6 +694,17 @@ static int32_t choice_sample(sched *s, srv_choice *c) {
     return id;
 }
 
+/* Each of n sequences' tokens in its own forward (each samples from its session's logits). */
+static void feed_each(sched *s, srv_choice **cs, moet_session **ss, int32_t *ids, int n) {
+    char err[256];
+    for (int i = 0; i < n; i++) {
+        const int rc = moet_session_eval(ss[i], &ids[i], 1, MOET_LOGITS_LAST, err, sizeof err);
+        if (rc) { MOET_LOGE("%s: decode: %s", cs[i]->q->id, err); choice_done(s, cs[i], FIN_LENGTH); continue; }
+        choice_ready(cs[i], -1);
+        if (s->o.delta_mode == 2 && gate_step(s, cs[i], ss[i], ids[i])) choice_done(s, cs[i], FIN_LENGTH);
+    }
+}
+
 /* Feeds the sampled tokens of n sequences: one batched forward (one when n = 1), then each samples from its row. */
 static void feed(sched *s, srv_choice **cs, int32_t *ids, int n) {
     char err[256];
@@ -720,15 +731,17 @@ static void feed(sched *s, srv_choice **cs, int32_t *ids, int n) {
     n = k;
     if (n == 0) return;
     if (n == 1 || !s->batch) {
-        for (int i = 0; i < n; i++) {
-            rc = moet_session_eval(ss[i], &ids[i], 1, MOET_LOGITS_LAST, err, sizeof err);
-            if (rc) { MOET_LOGE("%s: decode: %s", cs[i]->q->id, err); choice_done(s, cs[i], FIN_LENGTH); continue; }
-            choice_ready(cs[i], -1);
-            if (s->o.delta_mode == 2 && gate_step(s, cs[i], ss[i], ids[i])) choice_done(s, cs[i], FIN_LENGTH);
-        }
+        feed_each(s, cs, ss, ids, n);
         return;
     }
     rc = moet_batch_decode(s->batch, ss, ids, n, err, sizeof err);
+    if (rc == MOET_ENOMEM) {
+        /* memory a batched step needs and one sequence's may not (the expert cache's slots cannot hold what n rows
+         * route to): this step a sequence at a time (the failed step left every session as it was) */
+        MOET_LOGW("batched decode of %d sequences: %s; one at a time this step", n, err);
+        feed_each(s, cs, ss, ids, n);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         if (rc) { MOET_LOGE("%s: batched decode: %s", cs[i]->q->id, err); choice_done(s, cs[i], FIN_LENGTH); continue; }
         choice_ready(cs[i], i);

@@ -51,6 +51,16 @@ moet_ecache_layer *moet_ecache_layer_of(moet_ecache *c, const void *key, int32_t
 }
 
 int moet_ecache_use(moet_ecache *c, moet_ecache_layer *l, int32_t e) {
+    if (c->direct) { /* the step completes whatever is missing: every use is real */
+        if (l->slot[e] >= 0) {
+            l->stamp[e] = c->step + 1;
+            return 1;
+        }
+        if (!l->miss[e]) c->direct_uses++;
+        l->miss[e] = 1;
+        c->miss_layer = l;
+        return 0;
+    }
     if (l->slot[e] >= 0) {
         /* stamps are step + 1 (0: never used); a use after this pass's first miss, in a later layer, was routed on a
          * stream that lacked the missing experts: it counts as the previous step's, so it protects nothing now */
@@ -134,6 +144,20 @@ int64_t moet_ecache_resolve(moet_ecache *c, void (*fetch)(void *ctx, const void 
         return -1;
     }
     c->replays++;
+    return n;
+}
+
+int64_t moet_ecache_settle(moet_ecache *c, void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx) {
+    int64_t n = 0;
+    for (size_t i = 0; i < c->n_layers && c->miss_layer; i++) {
+        moet_ecache_layer *l = &c->layers[i];
+        for (int32_t e = 0; e < l->n; e++)
+            /* stamped as used by this step; only experts this step did not use may make room */
+            if (l->miss[e] && fetch_one(c, l, e, c->step + 1, c->step + 1, fetch, ctx) == 0) n++;
+        memset(l->miss, 0, (size_t)l->n);
+    }
+    c->miss_layer = NULL;
+    c->step++;
     return n;
 }
 

@@ -44,6 +44,11 @@ typedef struct {
     int64_t fetched, evicted, replays; /* experts fetched and evicted, steps run again */
     int64_t guessed;        /* of the fetched: later layers' misses, fetched on a guess */
     int64_t prefetched;     /* of the fetched: moet_ecache_hint's */
+    /* Direct mode (set after init): a backend that can compute a missing expert where it waits (a GPU reading its
+     * pinned host image over the bus) completes every step; misses are fetched after it (moet_ecache_settle) for
+     * the steps to come, and nothing is run again. */
+    int direct;
+    int64_t direct_uses;    /* direct mode: experts computed from where they wait (misses) */
 } moet_ecache;
 
 /* n_slots > 0: at most that many experts resident (none at first); 0: all. 0, or MOET_ENOMEM / MOET_EINVAL. */
@@ -52,7 +57,7 @@ void moet_ecache_free(moet_ecache *c);
 /* The layer of expert array key (E experts), tracked from its first use; NULL when out of memory. */
 moet_ecache_layer *moet_ecache_layer_of(moet_ecache *c, const void *key, int32_t n_experts);
 /* Whether expert e of layer l is resident (1: its slot is marked used by this step) or not (0: a miss, recorded when
- * l is the step's first missing layer). */
+ * l is the step's first missing layer; in direct mode every miss is a use, recorded, and the step stands). */
 int moet_ecache_use(moet_ecache *c, moet_ecache_layer *l, int32_t e);
 /* A guess that expert e of layer l will be used soon (a prefetch): fetched now where a slot is free or an expert of an
  * earlier step can go, stamped so that a needed fetch may still evict it; 1 when it was fetched. */
@@ -62,6 +67,10 @@ int moet_ecache_hint(moet_ecache *c, moet_ecache_layer *l, int32_t e,
  * resident and returns how many (the step must run again), calling fetch(ctx, key, e, slot) for each after the
  * evictions it needed; -1 when the slots cannot hold them beside the experts this step already used. */
 int64_t moet_ecache_resolve(moet_ecache *c, void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx);
+/* Direct mode, after a step: fetches the step's misses (every layer's: they were all real uses) where a slot is
+ * free or an expert this step did not use can go; the others stay where they wait. Never asks for a replay; the
+ * number fetched. */
+int64_t moet_ecache_settle(moet_ecache *c, void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx);
 /* The layer keyed on key goes away (its weights are freed): its slots go back to the free stack and its key is
  * cleared, so a later layer at the same address starts afresh; the number of slots freed. */
 int64_t moet_ecache_layer_drop(moet_ecache *c, const void *key);

@@ -519,7 +519,8 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
     for (int32_t e = 0; e < E; e++) {
         int32_t n = cnt[e + 1] - cnt[e];
         if (n == 0) continue;
-        if (cl && !moet_ecache_use(&cpu(be)->ec, cl, e)) continue; /* not resident: a miss, the step runs again */
+        /* not resident: a miss; the step runs again, or (direct mode) the expert is computed where it lies */
+        if (cl && !moet_ecache_use(&cpu(be)->ec, cl, e) && !cpu(be)->ec.direct) continue;
         const int32_t *sel = list + cnt[e];
         for (int32_t r = 0; r < n; r++) memcpy(xg + (size_t)r * H, x + (size_t)(sel[r] / K) * H, H * sizeof(float));
         cpu_mul_mat(be, &a->gate[e], xg, n, g);
@@ -625,15 +626,24 @@ static size_t cpu_topk_scratch_bytes(moet_backend *be, int64_t n, int64_t vocab,
     return (size_t)(k > 0 ? k : 1) * sizeof(uint64_t);
 }
 
+/* Every expert is host memory here, so nothing moves; home PINNED runs the direct mode's protocol (a missing expert
+ * computed where it lies, fetched after the step, nothing replayed) as the CUDA backend runs it with pinned homes. */
 static int cpu_expert_cache(moet_backend *be, int64_t n_slots, int32_t home) {
-    (void)home; /* every expert is host memory already */
     const char *pf = getenv("MOET_EXPERT_PREFETCH");
     cpu(be)->ec_prefetch = !(pf && pf[0] == '0');
     moet_ecache_free(&cpu(be)->ec);
-    return moet_ecache_init(&cpu(be)->ec, n_slots);
+    const int rc = moet_ecache_init(&cpu(be)->ec, n_slots);
+    cpu(be)->ec.direct = home == MOET_EXPERT_HOME_PINNED;
+    return rc;
 }
 static int64_t cpu_expert_cache_resolve(moet_backend *be) {
-    return cpu(be)->ec.n_slots ? moet_ecache_resolve(&cpu(be)->ec, NULL, NULL) : 0;
+    moet_ecache *ec = &cpu(be)->ec;
+    if (!ec->n_slots) return 0;
+    if (ec->direct) {
+        moet_ecache_settle(ec, NULL, NULL);
+        return 0;
+    }
+    return moet_ecache_resolve(ec, NULL, NULL);
 }
 static void cpu_expert_cache_stats(moet_backend *be, int64_t out[3]) {
     out[0] = cpu(be)->ec.fetched;

@@ -55,6 +55,7 @@ typedef struct {
     cu_mat *host_table;    /* host copy of table, rewritten entry by entry as experts come and go */
     int32_t ec_dirty;      /* host_table changed since its last upload */
     uint8_t *home;         /* pinned home (MOET_EXPERT_HOME_PINNED): [E] slot images in the layout the kernels read */
+    uint8_t *home_dev;     /* the same memory as the device addresses it (mapped): a missing expert's entries */
 } cu_expert_table;
 
 /* The GPU as an expert cache (DESIGN.md 5; expert_cache.cu). n_slots experts resident at once; pool 0 holds the

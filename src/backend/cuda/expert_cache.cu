@@ -26,7 +26,11 @@
  * Where the other experts wait (expert_cache(..., home)): MAPPED, the model's memory as it is (a pack's mapping: the
  * page cache, or the NVMe file behind it); a fetch copies the three matrices from pageable pages (the driver stages
  * them, synchronising the stream) and rewrites them in the slot. PINNED: at a layer's first step its experts are
- * rewritten once on the device and kept as slot images in pinned host RAM, so a fetch is one asynchronous DMA.
+ * rewritten once on the device and kept as slot images in mapped pinned host RAM, so a fetch is one asynchronous
+ * DMA, and more: the device can read that memory itself, so a missing expert's entries point at its pinned image
+ * instead of the stand-in and the kernels read it over the bus (the same bytes: the same result). Every step then
+ * completes (the protocol's direct mode: no replay, no step too large for the slots); after it, the experts it read
+ * from host memory are fetched into slots for the steps to come (moet_ecache_settle).
  *
  * Not here yet (docs/design.md): the prefetch guess on the GPU (the CPU backend's moet_ecache_hint), LRU+frequency.
  */
@@ -59,11 +63,18 @@ static uint8_t *ec_addr(cu_ecache *ce, int p, int64_t s, int k) {
     return ce->pool[p] + (size_t)(s < 0 ? ce->n_slots : s) * ce->slot_bytes[p] + ce->off[p][k];
 }
 
-/* Points expert e's three entries of t's host copy at slot s of t's pool (s < 0: the stand-in); ec_flush uploads. */
-static void ec_point(cu_backend *c, cu_expert_table *t, int32_t e, int64_t s) {
-    cu_ecache *ce = &c->ecache;
+/* Where the kernels read matrix k of expert e of t: slot s (s >= 0), else its pinned home image (direct mode), else
+ * the stand-in. */
+static uint8_t *ec_entry(cu_ecache *ce, const cu_expert_table *t, int32_t e, int64_t s, int k) {
     const int p = t->cached - 1;
-    for (int k = 0; k < 3; k++) t->host_table[(size_t)e * 3 + k].w = ec_addr(ce, p, s, k);
+    if (s < 0 && t->home_dev) return t->home_dev + (size_t)e * ce->slot_bytes[p] + ce->off[p][k];
+    return ec_addr(ce, p, s, k);
+}
+
+/* Points expert e's three entries of t's host copy at slot s (s < 0: where a missing expert is read); ec_flush
+ * uploads. */
+static void ec_point(cu_backend *c, cu_expert_table *t, int32_t e, int64_t s) {
+    for (int k = 0; k < 3; k++) t->host_table[(size_t)e * 3 + k].w = ec_entry(&c->ecache, t, e, s, k);
     t->ec_dirty = 1;
 }
 
@@ -136,8 +147,11 @@ static int ec_home(cu_backend *c, cu_expert_table *t) {
         if (CU_CHECK(c, cudaMalloc(&ce->stage, sb))) return -1;
         ce->stage_bytes = sb;
     }
-    if (cudaHostAlloc(&t->home, total, cudaHostAllocDefault) != cudaSuccess) {
+    void *dp = NULL;
+    if (cudaHostAlloc(&t->home, total, cudaHostAllocMapped) != cudaSuccess ||
+        cudaHostGetDevicePointer(&dp, t->home, 0) != cudaSuccess) {
         cudaGetLastError();
+        if (t->home) cudaFreeHost(t->home);
         t->home = NULL;
         char what[160];
         snprintf(what, sizeof what, "expert cache: %.2f GiB of pinned host memory for a layer's experts",
@@ -145,6 +159,7 @@ static int ec_home(cu_backend *c, cu_expert_table *t) {
         cu_fail(c, cudaErrorMemoryAllocation, what, __FILE__, __LINE__);
         return -1;
     }
+    t->home_dev = (uint8_t *)dp;
     for (int32_t e = 0; e < t->n_experts; e++) /* stream order: each image leaves the stage before the next arrives */
         if (ec_copy(c, t, e, ce->stage) ||
             CU_CHECK(c, cudaMemcpyAsync(t->home + (size_t)e * sb, ce->stage, sb, cudaMemcpyDeviceToHost, c->stream)))
@@ -240,7 +255,7 @@ extern "C" int cu_ecache_table(cu_backend *c, cu_expert_table *t, cu_mat *host) 
     if (ec_pool(c, t, p)) return -1;
     if (ce->pinned && ec_home(c, t)) {
         cudaFreeHost(t->home);
-        t->home = NULL;
+        t->home = t->home_dev = NULL;
         return -1;
     }
     t->host_table = host;
@@ -264,7 +279,7 @@ extern "C" int cu_ecache_table(cu_backend *c, cu_expert_table *t, cu_mat *host) 
         }
         t->ec_row = ce->n_rows++;
         for (int32_t e = 0; e < t->n_experts; e++)
-            for (int k = 0; k < 3; k++) host[(size_t)e * 3 + k].w = ec_addr(ce, 0, -1, k);
+            for (int k = 0; k < 3; k++) host[(size_t)e * 3 + k].w = ec_entry(ce, t, e, -1, k);
         return 0;
     }
     /* delta residuals: the experts of the base layer already resident get theirs now, in the same slot */
@@ -274,7 +289,7 @@ extern "C" int cu_ecache_table(cu_backend *c, cu_expert_table *t, cu_mat *host) 
     for (int32_t e = 0; e < t->n_experts; e++) {
         const int64_t s = bl ? bl->slot[e] : -1;
         if (s >= 0 && ec_load(c, t, e, s)) return -1;
-        for (int k = 0; k < 3; k++) host[(size_t)e * 3 + k].w = ec_addr(ce, 1, s, k);
+        for (int k = 0; k < 3; k++) host[(size_t)e * 3 + k].w = ec_entry(ce, t, e, s, k);
     }
     return 0;
 }
@@ -320,6 +335,7 @@ extern "C" int cu_expert_cache(moet_backend *be, int64_t n_slots, int32_t home) 
     ce->ec = ec;
     ce->n_slots = n_slots;
     ce->pinned = home == MOET_EXPERT_HOME_PINNED;
+    ec->direct = ce->pinned; /* a missing expert is read from its pinned image: every step completes */
     return MOET_OK;
 }
 
@@ -343,7 +359,7 @@ extern "C" int64_t cu_expert_cache_resolve(moet_backend *be) {
                 if (u[e]) moet_ecache_use(ec, l, e);
         }
     }
-    const int64_t n = moet_ecache_resolve(ec, ec_fetch, c);
+    const int64_t n = ec->direct ? (moet_ecache_settle(ec, ec_fetch, c), 0) : moet_ecache_resolve(ec, ec_fetch, c);
     ec_flush(c);
     return c->err[0] ? 0 : n;
 }

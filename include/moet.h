@@ -81,6 +81,9 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info);
 /* The expert cache's counts since the model loaded: experts fetched, experts evicted, steps run again (all 0 without
  * a cache). */
 void moet_model_expert_cache_stats(const moet_model *m, int64_t *fetched, int64_t *evicted, int64_t *replays);
+/* And how often the MoE ops asked for an expert (a layer's expert once a forward pass, replays included) and found it
+ * not resident: 1 - misses / uses is the cache's hit rate. */
+void moet_model_expert_cache_uses(const moet_model *m, int64_t *uses, int64_t *misses);
 const moet_tokenizer *moet_model_tokenizer(const moet_model *m);
 /* End-of-sequence ids from config.json / generation_config.json; returns count written (<= cap). */
 int moet_model_eos_ids(const moet_model *m, int32_t *ids, int cap);

@@ -189,11 +189,12 @@ typedef struct {
      * MOET_EXPERT_HOME_PINNED (a device backend copies them to pinned host memory in the layout its kernels read,
      * so a fetch is one DMA; a host backend ignores it). expert_cache_resolve, after every step:
      * 0 when the step missed nothing; > 0 experts fetched, and the caller runs the step again (it rewrites the same
-     * KV rows); < 0 when the slots cannot hold one step's experts. expert_cache_stats: experts fetched, evicted,
-     * steps run again. */
+     * KV rows); < 0 when the slots cannot hold one step's experts. expert_cache_stats (5 counts,
+     * expert_cache.h's moet_ecache_counts): experts fetched, evicted, steps run again, expert uses checked (a layer's
+     * expert a pass), uses that found it not resident. */
     int (*expert_cache)(moet_backend *be, int64_t n_slots, int32_t home);
     int64_t (*expert_cache_resolve)(moet_backend *be);
-    void (*expert_cache_stats)(moet_backend *be, int64_t out[3]);
+    void (*expert_cache_stats)(moet_backend *be, int64_t out[5]);
 } moet_backend_ops;
 
 struct moet_backend {

@@ -1,6 +1,7 @@
 /* expert_cache.c — see expert_cache.h. */
 #include "backend/expert_cache.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,9 @@ int moet_ecache_init(moet_ecache *c, int64_t n_slots) {
     memset(c, 0, sizeof *c);
     if (n_slots < 0) return MOET_EINVAL;
     c->n_slots = n_slots;
+    c->gain = 1;
+    const char *lru = getenv("MOET_ECACHE_LRU");
+    c->lru = lru && lru[0] == '1';
     if (!n_slots) return MOET_OK;
     if (!(c->free_slots = malloc((size_t)n_slots * sizeof(int64_t)))) return MOET_ENOMEM;
     for (int64_t i = 0; i < n_slots; i++) c->free_slots[i] = n_slots - 1 - i; /* slot 0 handed out first */
@@ -22,6 +26,7 @@ void moet_ecache_free(moet_ecache *c) {
         free(c->layers[i].slot);
         free(c->layers[i].stamp);
         free(c->layers[i].miss);
+        free(c->layers[i].freq);
     }
     free(c->layers);
     free(c->free_slots);
@@ -44,14 +49,37 @@ moet_ecache_layer *moet_ecache_layer_of(moet_ecache *c, const void *key, int32_t
     l.slot = malloc((size_t)n_experts * sizeof(int64_t));
     l.stamp = calloc((size_t)n_experts, sizeof(uint64_t));
     l.miss = calloc((size_t)n_experts, 1);
-    if (!l.slot || !l.stamp || !l.miss) { free(l.slot); free(l.stamp); free(l.miss); return NULL; }
+    l.freq = calloc((size_t)n_experts, sizeof(double));
+    if (!l.slot || !l.stamp || !l.miss || !l.freq) { free(l.slot); free(l.stamp); free(l.miss); free(l.freq); return NULL; }
     for (int32_t e = 0; e < n_experts; e++) l.slot[e] = -1;
     c->layers[c->n_layers] = l;
     return &c->layers[c->n_layers++];
 }
 
+void moet_ecache_counts(const moet_ecache *c, int64_t out[MOET_ECACHE_NCOUNTS]) {
+    out[0] = c->fetched;
+    out[1] = c->evicted;
+    out[2] = c->replays;
+    out[3] = c->uses;
+    out[4] = c->misses;
+}
+
+/* The next step: uses weigh 1/DECAY more than the last step's (so every frequency decays alike without touching
+ * them); rescaled before the weights leave double's range. */
+static void next_step(moet_ecache *c) {
+    c->step++;
+    c->gain /= MOET_ECACHE_DECAY;
+    if (c->gain < 1e100) return;
+    for (size_t i = 0; i < c->n_layers; i++)
+        for (int32_t e = 0; e < c->layers[i].n; e++) c->layers[i].freq[e] /= c->gain;
+    c->gain = 1;
+}
+
 int moet_ecache_use(moet_ecache *c, moet_ecache_layer *l, int32_t e) {
+    c->uses++;
+    c->misses += l->slot[e] < 0;
     if (c->direct) { /* the step completes whatever is missing: every use is real */
+        if (l->stamp[e] != c->step + 1 && !l->miss[e]) l->freq[e] += c->gain; /* once a step */
         if (l->slot[e] >= 0) {
             l->stamp[e] = c->step + 1;
             return 1;
@@ -73,17 +101,23 @@ int moet_ecache_use(moet_ecache *c, moet_ecache_layer *l, int32_t e) {
     return 0;
 }
 
-/* The resident expert least recently used with a stamp below `below`, or 0 when there is none. */
+/* Of the resident experts stamped below `below`: the least recently used (direct mode: the least frequently, by
+ * decayed uses, then the least recently); 0 when there is none. */
 static int pick_victim(moet_ecache *c, uint64_t below, moet_ecache_layer **vl, int32_t *ve) {
     uint64_t best = UINT64_MAX;
+    double bf = INFINITY;
     for (size_t i = 0; i < c->n_layers; i++) {
         moet_ecache_layer *l = &c->layers[i];
-        for (int32_t e = 0; e < l->n; e++)
-            if (l->slot[e] >= 0 && l->stamp[e] < below && l->stamp[e] < best) {
+        for (int32_t e = 0; e < l->n; e++) {
+            if (l->slot[e] < 0 || l->stamp[e] >= below) continue;
+            const double f = c->direct && !c->lru ? l->freq[e] : 0;
+            if (f < bf || (f == bf && l->stamp[e] < best)) {
+                bf = f;
                 best = l->stamp[e];
                 *vl = l;
                 *ve = e;
             }
+        }
     }
     return best != UINT64_MAX;
 }
@@ -119,7 +153,7 @@ int moet_ecache_hint(moet_ecache *c, moet_ecache_layer *l, int32_t e,
 int64_t moet_ecache_resolve(moet_ecache *c, void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx) {
     moet_ecache_layer *first = c->miss_layer;
     if (!first) {
-        c->step++;
+        next_step(c);
         return 0;
     }
     int64_t n = 0, rc = 0;
@@ -140,7 +174,7 @@ int64_t moet_ecache_resolve(moet_ecache *c, void (*fetch)(void *ctx, const void 
     for (size_t i = 0; i < c->n_layers; i++) memset(c->layers[i].miss, 0, (size_t)c->layers[i].n);
     c->miss_layer = NULL;
     if (rc) {
-        c->step++; /* the failed step is given up: its uses protect nothing from the smaller steps that redo it */
+        next_step(c); /* the failed step is given up: its uses protect nothing from the smaller steps that redo it */
         return -1;
     }
     c->replays++;
@@ -157,7 +191,7 @@ int64_t moet_ecache_settle(moet_ecache *c, void (*fetch)(void *ctx, const void *
         memset(l->miss, 0, (size_t)l->n);
     }
     c->miss_layer = NULL;
-    c->step++;
+    next_step(c);
     return n;
 }
 

@@ -37,7 +37,7 @@ static double quantile(const double *sorted, size_t n, double q) {
 int cmd_perplexity(int argc, char **argv) {
     cli_common c = {0};
     const char *file = NULL, *save = NULL, *base = NULL, *experts = NULL, *calib_file = NULL;
-    long ctx = 512, chunks = 0, topk_opt = 0, calib_tokens = 32768;
+    long ctx = 512, chunks = 0, topk_opt = 0, calib_tokens = 32768, step = 0;
     int json = 0, no_rotate = 0, no_gptq = 0, no_search = 0;
     double beta = 0, tau = 0.6;
     const char *delta_mode = NULL, *study_path = NULL;
@@ -49,6 +49,7 @@ int cmd_perplexity(int argc, char **argv) {
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
         if (!strcmp(a, "-f")) { VAL(); file = v; }
         else if (!strcmp(a, "--ctx")) { VAL(); if (cli_parse_int(v, 2, 1 << 20, &ctx)) { fprintf(stderr, "moet perplexity: bad --ctx\n"); return 2; } }
+        else if (!strcmp(a, "--step")) { VAL(); if (cli_parse_int(v, 1, 1 << 20, &step)) { fprintf(stderr, "moet perplexity: bad --step\n"); return 2; } }
         else if (!strcmp(a, "--chunks")) { VAL(); if (cli_parse_int(v, 1, 1 << 30, &chunks)) { fprintf(stderr, "moet perplexity: bad --chunks\n"); return 2; } }
         else if (!strcmp(a, "--save-logits")) { VAL(); save = v; }
         else if (!strcmp(a, "--kld-base")) { VAL(); base = v; }
@@ -71,6 +72,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (!file) {
         fprintf(stderr, "usage: moet perplexity [-m DIR] -f TEXT_FILE [--ctx 512] [--chunks N] "
                         "[--save-logits FILE | --kld-base FILE] [--kld-topk K] [--json]\n"
+                        "       [--step N (tokens a forward step: 1 scores as decode routes; default min(ctx, 512))]\n"
                         "       [--experts bf16|q8_0|mxfp4|nvfp4|int2|asym2|sym2|w2 [--calib TEXT[.xz]] [--calib-tokens N]\n"
                         "        [--no-rotate] [--no-gptq] [--no-search] [--beta B] [--delta off|on|gate] [--tau T]]\n"
                         "       (routed experts quantized in memory; w2+nvfp4 / w2+w2 carry a delta)\n");
@@ -166,7 +168,7 @@ int cmd_perplexity(int argc, char **argv) {
     }
     moet_session_options so = moet_session_default_options();
     so.n_ctx = (int32_t)ctx;
-    so.n_batch = ctx < 512 ? (int32_t)ctx : 512;
+    so.n_batch = step ? (int32_t)(step < ctx ? step : ctx) : ctx < 512 ? (int32_t)ctx : 512;
     so.n_logits = (int32_t)ctx;
     if (moet_session_create(m, &so, &s, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
     logp = malloc((size_t)V * sizeof(float));
@@ -296,6 +298,18 @@ int cmd_perplexity(int argc, char **argv) {
         tmp_path[0] = 0;
     }
     double ppl = exp(nll / (double)n_scored);
+    char ecj[256] = ""; /* the expert cache's counts (--expert-slots), for the JSON */
+    if (c.expert_slots) {
+        int64_t ef, ee, er, eu, em;
+        moet_model_expert_cache_stats(m, &ef, &ee, &er);
+        moet_model_expert_cache_uses(m, &eu, &em);
+        MOET_LOGI("expert cache (%ld slots, %s homes): %lld uses, %lld missed (hit rate %.4f), %lld fetched, %lld "
+                  "evicted, %lld steps run again", c.expert_slots, c.expert_pinned ? "pinned" : "mapped", (long long)eu,
+                  (long long)em, eu ? 1.0 - (double)em / (double)eu : 0.0, (long long)ef, (long long)ee, (long long)er);
+        snprintf(ecj, sizeof ecj, ", \"expert_slots\": %ld, \"expert_home\": \"%s\", \"cache_uses\": %lld, "
+                 "\"cache_misses\": %lld, \"cache_fetched\": %lld, \"cache_replays\": %lld", c.expert_slots,
+                 c.expert_pinned ? "pinned" : "mapped", (long long)eu, (long long)em, (long long)ef, (long long)er);
+    }
     if (base) {
         double sum = 0;
         for (size_t i = 0; i < n_scored; i++) sum += klds[i];
@@ -306,17 +320,17 @@ int cmd_perplexity(int argc, char **argv) {
             printf("{\"ppl\": %.6f, \"tokens\": %zu, \"ctx\": %ld, \"chunks\": %zu, \"kld_mean\": %.6g, "
                    "\"kld_median\": %.6g, \"kld_p99\": %.6g, \"kld_max\": %.6g, \"top1_agree\": %.6f, "
                    "\"kld_topk\": %u, \"experts\": \"%s\", \"expert_bpw\": %.4g, \"weight_rel_err\": %.6g, "
-                   "\"delta\": \"%s\", \"tau\": %.3g, \"gate_corrected\": %.6f}\n",
+                   "\"delta\": \"%s\", \"tau\": %.3g, \"gate_corrected\": %.6f%s}\n",
                    ppl, n_scored, ctx, n_win, mean, med, p99, mx, top1, kh.topk, experts ? experts : "source",
                    qf >= 0 ? moet_qformat_bpw((moet_qformat)qf) : 16.0, rqs.rel_err, delta_mode, dmode == 2 ? tau : 0.0,
-                   dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 ? 1.0 : 0.0);
+                   dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 ? 1.0 : 0.0, ecj);
         else
             printf("PPL %.4f over %zu tokens (%zu windows of %ld)\nKLD mean %.6f  median %.6f  p99 %.6f  max %.6f\n"
                    "top-1 agreement %.4f\n", ppl, n_scored, n_win, ctx, mean, med, p99, mx, top1);
     } else if (json) {
         printf("{\"ppl\": %.6f, \"tokens\": %zu, \"ctx\": %ld, \"chunks\": %zu, \"delta\": \"%s\", "
-               "\"gate_corrected\": %.6f}\n", ppl, n_scored, ctx, n_win, delta_mode,
-               dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 ? 1.0 : 0.0);
+               "\"gate_corrected\": %.6f%s}\n", ppl, n_scored, ctx, n_win, delta_mode,
+               dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 ? 1.0 : 0.0, ecj);
     } else {
         printf("PPL %.4f over %zu tokens (%zu windows of %ld)\n", ppl, n_scored, n_win, ctx);
     }

@@ -410,12 +410,24 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     for (int l = 0; l < m->hp.n_layers && !info->has_delta; l++) info->has_delta = m->layers && (m->layers[l].dexp_gate || m->layers[l].dres_gate);
 }
 
-void moet_model_expert_cache_stats(const moet_model *m, int64_t *fetched, int64_t *evicted, int64_t *replays) {
-    int64_t st[3] = {0, 0, 0};
+static void ecache_counts(const moet_model *m, int64_t st[5]) {
+    memset(st, 0, 5 * sizeof(int64_t));
     if (m->be && m->be->ops->expert_cache_stats) m->be->ops->expert_cache_stats(m->be, st);
+}
+
+void moet_model_expert_cache_stats(const moet_model *m, int64_t *fetched, int64_t *evicted, int64_t *replays) {
+    int64_t st[5];
+    ecache_counts(m, st);
     if (fetched) *fetched = st[0];
     if (evicted) *evicted = st[1];
     if (replays) *replays = st[2];
+}
+
+void moet_model_expert_cache_uses(const moet_model *m, int64_t *uses, int64_t *misses) {
+    int64_t st[5];
+    ecache_counts(m, st);
+    if (uses) *uses = st[3];
+    if (misses) *misses = st[4];
 }
 
 const moet_tokenizer *moet_model_tokenizer(const moet_model *m) { return m->tok; }

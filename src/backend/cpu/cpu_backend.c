@@ -645,11 +645,7 @@ static int64_t cpu_expert_cache_resolve(moet_backend *be) {
     }
     return moet_ecache_resolve(ec, NULL, NULL);
 }
-static void cpu_expert_cache_stats(moet_backend *be, int64_t out[3]) {
-    out[0] = cpu(be)->ec.fetched;
-    out[1] = cpu(be)->ec.evicted;
-    out[2] = cpu(be)->ec.replays;
-}
+static void cpu_expert_cache_stats(moet_backend *be, int64_t out[5]) { moet_ecache_counts(&cpu(be)->ec, out); }
 
 static const moet_backend_ops k_cpu_ops = {
     .name = "cpu",

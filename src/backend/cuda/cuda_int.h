@@ -149,7 +149,7 @@ void cu_ecache_mark(cu_backend *c, const cu_expert_table *t, const int32_t *ids,
 void cu_ecache_forget(cu_backend *c, const cu_expert_table *t);
 int cu_expert_cache(moet_backend *be, int64_t n_slots, int32_t home);
 int64_t cu_expert_cache_resolve(moet_backend *be);
-void cu_expert_cache_stats(moet_backend *be, int64_t out[3]);
+void cu_expert_cache_stats(moet_backend *be, int64_t out[5]);
 void cu_ecache_free(cu_backend *c);
 
 /* op families (matmul.cu, elementwise.cu, attention.cu, moe.cu) */

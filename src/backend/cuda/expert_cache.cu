@@ -364,11 +364,10 @@ extern "C" int64_t cu_expert_cache_resolve(moet_backend *be) {
     return c->err[0] ? 0 : n;
 }
 
-extern "C" void cu_expert_cache_stats(moet_backend *be, int64_t out[3]) {
+extern "C" void cu_expert_cache_stats(moet_backend *be, int64_t out[5]) {
     moet_ecache *ec = ec_of(cu_of(be));
-    out[0] = ec ? ec->fetched : 0;
-    out[1] = ec ? ec->evicted : 0;
-    out[2] = ec ? ec->replays : 0;
+    if (ec) moet_ecache_counts(ec, out);
+    else memset(out, 0, 5 * sizeof(int64_t));
 }
 
 extern "C" void cu_ecache_free(cu_backend *c) {

@@ -161,7 +161,27 @@ def cuda_batched():
     return "\n".join(rows)
 
 
-TABLES = {"cuda-batched": cuda_batched, "serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
+def ecache_study():
+    """bench/ecache_study.sh: the expert cache's counts a token (a token a forward step over dev.txt)."""
+    f = os.path.join(ROOT, "bench/results/ecache-study.json")
+    if not os.path.exists(f):
+        return "(no bench/results/ecache-study.json yet)"
+    d = json.load(open(f))
+    rows = ["| model | slots | home | victims | hit rate | misses / token | fetches / token | steps run again / token | PPL |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in d["runs"]:
+        x, t = r["result"], r["result"]["tokens"]
+        pol = ("decayed LFU" if r["policy"] == "lfu" else "LRU") if r["home"] == "pinned" else "LRU"
+        mode = "pinned (direct)" if r["home"] == "pinned" else "mapped (replay)"
+        rows.append(f"| {r['model']} | {r['slots']} of {r['experts']} | {mode} | {pol} | "
+                    f"{1 - x['cache_misses'] / x['cache_uses']:.4f} | {x['cache_misses'] / t:.2f} | "
+                    f"{x['cache_fetched'] / t:.2f} | {x['cache_replays'] / t:.2f} | {x['ppl']:.4f} |")
+    rows.append(f"\n({d['dev']}, windows of {d['ctx']} × {d['chunks']}; {d['machine']}; commit {d['commit']}, "
+                f"{d['date'][:10]}.)")
+    return "\n".join(rows)
+
+
+TABLES = {"ecache-study": ecache_study, "cuda-batched": cuda_batched, "serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
 
 
 def render(path, check):

@@ -57,7 +57,7 @@ typedef struct {
 
 /* The decay of an expert's use frequency a step (direct mode's victims: the least frequently used of the experts the
  * step did not use, by uses decayed 1% a step; least recently used among equals). Measured on moe-mini-a and
- * moe-mini-c, dev.txt a token a step, 25/50/75% of the experts in slots: misses -7..-28% against plain LRU (0.9:
+ * moe-mini-c, dev.txt a token a step, 25/50/75% of the experts in slots: misses -11..-28% against plain LRU (0.9:
  * about half that gain, 0.995 the same as 0.99); in replay mode LFU measured worse (more replays at 50%), so it
  * keeps LRU, which its stamps' protections are built on. */
 #define MOET_ECACHE_DECAY 0.99

@@ -171,7 +171,7 @@ int cmd_bench(int argc, char **argv) {
         int32_t *ids = malloc((size_t)(pp + tg + 8) * sizeof(int32_t));
         for (long i = 0; i < pp + tg + 8; i++) ids[i] = (int32_t)((i * 7919 + 13) % info.vocab_size);
         double tpp[100], ttg[100];
-        int64_t ec0[3] = {0, 0, 0}, ec1[3] = {0, 0, 0}; /* expert cache counts around the last rep's tg steps */
+        int64_t ec0[5] = {0}, ec1[5] = {0}; /* expert cache counts around the last rep's tg steps (+ uses, misses) */
         for (long r = 0; r < reps; r++) {
             moet_session_truncate(s, 0, NULL, 0);
             double t0 = moet_time_s();
@@ -182,6 +182,7 @@ int cmd_bench(int argc, char **argv) {
             moet_session_truncate(s, 0, NULL, 0);
             erc |= moet_session_eval(s, ids, 4, MOET_LOGITS_LAST, err, sizeof err);
             moet_model_expert_cache_stats(m, &ec0[0], &ec0[1], &ec0[2]);
+            moet_model_expert_cache_uses(m, &ec0[3], &ec0[4]);
             t0 = moet_time_s();
             for (long i = 0; i < tg && !erc; i++) {
                 erc |= moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
@@ -197,11 +198,13 @@ int cmd_bench(int argc, char **argv) {
             t1 = moet_time_s();
             ttg[r] = tg > 0 ? (double)tg / (t1 - t0) : 0;
             moet_model_expert_cache_stats(m, &ec1[0], &ec1[1], &ec1[2]);
+            moet_model_expert_cache_uses(m, &ec1[3], &ec1[4]);
             fprintf(stderr, "moet: bench threads %ld rep %ld/%ld: pp %.1f t/s, tg %.1f t/s\n", nt, r + 1, reps, tpp[r], ttg[r]);
             if (c.expert_slots)
-                fprintf(stderr, "moet: expert cache over the tg%ld steps: %lld experts fetched, %lld evicted, %lld steps "
-                        "run again\n", tg, (long long)(ec1[0] - ec0[0]), (long long)(ec1[1] - ec0[1]),
-                        (long long)(ec1[2] - ec0[2]));
+                fprintf(stderr, "moet: expert cache over the tg%ld steps: hit rate %.4f, %lld experts fetched, %lld "
+                        "evicted, %lld steps run again\n", tg,
+                        ec1[3] > ec0[3] ? 1.0 - (double)(ec1[4] - ec0[4]) / (double)(ec1[3] - ec0[3]) : 0.0,
+                        (long long)(ec1[0] - ec0[0]), (long long)(ec1[1] - ec0[1]), (long long)(ec1[2] - ec0[2]));
         }
         qsort(tpp, (size_t)reps, sizeof(double), cmp_d);
         qsort(ttg, (size_t)reps, sizeof(double), cmp_d);
@@ -223,10 +226,12 @@ int cmd_bench(int argc, char **argv) {
                                "%s\n    {\"backend\": \"%s\", \"device\": \"%s\", \"experts\": \"%s\", \"threads\": %ld, "
                                "\"pp\": %ld, \"pp_tps\": %.2f, \"tg\": %ld, \"tg_tps\": %.2f, \"tg_bytes_per_token\": %.0f, "
                                "\"tg_gbps\": %.1f, \"weight_bytes\": %lld, \"n_params\": %lld, \"expert_slots\": %ld, "
-                               "\"tg_experts_fetched\": %lld, \"tg_steps_replayed\": %lld}",
+                               "\"expert_home\": \"%s\", \"tg_experts_fetched\": %lld, \"tg_steps_replayed\": %lld, "
+                               "\"tg_expert_uses\": %lld, \"tg_expert_misses\": %lld}",
                                first ? "" : ",", info.backend, info.device, ex, nt, pp, mpp, tg, mtg, tok_bytes,
                                tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params,
-                               c.expert_slots, (long long)(ec1[0] - ec0[0]), (long long)(ec1[2] - ec0[2]));
+                               c.expert_slots, c.expert_pinned ? "pinned" : "mapped", (long long)(ec1[0] - ec0[0]),
+                               (long long)(ec1[2] - ec0[2]), (long long)(ec1[3] - ec0[3]), (long long)(ec1[4] - ec0[4]));
         first = 0;
         for (const char *bp = batches; bp && *bp && tg > 0;) {  /* batched decode */
             long B;

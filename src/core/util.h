@@ -15,6 +15,10 @@
 
 #include "moet.h"
 
+#ifdef __cplusplus /* the CUDA backend logs too */
+extern "C" {
+#endif
+
 #if defined(__GNUC__)
 #define MOET_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
@@ -65,5 +69,9 @@ static inline float moet_bf16_to_f32(uint16_t h) {
 }
 float moet_f16_to_f32(uint16_t h);
 uint16_t moet_f32_to_bf16(float f); /* round to nearest even, NaN preserved */
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -41,6 +41,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_int.h"
 #include "backend/expert_cache.h"
+#include "core/util.h"
 #include "moet.h"
 #include "quant/types.h"
 
@@ -241,6 +242,10 @@ static int ec_pool(cu_backend *c, cu_expert_table *t, int p) {
         cu_fail(c, cudaErrorMemoryAllocation, what, __FILE__, __LINE__);
         return -1;
     }
+    MOET_LOGI("expert cache: %lld slots of %.2f MiB (%s): %.2f GiB of GPU memory; the other experts %s",
+              (long long)ce->n_slots, (double)off / (1 << 20), p ? "delta residuals" : "experts",
+              (double)total / (1u << 30), ce->pinned ? "in pinned host RAM, read there when missing" : "copied from the "
+              "model's memory on a miss");
     /* the stand-in's zeros (and the slots' until fetched: a step never reads a slot it did not fetch into) */
     if (CU_CHECK(c, cudaMemsetAsync(ce->pool[p], 0, total, c->stream))) return -1;
     size_t big = 0;

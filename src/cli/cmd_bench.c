@@ -6,7 +6,7 @@
  * Each figure is the median of --reps runs. Token ids are a fixed pseudo-random sequence (speed does not depend
  * on which ids, only routing does, and real routing is measured by perplexity runs).
  * --synthetic SHAPE builds a model of a real shape with random weights in backend memory (model/synthetic.c);
- * --experts picks its expert format; with --expert-slots N its experts are built in host memory and the device caches N
+ * --experts picks its expert format, --dense bf16|q8_0 its attention projections' and lm_head's; with --expert-slots N its experts are built in host memory and the device caches N
  * of them (the table's experts column says so; the JSON carries the experts fetched and steps run again over the
  * last rep's decode). For decode the JSON also carries the bytes one token reads (every dense weight,
  * k experts per layer, the router, lm_head, the KV cache) and that over the time per token (effective GB/s), which
@@ -72,6 +72,7 @@ int cmd_bench(int argc, char **argv) {
     long pp = 512, tg = 128, reps = 3, cands = 64;
     int32_t picked = 0; /* the greedy picks, folded so they are not optimised away (logged at the end) */
     const char *threads = "1,2", *json_path = NULL, *synthetic = NULL, *experts = "w2", *batches = NULL;
+    int dense_q8 = 0; /* --dense q8_0: a synthetic model's attention projections and lm_head as Q8_0 */
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&c, argc, argv, &i);
         if (r < 0) return 2;
@@ -85,6 +86,11 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "--json")) { VAL(); json_path = v; }
         else if (!strcmp(a, "--synthetic")) { VAL(); synthetic = v; }
         else if (!strcmp(a, "--experts")) { VAL(); experts = v; }
+        else if (!strcmp(a, "--dense")) {
+            VAL();
+            if (strcmp(v, "bf16") && strcmp(v, "q8_0")) { fprintf(stderr, "moet bench: --dense bf16|q8_0\n"); return 2; }
+            dense_q8 = !strcmp(v, "q8_0");
+        }
         else if (!strcmp(a, "-b")) { VAL(); batches = v; }
         else if (!strcmp(a, "--candidates")) { VAL(); if (cli_parse_int(v, 0, 64, &cands)) return 2; }
         else { fprintf(stderr, "moet bench: unknown option '%s'\n", a); return 2; }
@@ -129,7 +135,8 @@ int cmd_bench(int argc, char **argv) {
             mo.expert_slots = cc.expert_slots; /* experts in host memory, the device caching that many */
             mo.expert_pinned = cc.expert_pinned;
             double tb = moet_time_s();
-            if (moet_model_synthetic(synthetic, moet_qformat_type((moet_qformat)qf), qf == MOET_QF_W2_NVFP4, &mo, &m,
+            if (moet_model_synthetic(synthetic, moet_qformat_type((moet_qformat)qf), qf == MOET_QF_W2_NVFP4,
+                                     dense_q8 ? MOET_TYPE_Q8_0 : MOET_TYPE_BF16, &mo, &m,
                                      err, sizeof err)) {
                 fprintf(stderr, "moet: error: %s\n", err);
                 return 1;
@@ -211,10 +218,12 @@ int cmd_bench(int argc, char **argv) {
         double mpp = tpp[reps / 2], mtg = ttg[reps / 2];
         const char *name = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
         double mib = (double)info.weight_bytes / (1 << 20);
-        char exb[64];
+        char exb[96];
         const char *ex = synthetic ? experts : "as stored";
-        if (c.expert_slots) { /* the expert cache: its slots in the table's experts column */
-            snprintf(exb, sizeof exb, "%s, %ld slots%s", ex, c.expert_slots, c.expert_pinned ? " pinned" : "");
+        if (c.expert_slots || dense_q8) { /* the expert cache's slots, Q8_0 projections: in the experts column */
+            char sl[48] = "";
+            if (c.expert_slots) snprintf(sl, sizeof sl, ", %ld slots%s", c.expert_slots, c.expert_pinned ? " pinned" : "");
+            snprintf(exb, sizeof exb, "%s%s%s", ex, dense_q8 ? ", dense q8_0" : "", sl);
             ex = exb;
         }
         char size[32];

@@ -35,9 +35,11 @@ struct moet_model {
  * With opt->expert_slots > 0 on a device backend, the routed experts (and residuals) are built in host memory
  * instead and the device holds that many in its expert cache: the cache's fetches and replays, measured.
  * shape: "qwen3-30b-a3b", "qwen3-235b-a22b" or "mini" (a tiny one for tests); expert_type a MOET_TYPE_*. delta (W2
- * experts only): random NVFP4 residuals beside them as well (the layers' dres_*, a delta pack's form). */
-int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, const moet_model_options *opt,
-                         moet_model **out, char *err, size_t errlen);
+ * experts only): random NVFP4 residuals beside them as well (the layers' dres_*, a delta pack's form). proj_type:
+ * the attention projections and lm_head, MOET_TYPE_BF16 or MOET_TYPE_Q8_0 (a pack's --dense q8_0; the embedding
+ * and the router stay BF16). */
+int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int32_t proj_type,
+                         const moet_model_options *opt, moet_model **out, char *err, size_t errlen);
 
 /* Creates the backend a device string names ("cpu", "cuda", "cuda:N", NULL/"auto"). */
 int moet_backend_open(const char *device, int n_threads, moet_backend **out, char *err, size_t errlen);

@@ -46,12 +46,12 @@ static void *host_buf(moet_model *m, size_t bytes) {
     return p;
 }
 
-static int dense(moet_model *m, moet_weight *w, int64_t rows, int64_t cols, uint64_t seed) {
+static int dense(moet_model *m, moet_weight *w, int32_t type, int64_t rows, int64_t cols, uint64_t seed) {
     memset(w, 0, sizeof(*w));
-    w->type = MOET_TYPE_BF16;
+    w->type = type;
     w->rows = rows;
     w->cols = cols;
-    w->row_bytes = (size_t)cols * 2;
+    w->row_bytes = moet_type_row_bytes(type, cols);
     w->qscale = 1;
     void *p = buf(m, w->row_bytes * (size_t)rows);
     if (!p) return -1;
@@ -77,14 +77,16 @@ static const float *host_vec(moet_model *m, int64_t n, float v) {
     return p;
 }
 
-int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, const moet_model_options *opt,
-                         moet_model **out, char *err, size_t errlen) {
+int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int32_t proj_type,
+                         const moet_model_options *opt, moet_model **out, char *err, size_t errlen) {
     *out = NULL;
     const shape_def *sd = NULL;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
         if (!strcmp(shape, k_shapes[i].name)) sd = &k_shapes[i];
     if (!sd) return moet_err(err, errlen, MOET_EINVAL, "unknown synthetic shape '%s' (qwen3-30b-a3b, qwen3-235b-a22b, mini)", shape);
     if (delta && expert_type != MOET_TYPE_W2) return moet_err(err, errlen, MOET_EINVAL, "a delta goes with W2 experts");
+    if (proj_type != MOET_TYPE_BF16 && proj_type != MOET_TYPE_Q8_0)
+        return moet_err(err, errlen, MOET_EINVAL, "dense projections: bf16 or q8_0");
     const moet_type_traits *tt = moet_type_get(expert_type);
     if (!tt || !moet_type_row_bytes(expert_type, sd->expert_ffn) || !moet_type_row_bytes(expert_type, sd->hidden))
         return moet_err(err, errlen, MOET_EINVAL, "expert type %d cannot hold this shape", expert_type);
@@ -129,7 +131,8 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
     const float *ones_h = host_vec(m, H, 1.0f), *ones_d = host_vec(m, sd->head_dim, 1.0f);
     if (!ones_h || !ones_d) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto fail; }
     uint64_t seed = 1000;
-    if (dense(m, &m->tok_embd, sd->vocab, H, seed++) || dense(m, &m->output, sd->vocab, H, seed++)) goto oom;
+    if (dense(m, &m->tok_embd, MOET_TYPE_BF16, sd->vocab, H, seed++) || dense(m, &m->output, proj_type, sd->vocab, H, seed++))
+        goto oom;
     m->out_norm = ones_h;
     const size_t rb_gu = moet_type_row_bytes(expert_type, H), rb_dn = moet_type_row_bytes(expert_type, F);
     const size_t per_expert = rb_gu * (size_t)F * 2 + rb_dn * (size_t)H;
@@ -137,8 +140,9 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, cons
         moet_layer *L = &m->layers[l];
         hp->layer_moe[l] = 1;
         L->is_moe = 1;
-        if (dense(m, &L->wq, Dq, H, seed++) || dense(m, &L->wk, Dkv, H, seed++) || dense(m, &L->wv, Dkv, H, seed++) ||
-            dense(m, &L->wo, H, Dq, seed++) || dense(m, &L->router, E, H, seed++))
+        if (dense(m, &L->wq, proj_type, Dq, H, seed++) || dense(m, &L->wk, proj_type, Dkv, H, seed++) ||
+            dense(m, &L->wv, proj_type, Dkv, H, seed++) || dense(m, &L->wo, proj_type, H, Dq, seed++) ||
+            dense(m, &L->router, MOET_TYPE_BF16, E, H, seed++))
             goto oom;
         L->attn_norm = L->ffn_norm = ones_h;
         L->q_norm = L->k_norm = ones_d;

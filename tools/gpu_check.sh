@@ -58,8 +58,8 @@ if [ "${BENCH:-1}" = 1 ]; then
     TAIL=4 run bench_$shape $bin/moet bench --synthetic $shape --device cuda -p 512 -n 128 --reps 3 -b ${BATCHES:-4,16,64} --json "$out/bench-$shape.json"
   done
   TAIL=4 run bench_mini_a $bin/moet bench -m models/moe-mini-a --device cuda -p 512 -n 128 --reps 3 --json "$out/bench-moe-mini-a.json"
-  # the attention projections and lm_head as Q8_0 (a pack's --dense q8_0): ~1.8 of a 30b token's ~3.0 GB are BF16
-  # dense weights at batch 1, so this is the other half of decode's bytes
+  # the attention projections and lm_head as Q8_0 (a pack's --dense q8_0): at batch 1 ~2.4 of a 30b token's ~3.0 GB
+  # are these BF16 weights (W2 made the experts the small part), so Q8_0 takes a decode step to ~1.8 GB
   TAIL=4 run bench_30b_q8dense $bin/moet bench --synthetic qwen3-30b-a3b --dense q8_0 --device cuda -p 512 -n 128 \
     --reps 3 --json "$out/bench-qwen3-30b-a3b-q8dense.json"
   # the expert cache: 30b with half and a quarter of its 6144 experts in device slots, the rest in host memory

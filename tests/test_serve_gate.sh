@@ -41,9 +41,11 @@ echo "off: $off"; echo "on:  $on"
 [ "${c0:-x}" = 0 ] && [ "${s0:-0}" -gt 0 ] && ok "tau 0: $s0 steps checked, 0 corrected" || bad "tau 0 metrics: $s0 / $c0"
 [ -n "${c1:-}" ] && [ "$c1" = "$s1" ] && [ "$c1" -gt 0 ] && ok "tau 1: $s1 steps checked, all corrected" || bad "tau 1 metrics: $s1 / $c1"
 # the expert cache in the server: 48 of the 192 routed experts resident (a step of one token routes to 3 x 8)
-serve --delta off --expert-slots 48 && { ec=$(text); fe=$(metric moet_expert_cache_fetched_total); re=$(metric moet_expert_cache_replayed_steps_total); stop; }
-[ -n "$off" ] && [ "$ec" = "$off" ] && [ "${fe:-0}" -gt 0 ] && [ "${re:-0}" -gt 0 ] \
-  && ok "--expert-slots 48: the same completion, $fe experts fetched, $re steps run again" || bad "--expert-slots 48: '$ec' vs '$off', fetched ${fe:-?}, replays ${re:-?}"
+serve --delta off --expert-slots 48 && { ec=$(text); fe=$(metric moet_expert_cache_fetched_total); re=$(metric moet_expert_cache_replayed_steps_total)
+  eu=$(metric moet_expert_cache_uses_total); em=$(metric moet_expert_cache_misses_total); stop; }
+[ -n "$off" ] && [ "$ec" = "$off" ] && [ "${fe:-0}" -gt 0 ] && [ "${re:-0}" -gt 0 ] && [ "${eu:-0}" -gt "${em:-0}" ] && [ "${em:-0}" -gt 0 ] \
+  && ok "--expert-slots 48: the same completion, $fe experts fetched, $re steps run again, $em of $eu uses missed" \
+  || bad "--expert-slots 48: '$ec' vs '$off', fetched ${fe:-?}, replays ${re:-?}, uses ${eu:-?}, misses ${em:-?}"
 # 30 slots hold one token's 24 experts but not what two batched rows route to: the server decodes that step a
 # sequence at a time instead of failing the requests
 serve --delta off --expert-slots 30 && {

@@ -126,9 +126,14 @@ char *metrics_render(metrics *m, size_t *len) {
             "# HELP moet_expert_cache_evicted_total Routed experts evicted to make room.\n"
             "# TYPE moet_expert_cache_evicted_total counter\nmoet_expert_cache_evicted_total %llu\n"
             "# HELP moet_expert_cache_replayed_steps_total Steps run again after fetching the experts they missed.\n"
-            "# TYPE moet_expert_cache_replayed_steps_total counter\nmoet_expert_cache_replayed_steps_total %llu\n",
+            "# TYPE moet_expert_cache_replayed_steps_total counter\nmoet_expert_cache_replayed_steps_total %llu\n"
+            "# HELP moet_expert_cache_uses_total Routed experts asked for (a layer's expert once a forward pass).\n"
+            "# TYPE moet_expert_cache_uses_total counter\nmoet_expert_cache_uses_total %llu\n"
+            "# HELP moet_expert_cache_misses_total Of those, not resident (1 - misses / uses: the hit rate).\n"
+            "# TYPE moet_expert_cache_misses_total counter\nmoet_expert_cache_misses_total %llu\n",
         (unsigned long long)m->expert_fetched, (unsigned long long)m->expert_evicted,
-        (unsigned long long)m->expert_replays);
+        (unsigned long long)m->expert_replays, (unsigned long long)m->expert_uses,
+        (unsigned long long)m->expert_misses);
     put(&b, "# HELP moet_queue_depth Requests waiting for a sequence slot.\n# TYPE moet_queue_depth gauge\n"
             "moet_queue_depth %lld\n", (long long)m->queue_depth);
     put(&b, "# HELP moet_running_sequences Sequences in the running batch.\n# TYPE moet_running_sequences gauge\n"

@@ -24,6 +24,7 @@ typedef struct {
     uint64_t gate_steps, gate_corrected; /* --delta gate: decode steps checked, and redone with the delta */
     uint64_t preemptions, recomputed_tokens, prefix_hit_tokens; /* sequences preempted when the KV pool ran out, tokens prefilled again */
     uint64_t expert_fetched, expert_evicted, expert_replays;   /* --expert-slots: the expert cache's counts */
+    uint64_t expert_uses, expert_misses;                       /* and its uses, those not resident (hit rate) */
     int64_t queue_depth, running;  /* gauges, set by the scheduler */
     metrics_hist ttft, itl, e2e;
 } metrics;

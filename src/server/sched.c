@@ -55,7 +55,7 @@ struct sched {
     moet_batch *batch;       /* one forward for the decode tokens of all running sequences */
     moet_kv *kv;             /* the slots' shared paged KV pool */
     uint64_t hits_seen;      /* its prefix-cache hits already in the metrics */
-    int64_t ec_seen[3];      /* the expert cache's counts already in the metrics */
+    int64_t ec_seen[5];      /* the expert cache's counts already in the metrics */
     srv_choice **slot_owner;
     int32_t eos[16], eot[16];
     int n_eos, n_eot;
@@ -881,10 +881,12 @@ static void *sched_main(void *arg) {
             const uint64_t hits = moet_kv_hit_tokens(s->kv);
             if (hits > s->hits_seen) metrics_add(s->mx, &s->mx->prefix_hit_tokens, hits - s->hits_seen);
             s->hits_seen = hits;
-            int64_t ec[3]; /* the expert cache's counts likewise */
+            int64_t ec[5]; /* the expert cache's counts likewise */
             moet_model_expert_cache_stats(s->m, &ec[0], &ec[1], &ec[2]);
-            uint64_t *const dst[3] = {&s->mx->expert_fetched, &s->mx->expert_evicted, &s->mx->expert_replays};
-            for (int i = 0; i < 3; i++) {
+            moet_model_expert_cache_uses(s->m, &ec[3], &ec[4]);
+            uint64_t *const dst[5] = {&s->mx->expert_fetched, &s->mx->expert_evicted, &s->mx->expert_replays,
+                                      &s->mx->expert_uses, &s->mx->expert_misses};
+            for (int i = 0; i < 5; i++) {
                 if (ec[i] > s->ec_seen[i]) metrics_add(s->mx, dst[i], (uint64_t)(ec[i] - s->ec_seen[i]));
                 s->ec_seen[i] = ec[i];
             }

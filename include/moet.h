@@ -57,6 +57,9 @@ typedef struct {
      * at their layer's first step, in the layout its kernels read: a fetch is one DMA); 0: it copies them from where
      * the model maps them (page cache or the pack file itself) on each fetch. */
     int expert_pinned;
+    /* Instead of expert_slots (> 0): as many slots as this many GiB hold (a slot: one expert's matrices and, with a
+     * delta, its residuals). moet_model_info.expert_slots says how many that made. */
+    double expert_slots_gib;
 } moet_model_options;
 
 moet_model_options moet_model_default_options(void);
@@ -75,6 +78,7 @@ typedef struct {
     const char *backend;       /* "cpu" or "cuda" */
     const char *device;        /* what computes: "NVIDIA H200 (sm_90, ...)", "cpu, 2 threads" */
     int32_t has_delta;         /* base + delta experts are loaded (a delta pack, or experts requantized with one) */
+    int64_t expert_slots;      /* the expert cache's slots (0: every expert resident) */
 } moet_model_info;
 
 void moet_model_info_get(const moet_model *m, moet_model_info *info);

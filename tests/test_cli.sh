@@ -25,6 +25,12 @@ got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids -
 got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids --expert-slots 120 2>"$tmp/run.err")
 [ "$got" = "$want" ] && grep -q "steps of" "$tmp/run.err" && ok "run --expert-slots 120: the prompt in smaller steps, same ids" \
   || bad "run --expert-slots 120: '$got' ($(grep 'expert cache' "$tmp/run.err" | tail -1))"
+# a budget instead of a count (0.0008 GiB: 8 of moe-mini-a's 0.09 MiB experts, fewer than one token's 32) with pinned
+# homes: the direct mode reads the others where they wait, so every step completes with the same ids
+got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids --expert-slots 0.0008G --expert-home pinned 2>"$tmp/run.err")
+[ "$got" = "$want" ] && grep -q "holds 8 slots" "$tmp/run.err" && grep -q "0 steps run again" "$tmp/run.err" \
+  && ok "run --expert-slots 0.0008G --expert-home pinned: 8 slots, no replays, same ids" \
+  || bad "run --expert-slots 0.0008G: '$got' ($(grep 'expert cache' "$tmp/run.err" | tr '\n' ' '))"
 # 16 slots cannot hold one token's 8 x 4 experts: an error that says so
 "$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 1 --expert-slots 16 >/dev/null 2>"$tmp/run.err" \
   && bad "16 slots for one token's 32 experts accepted" \

@@ -133,6 +133,7 @@ int cmd_bench(int argc, char **argv) {
             mo.n_threads = cc.threads;
             mo.device = cc.device;
             mo.expert_slots = cc.expert_slots; /* experts in host memory, the device caching that many */
+            mo.expert_slots_gib = cc.expert_slots_gib;
             mo.expert_pinned = cc.expert_pinned;
             double tb = moet_time_s();
             if (moet_model_synthetic(synthetic, moet_qformat_type((moet_qformat)qf), qf == MOET_QF_W2_NVFP4,
@@ -207,7 +208,7 @@ int cmd_bench(int argc, char **argv) {
             moet_model_expert_cache_stats(m, &ec1[0], &ec1[1], &ec1[2]);
             moet_model_expert_cache_uses(m, &ec1[3], &ec1[4]);
             fprintf(stderr, "moet: bench threads %ld rep %ld/%ld: pp %.1f t/s, tg %.1f t/s\n", nt, r + 1, reps, tpp[r], ttg[r]);
-            if (c.expert_slots)
+            if (info.expert_slots)
                 fprintf(stderr, "moet: expert cache over the tg%ld steps: hit rate %.4f, %lld experts fetched, %lld "
                         "evicted, %lld steps run again\n", tg,
                         ec1[3] > ec0[3] ? 1.0 - (double)(ec1[4] - ec0[4]) / (double)(ec1[3] - ec0[3]) : 0.0,
@@ -220,9 +221,10 @@ int cmd_bench(int argc, char **argv) {
         double mib = (double)info.weight_bytes / (1 << 20);
         char exb[96];
         const char *ex = synthetic ? experts : "as stored";
-        if (c.expert_slots || dense_q8) { /* the expert cache's slots, Q8_0 projections: in the experts column */
+        const long slots = (long)info.expert_slots; /* resolved (--expert-slots XG: from the expert size) */
+        if (slots || dense_q8) { /* the expert cache's slots, Q8_0 projections: in the experts column */
             char sl[48] = "";
-            if (c.expert_slots) snprintf(sl, sizeof sl, ", %ld slots%s", c.expert_slots, c.expert_pinned ? " pinned" : "");
+            if (slots) snprintf(sl, sizeof sl, ", %ld slots%s", slots, c.expert_pinned ? " pinned" : "");
             snprintf(exb, sizeof exb, "%s%s%s", ex, dense_q8 ? ", dense q8_0" : "", sl);
             ex = exb;
         }
@@ -239,7 +241,7 @@ int cmd_bench(int argc, char **argv) {
                                "\"tg_expert_uses\": %lld, \"tg_expert_misses\": %lld}",
                                first ? "" : ",", info.backend, info.device, ex, nt, pp, mpp, tg, mtg, tok_bytes,
                                tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params,
-                               c.expert_slots, c.expert_pinned ? "pinned" : "mapped", (long long)(ec1[0] - ec0[0]),
+                               slots, c.expert_pinned ? "pinned" : "mapped", (long long)(ec1[0] - ec0[0]),
                                (long long)(ec1[2] - ec0[2]), (long long)(ec1[3] - ec0[3]), (long long)(ec1[4] - ec0[4]));
         first = 0;
         for (const char *bp = batches; bp && *bp && tg > 0;) {  /* batched decode */

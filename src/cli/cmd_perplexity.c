@@ -299,15 +299,15 @@ int cmd_perplexity(int argc, char **argv) {
     }
     double ppl = exp(nll / (double)n_scored);
     char ecj[256] = ""; /* the expert cache's counts (--expert-slots), for the JSON */
-    if (c.expert_slots) {
+    if (pmi.expert_slots) {
         int64_t ef, ee, er, eu, em;
         moet_model_expert_cache_stats(m, &ef, &ee, &er);
         moet_model_expert_cache_uses(m, &eu, &em);
         MOET_LOGI("expert cache (%ld slots, %s homes): %lld uses, %lld missed (hit rate %.4f), %lld fetched, %lld "
-                  "evicted, %lld steps run again", c.expert_slots, c.expert_pinned ? "pinned" : "mapped", (long long)eu,
+                  "evicted, %lld steps run again", (long)pmi.expert_slots, c.expert_pinned ? "pinned" : "mapped", (long long)eu,
                   (long long)em, eu ? 1.0 - (double)em / (double)eu : 0.0, (long long)ef, (long long)ee, (long long)er);
         snprintf(ecj, sizeof ecj, ", \"expert_slots\": %ld, \"expert_home\": \"%s\", \"cache_uses\": %lld, "
-                 "\"cache_misses\": %lld, \"cache_fetched\": %lld, \"cache_replays\": %lld", c.expert_slots,
+                 "\"cache_misses\": %lld, \"cache_fetched\": %lld, \"cache_replays\": %lld", (long)pmi.expert_slots,
                  c.expert_pinned ? "pinned" : "mapped", (long long)eu, (long long)em, (long long)ef, (long long)er);
     }
     if (base) {

@@ -167,12 +167,12 @@ int cmd_run(int argc, char **argv) {
     double t2 = moet_time_s();
     MOET_LOGI("prompt %zu tokens in %.3f s (%.1f t/s); generated %ld tokens in %.3f s (%.1f t/s)", n_prompt, t1 - t0,
               (double)n_prompt / (t1 - t0), generated, t2 - t1, generated > 0 ? (double)generated / (t2 - t1) : 0.0);
-    if (c.expert_slots) {
+    if (info.expert_slots) {
         int64_t ef, ee, er, eu, em;
         moet_model_expert_cache_stats(m, &ef, &ee, &er);
         moet_model_expert_cache_uses(m, &eu, &em);
         MOET_LOGI("expert cache (%ld slots, %s homes): hit rate %.4f, %lld experts fetched, %lld evicted, %lld steps "
-                  "run again", c.expert_slots, c.expert_pinned ? "pinned" : "mapped",
+                  "run again", (long)info.expert_slots, c.expert_pinned ? "pinned" : "mapped",
                   eu ? 1.0 - (double)em / (double)eu : 0.0, (long long)ef, (long long)ee, (long long)er);
     }
     if (dmode == 2) MOET_LOGI("delta gate (tau %.2f): %ld of %ld steps corrected (%.1f%%)", tau, corrected, steps,

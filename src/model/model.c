@@ -177,16 +177,44 @@ int moet_backend_open(const char *device, int n_threads, moet_backend **out, cha
     return *out ? MOET_OK : moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend");
 }
 
-int moet_model_backend_open(moet_model *m, const moet_model_options *o, char *err, size_t errlen) {
-    int rc = moet_backend_open(o->device, o->n_threads, &m->be, err, errlen);
-    if (rc || !o->expert_slots) return rc;
+/* One routed expert's bytes as a slot holds it: its three matrices and, with a delta, their residuals (the first MoE
+ * layer's expert 0; the CUDA backend pads each matrix to 256 bytes, counted here too). 0 without routed experts. */
+static uint64_t expert_slot_bytes(const moet_model *m) {
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        const moet_layer *L = &m->layers[l];
+        if (!L->is_moe || !L->exp_gate) continue;
+        const moet_weight *ws[6] = {&L->exp_gate[0], &L->exp_up[0], &L->exp_down[0], NULL, NULL, NULL};
+        if (L->dres_gate) ws[3] = &L->dres_gate[0], ws[4] = &L->dres_up[0], ws[5] = &L->dres_down[0];
+        uint64_t b = 0;
+        for (int k = 0; k < 6; k++)
+            if (ws[k]) b += ((uint64_t)ws[k]->rows * ws[k]->row_bytes + 255) / 256 * 256;
+        return b;
+    }
+    return 0;
+}
+
+int moet_model_cache_setup(moet_model *m, const moet_model_options *o, char *err, size_t errlen) {
+    int64_t n = o->expert_slots;
+    if (o->expert_slots_gib > 0) { /* a budget: as many slots as it holds */
+        const uint64_t per = expert_slot_bytes(m);
+        if (!per) return moet_err(err, errlen, MOET_EINVAL, "--expert-slots %gG: the model has no routed experts", o->expert_slots_gib);
+        n = (int64_t)(o->expert_slots_gib * (double)(1ull << 30) / (double)per);
+        if (n < 1) return moet_err(err, errlen, MOET_EINVAL, "--expert-slots %gG holds no expert of %.2f MiB", o->expert_slots_gib,
+                                   (double)per / (1 << 20));
+        MOET_LOGI("expert cache: %gG holds %lld slots of %.2f MiB", o->expert_slots_gib, (long long)n, (double)per / (1 << 20));
+    }
+    m->expert_slots = n;
+    if (!n) return MOET_OK;
     if (!m->be->ops->expert_cache)
         return moet_err(err, errlen, MOET_EUNSUP, "the %s backend has no expert cache (expert slots %lld)",
-                        m->be->ops->name, (long long)o->expert_slots);
-    if ((rc = m->be->ops->expert_cache(m->be, o->expert_slots, o->expert_pinned ? MOET_EXPERT_HOME_PINNED
-                                                                                 : MOET_EXPERT_HOME_MAPPED)))
-        return moet_err(err, errlen, rc, "expert cache of %lld slots", (long long)o->expert_slots);
-    return MOET_OK;
+                        m->be->ops->name, (long long)n);
+    const int rc = m->be->ops->expert_cache(m->be, n, o->expert_pinned ? MOET_EXPERT_HOME_PINNED : MOET_EXPERT_HOME_MAPPED);
+    return rc ? moet_err(err, errlen, rc, "expert cache of %lld slots", (long long)n) : MOET_OK;
+}
+
+int moet_model_backend_open(moet_model *m, const moet_model_options *o, char *err, size_t errlen) {
+    const int rc = moet_backend_open(o->device, o->n_threads, &m->be, err, errlen);
+    return rc ? rc : moet_model_cache_setup(m, o, err, errlen);
 }
 
 /* ---- load ------------------------------------------------------------------------------------------------------ */
@@ -406,6 +434,7 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     info->weight_bytes = m->weight_bytes;
     info->backend = m->be ? m->be->ops->name : "none";
     info->device = m->be ? m->be->ops->device_name(m->be) : "none";
+    info->expert_slots = m->expert_slots;
     info->has_delta = 0;
     for (int l = 0; l < m->hp.n_layers && !info->has_delta; l++) info->has_delta = m->layers && (m->layers[l].dexp_gate || m->layers[l].dres_gate);
 }

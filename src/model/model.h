@@ -20,6 +20,7 @@ struct moet_model {
     moet_gguf *delta_pack;     /* a delta pack loaded beside it: the layers' dres_* point into its mapping */
     moet_tokenizer *tok;
     moet_backend *be;
+    int64_t expert_slots;      /* the expert cache's slots (0: every expert resident) */
     moet_weight tok_embd, output;
     const float *out_norm;
     moet_layer *layers;
@@ -44,8 +45,11 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
 /* Creates the backend a device string names ("cpu", "cuda", "cuda:N", NULL/"auto"). */
 int moet_backend_open(const char *device, int n_threads, moet_backend **out, char *err, size_t errlen);
 
-/* m->be for the options: the device's backend, with its expert cache set up when o->expert_slots > 0. */
+/* m->be for the options: the device's backend, with its expert cache set up (moet_model_cache_setup). */
 int moet_model_backend_open(struct moet_model *m, const moet_model_options *o, char *err, size_t errlen);
+/* The expert cache of o->expert_slots slots, or of as many as o->expert_slots_gib GiB hold (the model's experts must
+ * be bound: a slot's size is one expert's); nothing when neither is set. */
+int moet_model_cache_setup(struct moet_model *m, const moet_model_options *o, char *err, size_t errlen);
 
 /* Binds a 2-D tensor of exactly [rows, cols] (F32/F16/BF16). */
 int moet_bind_matrix(struct moet_model *m, const char *name, int64_t rows, int64_t cols, moet_weight *w, char *err,

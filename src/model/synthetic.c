@@ -94,11 +94,13 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
     moet_model *m = calloc(1, sizeof(*m));
     if (!m) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     moet_st_init(&m->st);
-    int rc = moet_model_backend_open(m, &o, err, errlen);
-    if (rc) { if (m->be) m->be->ops->destroy(m->be); free(m); return rc; }
-    /* experts beyond the device: built in host memory (filled by a CPU backend), the device caching o.expert_slots */
+    int rc = moet_backend_open(o.device, o.n_threads, &m->be, err, errlen);
+    if (rc) { free(m); return rc; }
+    /* experts beyond the device: built in host memory (filled by a CPU backend), the device caching some (the cache
+     * is set up once they exist: a budget in GiB needs their size) */
     moet_backend *hb = NULL;
-    if (o.expert_slots && strcmp(m->be->ops->name, "cpu") && !(hb = moet_backend_cpu_create(o.n_threads))) {
+    const int cached = o.expert_slots > 0 || o.expert_slots_gib > 0;
+    if (cached && strcmp(m->be->ops->name, "cpu") && !(hb = moet_backend_cpu_create(o.n_threads))) {
         m->be->ops->destroy(m->be);
         free(m);
         return moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend");
@@ -197,6 +199,7 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
     }
     char sub[256];
     if (m->be->ops->status(m->be, sub, sizeof sub)) { rc = moet_err(err, errlen, MOET_EDEVICE, "%s", sub); goto fail; }
+    if ((rc = moet_model_cache_setup(m, &o, err, errlen))) goto fail;
     if (hb) hb->ops->destroy(hb);
     *out = m;
     return MOET_OK;

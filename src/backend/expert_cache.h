@@ -52,6 +52,7 @@ typedef struct {
     int64_t direct_uses;    /* direct mode: experts computed from where they wait (misses) */
     double gain;            /* MOET_ECACHE_DECAY^-(steps since the last rescale): the weight of a use now */
     int lru;                /* direct mode's victims by recency alone (MOET_ECACHE_LRU=1 at init: the A/B) */
+    struct moet_ecache_victim *victims; /* [n_slots] moet_ecache_settle's candidates, made once (no allocation a step) */
     int64_t uses, misses;   /* moet_ecache_use calls (a layer's expert a pass), and those not resident */
 } moet_ecache;
 

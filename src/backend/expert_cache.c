@@ -98,7 +98,6 @@ int moet_ecache_use(moet_ecache *c, moet_ecache_layer *l, int32_t e) {
             l->stamp[e] = c->step + 1;
             return 1;
         }
-        if (!l->miss[e]) c->direct_uses++;
         l->miss[e] = 1;
         c->miss_layer = l;
         return 0;

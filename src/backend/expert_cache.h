@@ -49,7 +49,6 @@ typedef struct {
      * pinned host image over the bus) completes every step; misses are fetched after it (moet_ecache_settle) for
      * the steps to come, and nothing is run again. */
     int direct;
-    int64_t direct_uses;    /* direct mode: experts computed from where they wait (misses) */
     double gain;            /* MOET_ECACHE_DECAY^-(steps since the last rescale): the weight of a use now */
     int lru;                /* direct mode's victims by recency alone (MOET_ECACHE_LRU=1 at init: the A/B) */
     struct moet_ecache_victim *victims; /* [n_slots] moet_ecache_settle's candidates, made once (no allocation a step) */

@@ -453,7 +453,7 @@ static void cu_destroy(moet_backend *be) {
         cudaFree(c->etabs[i].table);
         cudaFree(c->etabs[i].signs);
         free(c->etabs[i].host_table);
-        cudaFreeHost(c->etabs[i].home);
+        if (c->etabs[i].home) cudaFreeHost(c->etabs[i].home);
     }
     cu_ecache_free(c);
     free(c->mirrors);

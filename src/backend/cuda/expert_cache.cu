@@ -259,7 +259,7 @@ extern "C" int cu_ecache_table(cu_backend *c, cu_expert_table *t, cu_mat *host) 
     const int p = t->cached - 1;
     if (ec_pool(c, t, p)) return -1;
     if (ce->pinned && ec_home(c, t)) {
-        cudaFreeHost(t->home);
+        if (t->home) cudaFreeHost(t->home);
         t->home = t->home_dev = NULL;
         return -1;
     }
@@ -317,7 +317,7 @@ extern "C" void cu_ecache_forget(cu_backend *c, const cu_expert_table *t) {
         ec_flush(c);
     }
     free(t->host_table);
-    cudaFreeHost(t->home);
+    if (t->home) cudaFreeHost(t->home);
 }
 
 extern "C" int cu_expert_cache(moet_backend *be, int64_t n_slots, int32_t home) {
@@ -381,7 +381,7 @@ extern "C" void cu_ecache_free(cu_backend *c) {
     cudaFree(ce->tmp);
     cudaFree(ce->stage);
     cudaFree(ce->used);
-    cudaFreeHost(ce->used_host);
+    if (ce->used_host) cudaFreeHost(ce->used_host);
     free(ce->owner_key);
     free(ce->owner_e);
     if (ce->ec) moet_ecache_free(ec_of(c));

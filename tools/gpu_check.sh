@@ -17,14 +17,14 @@ run logits_a_cuda $bin/test_logits models/moe-mini-a .carry/shared/reference_fp3
 TAIL=3 run batch_cuda $bin/test_batch models/moe-mini-a
 TAIL=3 run kv_cuda $bin/test_kv models/moe-mini-a
 run logits_b_cuda $bin/test_logits tests/models/moe-mini-b tests/models/moe-mini-b/reference_fp32.safetensors 40 0
-# the FP4 delta end to end on the GPU (W2 pack + NVFP4 delta pack, the tensor-core delta kernels) against the
-# in-memory base + delta, and the gate at tau 0 / 1 against off / on
-TAIL=12 run delta_cuda bash tests/test_delta.sh $bin/moet tests/models/moe-mini-b
+# (the FP4 delta end to end: tests/test_delta.sh runs in CI on the CPU; on the GPU its model, moe-mini-b, is not in
+# the tiled layout the delta kernels need (widths multiples of 128), so test_ops's tiled delta shapes check them)
 # the expert cache on the GPU: 40 of moe-mini-a's 256 experts in device slots (fp32 kernels), then a W2 pack with
 # its delta (tiled slots, residuals beside them), each bit-identical to the resident model
 TAIL=6 run ecache_cuda $bin/test_ecache models/moe-mini-a cuda
-TAIL=6 run ecache_pack_cuda bash tests/test_ecache_pack.sh $bin/moet $bin/test_ecache models/moe-mini-a cuda
-TAIL=6 run ecache_pack_pinned bash tests/test_ecache_pack.sh $bin/moet $bin/test_ecache models/moe-mini-a cuda pinned
+# (moe-mini-a's W2 pack is not tiled either: no delta pack for it here)
+EXPERTS=w2 TAIL=6 run ecache_pack_cuda bash tests/test_ecache_pack.sh $bin/moet $bin/test_ecache models/moe-mini-a cuda
+EXPERTS=w2 TAIL=6 run ecache_pack_pinned bash tests/test_ecache_pack.sh $bin/moet $bin/test_ecache models/moe-mini-a cuda pinned
 # the server on the GPU: the real-client tests when the image has Node.js (carry tests/server/node_modules), else curl
 if command -v node >/dev/null 2>&1 && [ -d tests/server/node_modules ]; then
   TAIL=60 run server_clients node tests/server/test_server.mjs $bin/moet models/moe-mini-a tests/fixtures/ppl_window.txt

@@ -305,8 +305,20 @@ int main(int argc, char **argv) {
         double *ref2 = malloc(sizeof(double) * N2 * R2);
         for (int64_t i = 0; i < R2 * C2; i++) W2[i] = gauss() * 0.05f;
         for (int64_t i = 0; i < N2 * C2; i++) x2[i] = gauss();
-        const int qf2[] = {MOET_QF_BF16, MOET_QF_W2};
-        for (size_t k = 0; k < 2; k++) check_mul_mat(qf2[k], "300x352 ", W2, dq2, x2, R2, C2, N2, y2, ref2);
+        const int qf2[] = {MOET_QF_BF16, MOET_QF_W2, MOET_QF_Q8_0}; /* q8_0 at 352 columns: the stored layout */
+        for (size_t k = 0; k < 3; k++) check_mul_mat(qf2[k], "300x352 ", W2, dq2, x2, R2, C2, N2, y2, ref2);
+        free(W2); free(dq2); free(x2); free(y2); free(ref2);
+    }
+    /* Q8_0 rows of whole 8-block groups (CUDA rewrites them into the q8t layout): 4096 columns (two groups of 32
+     * lanes' units a row in the persistent GEMV), 300 rows, 1 token, 9 tokens (the generic kernel on q8t) */
+    {
+        const int64_t R2 = 300, C2 = 4096, N2 = 9;
+        float *W2 = malloc(sizeof(float) * R2 * C2), *dq2 = malloc(sizeof(float) * R2 * C2),
+              *x2 = malloc(sizeof(float) * N2 * C2), *y2 = malloc(sizeof(float) * N2 * R2);
+        double *ref2 = malloc(sizeof(double) * N2 * R2);
+        for (int64_t i = 0; i < R2 * C2; i++) W2[i] = gauss() * 0.05f;
+        for (int64_t i = 0; i < N2 * C2; i++) x2[i] = gauss();
+        check_mul_mat(MOET_QF_Q8_0, "300x4096 ", W2, dq2, x2, R2, C2, N2, y2, ref2);
         free(W2); free(dq2); free(x2); free(y2); free(ref2);
     }
     /* many tokens of a BF16 matrix (prefill): CUDA's tensor-core GEMM (gemm.cu, x as three BF16 terms) from 4
@@ -411,9 +423,9 @@ int main(int argc, char **argv) {
     }
     /* mul_mat_acc: y += x W^T on the 16-bit kernel and the generic one */
     {
-        const int qa[2] = {MOET_QF_BF16, MOET_QF_W2};
+        const int qa[3] = {MOET_QF_BF16, MOET_QF_W2, MOET_QF_Q8_0};
         float *y0 = malloc(sizeof(float) * N * R);
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             moet_weight w;
             void *blk = make_weight(qa[k], W, R, C, &w, deq);
             ref_mul_mat(deq, x, R, C, N, ref);
@@ -431,7 +443,8 @@ int main(int argc, char **argv) {
         free(y0);
     }
     /* norm_mul_mat: pre-norm + three projections (q, k, v shapes: 96, 32, 32 rows) in one op, bf16 (the fused
-     * kernel) and with a q8_0 matrix among them (the composition), at 1 and 9 tokens (two chunks of 8) */
+     * kernel), with a q8_0 matrix among them (the composition) and all q8_0 (CUDA: the fused kernel on q8t), at 1
+     * and 9 tokens (two chunks of 8) */
     {
         const int64_t D = 256, NT = 9, rows[3] = {96, 32, 32};
         float *xa = malloc(sizeof(float) * NT * D), *g = malloc(sizeof(float) * D), *hh = malloc(sizeof(float) * NT * D);
@@ -446,7 +459,7 @@ int main(int argc, char **argv) {
             const double inv = 1 / sqrt(ss / D + 1e-6);
             for (int64_t i = 0; i < D; i++) { hr[t * D + i] = g[i] * xa[t * D + i] * inv; hf[t * D + i] = (float)hr[t * D + i]; }
         }
-        for (int variant = 0; variant < 2; variant++) {
+        for (int variant = 0; variant < 3; variant++) {
             moet_weight w[3];
             void *blk[3];
             float *dq[3], *Wm[3];
@@ -454,7 +467,8 @@ int main(int argc, char **argv) {
                 Wm[k] = malloc(sizeof(float) * rows[k] * D);
                 dq[k] = malloc(sizeof(float) * rows[k] * D);
                 for (int64_t i = 0; i < rows[k] * D; i++) Wm[k][i] = gauss() * 0.05f;
-                blk[k] = make_weight(variant && k == 1 ? MOET_QF_Q8_0 : MOET_QF_BF16, Wm[k], rows[k], D, &w[k], dq[k]);
+                blk[k] = make_weight(variant == 2 || (variant && k == 1) ? MOET_QF_Q8_0 : MOET_QF_BF16, Wm[k], rows[k], D,
+                                     &w[k], dq[k]);
             }
             for (int64_t nn = 1; nn <= NT; nn += NT - 1) {
                 float *xd = dev(xa, sizeof(float) * nn * D), *hd = dev_poisoned((size_t)(nn * D));
@@ -464,12 +478,13 @@ int main(int argc, char **argv) {
                 op->norm_mul_mat(be, xd, g, 1e-6f, nn, D, hd, 3, wp, yd);
                 pull(hh, hd, (size_t)(nn * D));
                 char v[48];
-                snprintf(v, sizeof v, "%s h n=%lld", variant ? "mixed" : "bf16", (long long)nn);
+                const char *vn = variant == 2 ? "q8_0" : variant ? "mixed" : "bf16";
+                snprintf(v, sizeof v, "%s h n=%lld", vn, (long long)nn);
                 report("norm_mul_mat", v, nmse(hh, hr, (size_t)(nn * D)), 1e-13);
                 for (int k = 0; k < 3; k++) {
                     ref_mul_mat(dq[k], hf, rows[k], D, nn, refb);
                     pull(yb, yd[k], (size_t)(nn * rows[k]));
-                    snprintf(v, sizeof v, "%s y%d n=%lld", variant ? "mixed" : "bf16", k, (long long)nn);
+                    snprintf(v, sizeof v, "%s y%d n=%lld", vn, k, (long long)nn);
                     report("norm_mul_mat", v, nmse(yb, refb, (size_t)(nn * rows[k])), 1e-12);
                     drop(yd[k]);
                 }
@@ -1118,31 +1133,37 @@ int perf_main(moet_backend *be) {
         op->release(be, cc.a);
         op->release(be, cc.b);
     }
-    { /* one token through BF16 matrices of 2048 columns and growing rows (decode's dense GEMVs: o_proj is 8 MB per
-       * 2048 rows of 4096, QKV 21 MB, lm_head 622 MB): time per call = fixed cost + bytes / bandwidth */
+    { /* one token through BF16 and Q8_0 matrices of 2048 columns and growing rows (decode's dense GEMVs: o_proj is
+       * 8 MB per 2048 rows of 4096, QKV 21 MB, lm_head 622 MB, in BF16): time per call = fixed cost + bytes /
+       * bandwidth. Q8_0 takes the q8t copy CUDA makes at first use (quant/blocks.h), 8.5 bits a weight. */
         const int64_t C = 2048, rws[] = {1024, 5120, 20480, 81920};
-        printf("%-28s %8s %10s %10s %9s %9s\n", "dense bf16 GEMV, 1 token", "rows", "us/op", "MB/op", "GB/s", "of copy");
+        const int32_t tys[] = {MOET_TYPE_BF16, MOET_TYPE_Q8_0};
         float *x = dev(NULL, sizeof(float) * C), *y = dev(NULL, sizeof(float) * 81920);
         op->fill_random(be, x, MOET_TYPE_F32, 1, C, 1.0f, 3);
-        for (size_t i = 0; i < sizeof rws / sizeof rws[0]; i++) {
-            const int64_t R = rws[i];
-            const size_t bytes = (size_t)R * C * 2;
-            int ns = (int)(((size_t)256 << 20) / bytes) + 1;
-            if (ns > 16) ns = 16;
-            moet_weight *ws = calloc((size_t)ns, sizeof *ws);
-            for (int k = 0; k < ns; k++) {
-                void *wd = op->alloc(be, bytes);
-                REQUIRE(wd, "perf gemv weight");
-                op->fill_random(be, wd, MOET_TYPE_BF16, R, C, 0.02f, 11 + (uint64_t)k);
-                ws[k] = (moet_weight){.data = wd, .type = MOET_TYPE_BF16, .rows = R, .cols = C, .row_bytes = (size_t)C * 2,
-                                      .qscale = 1};
+        for (int ti = 0; ti < 2; ti++) {
+            const int32_t ty = tys[ti];
+            printf("%-28s %8s %10s %10s %9s %9s\n", ty == MOET_TYPE_BF16 ? "dense bf16 GEMV, 1 token" : "dense q8_0 GEMV, 1 token",
+                   "rows", "us/op", "MB/op", "GB/s", "of copy");
+            for (size_t i = 0; i < sizeof rws / sizeof rws[0]; i++) {
+                const int64_t R = rws[i];
+                const size_t rb = moet_type_row_bytes(ty, C), bytes = (size_t)R * rb;
+                int ns = (int)(((size_t)256 << 20) / bytes) + 1;
+                if (ns > 16) ns = 16;
+                moet_weight *ws = calloc((size_t)ns, sizeof *ws);
+                for (int k = 0; k < ns; k++) {
+                    void *wd = op->alloc(be, bytes);
+                    REQUIRE(wd, "perf gemv weight");
+                    op->fill_random(be, wd, ty, R, C, 0.02f, 11 + (uint64_t)k);
+                    ws[k] = (moet_weight){.data = wd, .type = ty, .rows = R, .cols = C, .row_bytes = rb, .qscale = 1};
+                }
+                gemv_ctx gc = {be, ws, ns, 32, x, y};
+                const double best = perf_graph_best(be, 3000 + 16 * (uint64_t)ti + (uint64_t)i, perf_gemv_step, &gc,
+                                                    gc.reps, y);
+                printf("%-28s %8lld %10.2f %10.2f %9.0f %8.1f%%\n", "  k_mv16p (graph, cold L2)", (long long)R,
+                       best * 1e6, bytes / 1e6, bytes / best / 1e9, 100.0 * bytes / best / g_copy_bw);
+                for (int k = 0; k < ns; k++) { op->forget(be, ws[k].data); op->release(be, (void *)ws[k].data); }
+                free(ws);
             }
-            gemv_ctx gc = {be, ws, ns, 32, x, y};
-            const double best = perf_graph_best(be, 3000 + (uint64_t)i, perf_gemv_step, &gc, gc.reps, y);
-            printf("%-28s %8lld %10.2f %10.2f %9.0f %8.1f%%\n", "  k_mv16p (graph, cold L2)", (long long)R, best * 1e6,
-                   bytes / 1e6, bytes / best / 1e9, 100.0 * bytes / best / g_copy_bw);
-            for (int k = 0; k < ns; k++) op->release(be, (void *)ws[k].data);
-            free(ws);
         }
         drop(x); drop(y);
     }

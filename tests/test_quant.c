@@ -25,6 +25,33 @@ static float gauss(void) {
     return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
 }
 
+/* The Q8_0 device layout (quant/blocks.h "q8t", quant/tile.h): a row rewritten group by group, then read back the
+ * way the CUDA GEMV reads it (quant word v and its scale by moet_q8t_*_off) must give every column's stored quant
+ * and scale; every byte of the row written once. */
+static void test_q8t(void) {
+    enum { C = 1024, NB = C / 32, RB = NB * 34 };
+    static uint8_t src[RB], dst[RB], seen[RB];
+    for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(urand() * 256);
+    memset(dst, 0xA5, sizeof dst);
+    for (int g = 0; g < C / 256; g++) moet_q8t_group(src + 272 * g, dst + 272 * g);
+    memset(seen, 0, sizeof seen);
+    int bad = 0;
+    for (int64_t v = 0; v < C / 16; v++) {
+        const size_t qo = moet_q8t_qs_off(v), dof = moet_q8t_d_off(v);
+        bad += qo % 16 != 0 || qo + 16 > RB || dof + 2 > RB;
+        for (int j = 0; j < 16; j++) {
+            const int64_t col = 16 * v + j, b = col / 32;
+            const moet_block_q8_0 *blk = (const moet_block_q8_0 *)(src + 34 * b);
+            bad += (int8_t)dst[qo + j] != blk->qs[col % 32];
+            bad += (uint16_t)(dst[dof] | dst[dof + 1] << 8) != blk->d;
+            seen[qo + j]++;
+        }
+        if (!(v & 1)) { seen[dof]++; seen[dof + 1]++; }
+    }
+    for (size_t i = 0; i < sizeof seen; i++) bad += seen[i] != 1;
+    CHECK(!bad, "q8t layout: %d mismatches", bad);
+}
+
 /* The tiled NVFP4 layout (quant/tile.h, blocks.h) as the CUDA tensor-core kernels consume it, checked here where no GPU
  * runs them: every byte of the layout written once; every f16x2 register a lane builds for mma.m16n8k16's A operand
  * (rows g / g + 8, columns 2t + h / 2t + 8 + h of each k-step) decodes to the e2m1 value of that element; every scale
@@ -236,6 +263,7 @@ int main(void) {
         CHECK(worst_ref < 1e-6 && worst_simd < 1e-6, "2-bit dot products off: %.3g / %.3g", worst_ref, worst_simd);
     }
     test_nv_tile();
+    test_q8t();
     /* NVFP4 straight-from-blocks dot (fp4dot.c): the SIMD and scalar versions against the dequantized row in double,
      * every scale code (subnormal E4M3 included) */
     {

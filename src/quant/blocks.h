@@ -76,6 +76,18 @@ typedef struct {
  * permute (the eight high bytes as a table) and the two sign bits away from its f16x2 register. */
 #define MOET_TILE_ROWS 16
 
+/* Q8_0 has a device layout too ("q8t"; CUDA only, never in a file), for dense matrices whose rows are whole groups
+ * of 8 blocks (C % 256 == 0, every real model's widths). ggml's 34-byte blocks put every block's quants at an odd
+ * 2-byte offset, so a 16-byte load never holds one block's quants alone; the CUDA backend rewrites such a matrix,
+ * out of place (the stored one may still be read, e.g. a tied embedding), into groups of 8 blocks in the same
+ * 8 * 34 = 272 bytes:
+ *   bytes 0..15     the 8 blocks' f16 scales d, block k at 2k;
+ *   bytes 16..271   the 8 blocks' 32 quants each, block k at 16 + 32k.
+ * A row of C / 256 groups stays C / 32 * 34 bytes (a multiple of 16, so every group's quants are 16-byte aligned
+ * wherever the rows start 16-byte aligned); quant word v (16 quants, columns 16v ..) of a row is at
+ * 272 (v / 16) + 16 + 16 (v % 16) and its scale at 272 (v / 16) + 2 ((v % 16) / 2) (quant/tile.h). */
+#define MOET_Q8T_GROUP 8
+
 #ifdef __cplusplus /* the CUDA files (nvcc compiles them as C++) */
 #define MOET_STATIC_ASSERT static_assert
 #else
@@ -84,6 +96,7 @@ typedef struct {
 MOET_STATIC_ASSERT(sizeof(moet_block_q8_0) == 34, "q8_0 block is 34 bytes (ggml)");
 MOET_STATIC_ASSERT(sizeof(moet_block_mxfp4) == 17, "mxfp4 block is 17 bytes (ggml)");
 MOET_STATIC_ASSERT(sizeof(moet_block_nvfp4) == 9, "nvfp4 block is 9 bytes");
+MOET_STATIC_ASSERT(MOET_Q8T_GROUP * sizeof(moet_block_q8_0) == 272 && 272 % 16 == 0, "q8t group: 16 bytes of scales, 256 quants");
 MOET_STATIC_ASSERT(sizeof(moet_block_q2) == 9, "2-bit block is 9 bytes: 2.25 bpw");
 MOET_STATIC_ASSERT(sizeof(moet_block_asym2) == 10, "asym2 block is 10 bytes: 2.5 bpw");
 

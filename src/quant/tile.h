@@ -1,5 +1,5 @@
 /*
- * tile.h — the index arithmetic of the tiled NVFP4 layout (quant/blocks.h), shared by C and CUDA.
+ * tile.h — the index arithmetic of the tiled NVFP4 and Q8_0 device layouts (quant/blocks.h), shared by C and CUDA.
  *
  * Why a header of its own: the CUDA backend rewrites a delta residual into this layout (k_nv_tile) and its tensor-core
  * kernels read it back as mma fragments (moe_tc.cuh); the CPU build has no GPU to run them on. With the arithmetic
@@ -70,6 +70,22 @@ MOET_TILE_HD uint32_t moet_byte_perm(uint32_t x, uint32_t y, uint32_t sel) {
 MOET_TILE_HD uint32_t moet_fp4x2_f16x2(uint32_t b) {
     const uint32_t sel = ((b & 7u) << 4) | ((b & 0x70u) << 8);
     return moet_byte_perm(0x3E3C3800u, 0x46444240u, sel) | ((b & 8u) << 12) | ((b & 0x80u) << 24);
+}
+
+
+/* The Q8_0 device layout (quant/blocks.h, "q8t"): byte offsets, within a row, of quant word v (16 quants: columns
+ * 16v ..) and of its block's f16 scale. */
+MOET_TILE_HD size_t moet_q8t_qs_off(int64_t v) { return (size_t)(272 * (v >> 4) + 16 + 16 * (v & 15)); }
+MOET_TILE_HD size_t moet_q8t_d_off(int64_t v) { return (size_t)(272 * (v >> 4) + 2 * ((v & 15) >> 1)); }
+
+/* Rewrites one group of 8 ggml Q8_0 blocks (272 bytes at src) into the q8t order at dst (not overlapping src). */
+MOET_TILE_HD void moet_q8t_group(const uint8_t *src, uint8_t *dst) {
+    for (int k = 0; k < MOET_Q8T_GROUP; k++) {
+        const uint8_t *b = src + 34 * k;
+        dst[2 * k] = b[0];
+        dst[2 * k + 1] = b[1];
+        for (int j = 0; j < MOET_QK; j++) dst[16 + 32 * k + j] = b[2 + j];
+    }
 }
 
 #endif

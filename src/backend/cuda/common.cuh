@@ -203,6 +203,9 @@ __device__ __forceinline__ void cu_rope_cs(double theta, int i, int rot_dim, int
     *si = (float)sin((double)ang);
 }
 
+/* cu_decode32's name for a Q8_0 matrix rewritten into the q8t device layout (matmul.cu): never a file type. */
+#define CU_TYPE_Q8T (-8)
+
 /* Decodes group g (elements 32g .. 32g+31) of one row of any supported type into v. */
 __device__ __forceinline__ void cu_decode32(int32_t type, const uint8_t *row, int64_t g, float qscale, float qbeta,
                                             float v[32]) {
@@ -233,6 +236,20 @@ __device__ __forceinline__ void cu_decode32(int32_t type, const uint8_t *row, in
         float d = cu_f16((uint16_t)(b[0] | (b[1] << 8)));
 #pragma unroll
         for (int j = 0; j < 32; j++) v[j] = d * (float)(int8_t)b[2 + j];
+        break;
+    }
+    case CU_TYPE_Q8T: { /* Q8_0 in the q8t layout (quant/blocks.h): block g is block g % 8 of group g / 8 */
+        const uint8_t *gp = row + 272 * (g >> 3);
+        const int k = (int)(g & 7);
+        const float d = cu_f16(*(const uint16_t *)(gp + 2 * k));
+        const uint4 *p = (const uint4 *)(gp + 16 + 32 * k);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint4 q = p[j];
+            const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int m = 0; m < 16; m++) v[16 * j + m] = d * (float)(int8_t)(w[m >> 2] >> (8 * (m & 3)));
+        }
         break;
     }
     case MOET_TYPE_MXFP4: {

@@ -86,15 +86,22 @@ extern "C" const void *cu_weight(cu_backend *c, const void *host, size_t bytes) 
             CU_CHECK(c, cudaStreamSynchronize(c->stream)))
             return NULL;
     }
-    size_t h = ptr_hash(host) & (c->cap_mirrors - 1);
-    while (c->mirrors[h].host && c->mirrors[h].host != host) h = (h + 1) & (c->cap_mirrors - 1);
+    return cu_mirror_put(c, &m) ? NULL : m.dev;
+}
+
+/* Enters m (its key m->host) into the table, replacing (and freeing, if owned) an entry of the same key. */
+extern "C" int cu_mirror_put(cu_backend *c, const cu_mirror *m) {
+    if (2 * (c->n_mirrors + 1) > c->cap_mirrors && mirror_grow(c))
+        return cu_fail(c, cudaErrorMemoryAllocation, "mirror table", __FILE__, __LINE__);
+    size_t h = ptr_hash(m->host) & (c->cap_mirrors - 1);
+    while (c->mirrors[h].host && c->mirrors[h].host != m->host) h = (h + 1) & (c->cap_mirrors - 1);
     if (c->mirrors[h].host) { /* replaced by a larger view */
         if (c->mirrors[h].owned) cudaFree(c->mirrors[h].dev);
         c->n_mirrors--;
     }
-    c->mirrors[h] = m;
+    c->mirrors[h] = *m;
     c->n_mirrors++;
-    return m.dev;
+    return 0;
 }
 
 extern "C" const uint8_t *cu_weight_mat(cu_backend *c, const moet_weight *w) {
@@ -311,6 +318,8 @@ extern "C" const cu_expert_table *cu_delta_experts(cu_backend *c, const moet_moe
 }
 
 /* Removing from open addressing: clear the slot, then re-insert the rest of its cluster. */
+static void mirror_drop(cu_backend *c, const void *host);
+
 static void cu_forget(moet_backend *be, const void *host) {
     cu_backend *c = cu_of(be);
     if (!host) return;
@@ -325,6 +334,11 @@ static void cu_forget(moet_backend *be, const void *host) {
             c->etabs[i] = c->etabs[--c->n_etabs];
             break;
         }
+    mirror_drop(c, host);
+    mirror_drop(c, (const uint8_t *)host + 1); /* a Q8_0 matrix's q8t copy (matmul.cu) */
+}
+
+static void mirror_drop(cu_backend *c, const void *host) {
     if (!c->cap_mirrors) return;
     size_t mask = c->cap_mirrors - 1, h = ptr_hash(host) & mask;
     while (c->mirrors[h].host && c->mirrors[h].host != host) h = (h + 1) & mask;

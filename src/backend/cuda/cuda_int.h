@@ -128,6 +128,8 @@ const void *cu_weight(cu_backend *c, const void *host, size_t bytes);
 const uint8_t *cu_weight_mat(cu_backend *c, const moet_weight *w);
 /* The mirror entry of a weight already mirrored (cu_weight), NULL if none. */
 cu_mirror *cu_mirror_of(cu_backend *c, const void *host);
+/* Enters a mirror (made by the caller, keyed on m->host) into the table; 0, or 1 after recording an error. */
+int cu_mirror_put(cu_backend *c, const cu_mirror *m);
 /* Rewrites a 2-bit matrix (rows % 16 == 0, cols % 32 == 0) in place into the tiled layout; tmp: rows * row_bytes of
  * device scratch. 0 on success. */
 int cu_q2_tile_repack(cu_backend *c, uint8_t *d, int64_t rows, int64_t cols, size_t row_bytes, uint8_t *tmp);

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_int.h"
+#include "quant/tile.h"
 
 #define MM_WARPS 8
 #define MM_ROWS_PER_WARP 4
@@ -188,27 +189,94 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *x, int64_t n, int ch, const f
  * CTA 8 rows: at the 30b QKV shape 640 CTAs, 1.2 waves, and each CTA's chain (stage x, pre-norm, weights, reduce)
  * runs twice over with the SMs half idle in the second wave; under Nsight Compute the staging and the pre-norm were
  * 45% of its stall samples and the weight wait 17%. Here one wave of CTAs stages x (and the pre-norm) once and
- * every warp walks rows gw, gw + stride, ... of the whole set in groups of MV16_UNROLL 16-byte chunks a lane, the
- * next group's loads issued before the current group's math (two groups in flight, the first two before x is
- * staged). A lane takes the same chunks in the same order as in k_mv16 and the warp sum is the same, so y is
- * bit-identical to k_mv16's. */
-__device__ __forceinline__ const uint4 *mv16p_row(const cu_mv16_set &set, int64_t R, int &mi, int64_t &r) {
+ * every warp walks rows gw, gw + stride, ... of the whole set in groups of UN 16-byte units a lane, the next
+ * group's loads issued before the current group's math (two groups in flight, the first two before x is staged).
+ * For BF16/F16 a lane takes the same chunks in the same order as in k_mv16 and the warp sum is the same, so y is
+ * bit-identical to k_mv16's.
+ * FMT MV_Q8T: Q8_0 matrices in the q8t layout (quant/blocks.h; made at first use by cu_weight_q8t): a unit is 16
+ * quants (one 16-byte load: consecutive lanes read consecutive words of a group's quants) and its block's f16 scale
+ * (a 2-byte load); sum_j q_j x_j over the unit in fp32, then times d. 8.5 bits a weight instead of 16: the dense
+ * half of a W2 model's decode bytes (attention, lm_head) nearly halved. */
+#define MV_BF16 0
+#define MV_F16 1
+#define MV_Q8T 2
+#define MVQ8_UNROLL 4 /* q8t units in flight a lane and group: a 2048-wide row is one group of the warp */
+
+struct mv_q8u { uint4 q; uint32_t d; }; /* a q8t unit: 16 quants and their block's f16 scale */
+
+/* unit: what a lane holds of one 16-byte unit (BF16/F16: the 16 bytes themselves, so k_mv16's code runs unchanged) */
+template <int FMT> struct mv_fmt {
+    typedef uint4 unit;
+    static constexpr int UN = MV16_UNROLL;
+    static __device__ __forceinline__ int64_t units(int64_t cols) { return cols / 8; }
+};
+template <> struct mv_fmt<MV_Q8T> {
+    typedef mv_q8u unit;
+    static constexpr int UN = MVQ8_UNROLL;
+    static __device__ __forceinline__ int64_t units(int64_t cols) { return cols / 16; }
+};
+
+__device__ __forceinline__ int64_t mv16p_row(const cu_mv16_set &set, int64_t R, int &mi, int64_t &r) {
     mi = 0;
     while (mi + 1 < set.n && R >= set.r0[mi + 1]) mi++;
     r = R - set.r0[mi];
-    return (const uint4 *)(set.w[mi] + r * set.row_bytes[mi]);
+    return r;
 }
 
-__device__ __forceinline__ void mv16p_load(const uint4 *row, int64_t u0, int64_t U, uint4 q[MV16_UNROLL]) {
+template <int FMT>
+__device__ __forceinline__ void mvp_load(const uint8_t *row, int64_t u0, int64_t U,
+                                         typename mv_fmt<FMT>::unit q[mv_fmt<FMT>::UN]) {
 #pragma unroll
-    for (int i = 0; i < MV16_UNROLL; i++)
-        if (u0 + 32 * i < U) q[i] = __ldg(row + u0 + 32 * i);
+    for (int i = 0; i < mv_fmt<FMT>::UN; i++) {
+        const int64_t u = u0 + 32 * i;
+        if constexpr (FMT == MV_Q8T) {
+            if (u < U) {
+                q[i].q = __ldg((const uint4 *)(row + moet_q8t_qs_off(u)));
+                q[i].d = __ldg((const unsigned short *)(row + moet_q8t_d_off(u)));
+            }
+        } else {
+            if (u < U) q[i] = __ldg((const uint4 *)row + u);
+        }
+    }
 }
 
-template <int F16, int NORM, int MT>
+__device__ __forceinline__ float mv_i8(uint32_t w, int b) { return (float)(int8_t)(w >> (8 * b)); }
+
+/* accv[t] += the lane's units u0, u0 + 32, ... (< U) of a row . x row t, for the nt staged tokens. */
+template <int FMT, int MT>
+__device__ __forceinline__ void mvp_group(const typename mv_fmt<FMT>::unit q[mv_fmt<FMT>::UN], int64_t u0, int64_t U,
+                                          const float4 *xs4, int64_t cols, int nt, float accv[MT]) {
+    if constexpr (FMT != MV_Q8T) {
+        mv16_group<FMT == MV_F16, MT>(q, u0, U, xs4, cols, nt, accv);
+    } else {
+#pragma unroll
+        for (int i = 0; i < mv_fmt<FMT>::UN; i++) {
+            const int64_t u = u0 + 32 * i;
+            if (u >= U) break;
+            const float d = cu_f16((uint16_t)q[i].d);
+            const uint32_t w[4] = {q[i].q.x, q[i].q.y, q[i].q.z, q[i].q.w};
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                if (t >= nt) break;
+                const float4 *xp = xs4 + (t * cols + 16 * u) / 4;
+                float s = 0.f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const float4 a = xp[k];
+                    s = fmaf(mv_i8(w[k], 0), a.x, s); s = fmaf(mv_i8(w[k], 1), a.y, s);
+                    s = fmaf(mv_i8(w[k], 2), a.z, s); s = fmaf(mv_i8(w[k], 3), a.w, s);
+                }
+                accv[t] = fmaf(d, s, accv[t]);
+            }
+        }
+    }
+}
+
+template <int FMT, int NORM, int MT>
 __global__ void __launch_bounds__(MM_WARPS * 32, 2)
 k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *__restrict__ norm_w,
         float eps, float *__restrict__ h, int acc) {
+    constexpr int UN = mv_fmt<FMT>::UN;
     extern __shared__ __align__(16) float xs[];
     __shared__ double red[MM_WARPS][MM_MAX_TOK];
     __shared__ float inv[MM_MAX_TOK];
@@ -216,18 +284,22 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
     const float4 *xs4 = (const float4 *)xs;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t total = set.r0[set.n], stride = (int64_t)gridDim.x * MM_WARPS;
-    const int64_t U = cols / 8, G = (U + 32 * MV16_UNROLL - 1) / (32 * MV16_UNROLL); /* groups a row */
+    const int64_t U = mv_fmt<FMT>::units(cols), G = (U + 32 * UN - 1) / (32 * UN); /* groups a row */
     /* the current item (row R, group g) and the next (Rn, gn), both requested before x is staged */
     int64_t R = (int64_t)blockIdx.x * MM_WARPS + warp, Rn = R;
     int64_t g = 0, gn = 0;
     int mi = 0, min_ = 0;
     int64_t r = 0, rn = 0;
-    uint4 q[MV16_UNROLL], qn[MV16_UNROLL];
-    const uint4 *row = R < total ? mv16p_row(set, R, mi, r) : NULL, *rown = row;
-    if (row) mv16p_load(row, lane, U, q);
-    if (++gn == G) { gn = 0; Rn += stride; rown = Rn < total ? mv16p_row(set, Rn, min_, rn) : NULL; }
-    else { min_ = mi; rn = r; }
-    if (rown) mv16p_load(rown, lane + 32 * MV16_UNROLL * gn, U, qn);
+    typename mv_fmt<FMT>::unit q[UN], qn[UN];
+    const uint8_t *row = NULL, *rown;
+    if (R < total) { mv16p_row(set, R, mi, r); row = set.w[mi] + r * set.row_bytes[mi]; }
+    rown = row;
+    if (row) mvp_load<FMT>(row, lane, U, q);
+    if (++gn == G) {
+        gn = 0; Rn += stride; rown = NULL;
+        if (Rn < total) { mv16p_row(set, Rn, min_, rn); rown = set.w[min_] + rn * set.row_bytes[min_]; }
+    } else { min_ = mi; rn = r; }
+    if (rown) mvp_load<FMT>(rown, lane + 32 * UN * gn, U, qn);
     cu_pdl_wait();
     cu_stage_f32(xs, x, nt * cols);
     __syncthreads();
@@ -236,8 +308,8 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
 #pragma unroll
     for (int t = 0; t < MT; t++) accv[t] = 0.f;
     while (row) {
-        const int64_t u0 = lane + 32 * MV16_UNROLL * g;
-        mv16_group<F16, MT>(q, u0, U, xs4, cols, nt, accv);
+        const int64_t u0 = lane + 32 * UN * g;
+        mvp_group<FMT, MT>(q, u0, U, xs4, cols, nt, accv);
         if (g == G - 1) { /* the row is done: reduce and store */
             const int64_t rows = set.rows[mi];
             float *y = set.y[mi];
@@ -255,22 +327,27 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
         /* the next item becomes current; the one after it is requested */
         row = rown; R = Rn; g = gn; mi = min_; r = rn;
 #pragma unroll
-        for (int i = 0; i < MV16_UNROLL; i++) q[i] = qn[i];
+        for (int i = 0; i < UN; i++) q[i] = qn[i];
         if (!row) break;
-        if (++gn == G) { gn = 0; Rn += stride; rown = Rn < total ? mv16p_row(set, Rn, min_, rn) : NULL; }
-        if (rown) mv16p_load(rown, lane + 32 * MV16_UNROLL * gn, U, qn);
+        if (++gn == G) {
+            gn = 0; Rn += stride; rown = NULL;
+            if (Rn < total) { mv16p_row(set, Rn, min_, rn); rown = set.w[min_] + rn * set.row_bytes[min_]; }
+        }
+        if (rown) mvp_load<FMT>(rown, lane + 32 * UN * gn, U, qn);
     }
     cu_pdl_trigger();
 }
 
 static int g_mm_attr_set = -1;
-static int g_mv16p = -1; /* MOET_MV16P=0: k_mv16 for every launch (A/B of the persistent kernel) */
+static int g_mv16p = -1; /* MOET_MV16P=0: k_mv16 for every 16-bit launch (A/B of the persistent kernel) */
 
 #define MV16_SMEM(k) CU_CHECK(c, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM_MAX))
 template <int MT> static int mv16_attrs(cu_backend *c) {
     return MV16_SMEM((k_mv16<0, 0, MT>)) || MV16_SMEM((k_mv16<1, 0, MT>)) || MV16_SMEM((k_mv16<0, 1, MT>)) ||
-           MV16_SMEM((k_mv16<1, 1, MT>)) || MV16_SMEM((k_mv16p<0, 0, MT>)) || MV16_SMEM((k_mv16p<1, 0, MT>)) ||
-           MV16_SMEM((k_mv16p<0, 1, MT>)) || MV16_SMEM((k_mv16p<1, 1, MT>));
+           MV16_SMEM((k_mv16<1, 1, MT>)) || MV16_SMEM((k_mv16p<MV_BF16, 0, MT>)) ||
+           MV16_SMEM((k_mv16p<MV_F16, 0, MT>)) || MV16_SMEM((k_mv16p<MV_BF16, 1, MT>)) ||
+           MV16_SMEM((k_mv16p<MV_F16, 1, MT>)) || MV16_SMEM((k_mv16p<MV_Q8T, 0, MT>)) ||
+           MV16_SMEM((k_mv16p<MV_Q8T, 1, MT>));
 }
 #undef MV16_SMEM
 
@@ -329,6 +406,61 @@ static int mv16_ok(const moet_weight *w, const uint8_t *d, const float *x) {
            !(w->row_bytes & 15) && !((uintptr_t)x & 15);
 }
 
+/* Whether a Q8_0 matrix goes to the q8t layout (quant/blocks.h): rows of whole groups of 8 blocks, exactly. */
+static int q8t_ok(const moet_weight *w) {
+    return w->type == MOET_TYPE_Q8_0 && w->cols > 0 && !(w->cols % 256) &&
+           w->row_bytes == (size_t)(w->cols / 32) * sizeof(moet_block_q8_0);
+}
+
+__global__ void k_q8t(const uint8_t *__restrict__ src, uint8_t *__restrict__ dst, int64_t groups) {
+    for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < groups; g += (int64_t)gridDim.x * blockDim.x)
+        moet_q8t_group(src + 272 * g, dst + 272 * g);
+}
+
+/* The q8t copy of a Q8_0 matrix (q8t_ok), made at its first use and kept in the mirror table under the key one byte
+ * past the weight's address (no other weight can start there), beside any mirror of the stored layout (get_rows of
+ * a tied embedding reads that one). The source is the weight itself when it is device memory (synthetic models), a
+ * mirror of it when one exists, else a temporary upload. NULL after recording an error. */
+static const uint8_t *cu_weight_q8t(cu_backend *c, const moet_weight *w) {
+    const void *key = (const uint8_t *)w->data + 1;
+    const size_t bytes = (size_t)w->rows * w->row_bytes;
+    const cu_mirror *have = cu_mirror_of(c, key);
+    if (have && have->bytes >= bytes) return (const uint8_t *)have->dev;
+    if (c->capturing) {
+        cu_fail(c, cudaErrorStreamCaptureUnsupported, "weight first used while recording a graph", __FILE__, __LINE__);
+        return NULL;
+    }
+    const uint8_t *src = NULL;
+    void *tmp = NULL, *dst = NULL;
+    const cu_mirror *raw = cu_mirror_of(c, w->data);
+    cudaPointerAttributes at;
+    if (raw && raw->bytes >= bytes) src = (const uint8_t *)raw->dev;
+    else if (cudaPointerGetAttributes(&at, w->data) == cudaSuccess && at.type == cudaMemoryTypeDevice)
+        src = (const uint8_t *)w->data;
+    else {
+        cudaGetLastError();
+        if (CU_CHECK(c, cudaMalloc(&tmp, bytes)) ||
+            CU_CHECK(c, cudaMemcpyAsync(tmp, w->data, bytes, cudaMemcpyHostToDevice, c->stream)))
+            goto fail;
+        src = (const uint8_t *)tmp;
+    }
+    if (CU_CHECK(c, cudaMalloc(&dst, bytes))) goto fail;
+    {
+        const int64_t groups = (int64_t)(bytes / 272);
+        k_q8t<<<(unsigned)((groups + 255) / 256 < 4096 ? (groups + 255) / 256 : 4096), 256, 0, c->stream>>>(
+            src, (uint8_t *)dst, groups);
+        if (CU_LAUNCHED(c, "k_q8t") || (tmp && CU_CHECK(c, cudaStreamSynchronize(c->stream)))) goto fail;
+        const cu_mirror m = {key, dst, bytes, 1, 0};
+        if (cu_mirror_put(c, &m)) goto fail;
+    }
+    if (tmp) cudaFree(tmp);
+    return (const uint8_t *)dst;
+fail:
+    if (tmp) { cudaStreamSynchronize(c->stream); cudaFree(tmp); }
+    if (dst) cudaFree(dst);
+    return NULL;
+}
+
 /* Tokens a CTA stages (x of ch tokens in shared memory), 0 when one row does not fit. */
 static int mv16_chunk(int64_t cols, int64_t n) {
     int ch = (int)(MM_SMEM_MAX / ((size_t)cols * sizeof(float)));
@@ -337,6 +469,7 @@ static int mv16_chunk(int64_t cols, int64_t n) {
     return ch;
 }
 
+/* type: BF16, F16 or CU_TYPE_Q8T (the persistent kernel only: n <= ch). */
 static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int64_t cols, const float *x, int64_t n,
                         int ch, const float *norm_w, float eps, float *h, int acc) {
     dim3 grid((unsigned)set->cta0[set->n], (unsigned)((n + ch - 1) / ch));
@@ -355,16 +488,21 @@ static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int
         else cu_launch_pdl(c, k_mv16<0, 0, MT>, grid, block, sm, *set, cols, x, n, ch, nul, 0.f, nulh, acc);         \
     }
     /* one chunk of tokens: the persistent kernel (bit-identical, one wave); MOET_MV16P=0 keeps k_mv16 */
-#define MV16P_GO(MT)                                                                                                 \
-    if (norm_w) {                                                                                                    \
-        if (f16) mv16p_go(c, k_mv16p<1, 1, MT>, set, sm, cols, x, n, norm_w, eps, h, acc);                            \
-        else mv16p_go(c, k_mv16p<0, 1, MT>, set, sm, cols, x, n, norm_w, eps, h, acc);                               \
-    } else {                                                                                                         \
-        if (f16) mv16p_go(c, k_mv16p<1, 0, MT>, set, sm, cols, x, n, nul, 0.f, nulh, acc);                            \
-        else mv16p_go(c, k_mv16p<0, 0, MT>, set, sm, cols, x, n, nul, 0.f, nulh, acc);                               \
-    }
-    if (n <= ch && g_mv16p) {
-        if (n == 1) { MV16P_GO(1) } else { MV16P_GO(MM_MAX_TOK) }
+#define MV16P_GO(FMT, MT)                                                                                            \
+    if (norm_w) mv16p_go(c, k_mv16p<FMT, 1, MT>, set, sm, cols, x, n, norm_w, eps, h, acc);                          \
+    else mv16p_go(c, k_mv16p<FMT, 0, MT>, set, sm, cols, x, n, nul, 0.f, nulh, acc);
+    if (type == CU_TYPE_Q8T) {
+        if (n > ch) {
+            cu_fail(c, cudaErrorInvalidValue, "k_mv16p (q8t): more tokens than a CTA stages", __FILE__, __LINE__);
+            return;
+        }
+        if (n == 1) { MV16P_GO(MV_Q8T, 1) } else { MV16P_GO(MV_Q8T, MM_MAX_TOK) }
+    } else if (n <= ch && g_mv16p) {
+        if (f16) {
+            if (n == 1) { MV16P_GO(MV_F16, 1) } else { MV16P_GO(MV_F16, MM_MAX_TOK) }
+        } else {
+            if (n == 1) { MV16P_GO(MV_BF16, 1) } else { MV16P_GO(MV_BF16, MM_MAX_TOK) }
+        }
     } else if (ch == 1) { MV16_GO(1) } else { MV16_GO(MM_MAX_TOK) }
 #undef MV16_GO
 #undef MV16P_GO
@@ -378,21 +516,40 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
         cu_fail(c, cudaErrorInvalidValue, "mul_mat: cols not a multiple of 32", __FILE__, __LINE__);
         return;
     }
-    const uint8_t *d = cu_weight_mat(c, w);
-    if (!d || mm_attrs(c)) return;
-    if (cu_gemm_bf16(c, w, d, x, n, y, acc)) return; /* many tokens of a BF16 matrix: tensor cores (gemm.cu) */
+    if (mm_attrs(c)) return;
+    int32_t type = w->type;
+    const uint8_t *d;
     int ch;
-    if (mv16_ok(w, d, x) && (ch = mv16_chunk(w->cols, n)) >= 1) {
-        cu_mv16_set set = {};
-        set.w[0] = d;
-        set.y[0] = y;
-        set.rows[0] = w->rows;
-        set.row_bytes[0] = w->row_bytes;
-        set.cta0[1] = (int32_t)((w->rows + MM_WARPS - 1) / MM_WARPS);
-        set.r0[1] = w->rows;
-        set.n = 1;
-        mv16_launch(c, &set, w->type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);
-        return;
+    if (q8t_ok(w)) { /* Q8_0: the q8t copy, by the persistent GEMV up to a chunk of tokens, else k_mul_mat */
+        if (!(d = cu_weight_q8t(c, w))) return;
+        type = CU_TYPE_Q8T;
+        if (!w->rotated && !((uintptr_t)x & 15) && (ch = mv16_chunk(w->cols, n)) >= 1 && n <= ch) {
+            cu_mv16_set set = {};
+            set.w[0] = d;
+            set.y[0] = y;
+            set.rows[0] = w->rows;
+            set.row_bytes[0] = w->row_bytes;
+            set.cta0[1] = (int32_t)((w->rows + MM_WARPS - 1) / MM_WARPS);
+            set.r0[1] = w->rows;
+            set.n = 1;
+            mv16_launch(c, &set, type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);
+            return;
+        }
+    } else {
+        if (!(d = cu_weight_mat(c, w))) return;
+        if (cu_gemm_bf16(c, w, d, x, n, y, acc)) return; /* many tokens of a BF16 matrix: tensor cores (gemm.cu) */
+        if (mv16_ok(w, d, x) && (ch = mv16_chunk(w->cols, n)) >= 1) {
+            cu_mv16_set set = {};
+            set.w[0] = d;
+            set.y[0] = y;
+            set.rows[0] = w->rows;
+            set.row_bytes[0] = w->row_bytes;
+            set.cta0[1] = (int32_t)((w->rows + MM_WARPS - 1) / MM_WARPS);
+            set.r0[1] = w->rows;
+            set.n = 1;
+            mv16_launch(c, &set, w->type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);
+            return;
+        }
     }
     const size_t row_f = (size_t)CU_PAD(w->cols);
     ch = (int)(MM_SMEM_MAX / (row_f * sizeof(float)));
@@ -408,7 +565,7 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
     const int64_t per_cta = (int64_t)MM_WARPS * rpw;
     dim3 grid((unsigned)((w->rows + per_cta - 1) / per_cta), (unsigned)((n + ch - 1) / ch));
     k_mul_mat<<<grid, MM_WARPS * 32, (size_t)ch * row_f * sizeof(float), c->stream>>>(
-        d, w->type, w->rows, w->cols, w->row_bytes, w->qscale, w->qbeta, w->rotated, w->rot_seed, x, n, ch, rpw, y,
+        d, type, w->rows, w->cols, w->row_bytes, w->qscale, w->qbeta, w->rotated, w->rot_seed, x, n, ch, rpw, y,
         acc);
     CU_LAUNCHED(c, "k_mul_mat");
 }
@@ -421,8 +578,8 @@ extern "C" void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const flo
     mul_mat_impl(be, w, x, n, y, 1);
 }
 
-/* Pre-norm + projections: one k_mv16<., 1> launch over all matrices when they are 16-bit of one type and width;
- * otherwise the composition (rms_norm, then mul_mat each). */
+/* Pre-norm + projections: one k_mv16(p) launch over all matrices when they are of one type (BF16, F16, or Q8_0 in
+ * the q8t layout) and width; otherwise the composition (rms_norm, then mul_mat each). */
 extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n,
                                 int64_t dim, float *h, int32_t nw, const moet_weight *const *w, float *const *y) {
     cu_backend *c = cu_of(be);
@@ -431,14 +588,16 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
     /* More tokens than one CTA stages (prefill): every CTA column would redo the norm of its chunk, so the norm runs
      * once (rms_norm) and the matrices take the plain kernel (or gemm.cu). */
     int fused = nw >= 1 && nw <= MV16_MATS && !(dim % 32) && mv16_chunk(dim, n) >= 1 && n <= mv16_chunk(dim, n);
+    const int q8 = fused && w[0]->type == MOET_TYPE_Q8_0;
     /* Tokens enough for tensor cores (gemm.cu): rms_norm once, then each product there. */
     for (int32_t i = 0; fused && i < nw; i++)
-        if (cu_gemm_wants(w[i]->type, n)) fused = 0;
+        fused = !cu_gemm_wants(w[i]->type, n) && w[i]->type == w[0]->type && w[i]->cols == dim && w[i]->rows > 0 &&
+                (!q8 || (q8t_ok(w[i]) && !w[i]->rotated && !((uintptr_t)x & 15)));
     cu_mv16_set set = {};
     for (int32_t i = 0; fused && i < nw; i++) {
-        const uint8_t *d = cu_weight_mat(c, w[i]);
+        const uint8_t *d = q8 ? cu_weight_q8t(c, w[i]) : cu_weight_mat(c, w[i]);
         if (!d) return;
-        fused = mv16_ok(w[i], d, x) && w[i]->type == w[0]->type && w[i]->cols == dim && w[i]->rows > 0;
+        fused = q8 || mv16_ok(w[i], d, x);
         set.w[i] = d;
         set.y[i] = y[i];
         set.rows[i] = w[i]->rows;
@@ -454,7 +613,7 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
     set.n = nw;
     const float *nwd = (const float *)cu_weight(c, norm_w, (size_t)dim * sizeof(float));
     if (!nwd) return;
-    mv16_launch(c, &set, w[0]->type, dim, x, n, mv16_chunk(dim, n), nwd, eps, h, 0);
+    mv16_launch(c, &set, q8 ? CU_TYPE_Q8T : w[0]->type, dim, x, n, mv16_chunk(dim, n), nwd, eps, h, 0);
 }
 
 __global__ void k_get_rows(const uint8_t *__restrict__ w, int32_t type, int64_t cols, size_t row_bytes, float qscale,

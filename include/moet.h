@@ -53,6 +53,10 @@ typedef struct {
      * the CPU every expert lies in host memory: nothing moves); the CUDA backend holds n in device slots and copies
      * the rest from where the model keeps them (backend/cuda/expert_cache.cu). */
     int64_t expert_slots;
+    /* expert_slots = MOET_EXPERT_SLOTS_AUTO: every expert resident when the whole model fits the device with
+     * expert_reserve_gib to spare; else the cache, with as many slots as the device holds beside the dense weights
+     * and the reserve (an error if that is not one token's experts). On a host backend: every expert resident. */
+    double expert_reserve_gib; /* device memory auto leaves free (KV caches, activations); <= 0: 10%, >= 2 GiB */
     /* With expert_slots: 1: a device backend keeps the experts outside its slots in pinned host RAM (copied there
      * at their layer's first step, in the layout its kernels read: a fetch is one DMA); 0: it copies them from where
      * the model maps them (page cache or the pack file itself) on each fetch. */
@@ -61,6 +65,8 @@ typedef struct {
      * delta, its residuals). moet_model_info.expert_slots says how many that made. */
     double expert_slots_gib;
 } moet_model_options;
+
+#define MOET_EXPERT_SLOTS_AUTO (-1)
 
 moet_model_options moet_model_default_options(void);
 

@@ -31,6 +31,11 @@ got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids -
 [ "$got" = "$want" ] && grep -q "holds 8 slots" "$tmp/run.err" && grep -q "0 steps run again" "$tmp/run.err" \
   && ok "run --expert-slots 0.0008G --expert-home pinned: 8 slots, no replays, same ids" \
   || bad "run --expert-slots 0.0008G: '$got' ($(grep 'expert cache' "$tmp/run.err" | tr '\n' ' '))"
+# auto: the model fits (on the CPU every expert is resident): the same ids; a bad reserve is refused
+got=$("$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 8 --temp 0 --print-ids --expert-slots auto --expert-reserve 1 2>"$tmp/run.err")
+[ "$got" = "$want" ] && ok "run --expert-slots auto: same ids" || bad "run --expert-slots auto: '$got' ($(tail -1 "$tmp/run.err"))"
+"$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 1 --expert-slots auto --expert-reserve -3 >/dev/null 2>"$tmp/run.err" \
+  && bad "--expert-reserve -3 accepted" || ok "--expert-reserve -3: $(tail -1 "$tmp/run.err")"
 # 16 slots cannot hold one token's 8 x 4 experts: an error that says so
 "$MOET" run -m "$MODEL" --prompt-ids "$prompt" -n 1 --expert-slots 16 >/dev/null 2>"$tmp/run.err" \
   && bad "16 slots for one token's 32 experts accepted" \

@@ -25,6 +25,8 @@ TAIL=6 run ecache_cuda $bin/test_ecache models/moe-mini-a cuda
 # (moe-mini-a's W2 pack is not tiled either: no delta pack for it here)
 EXPERTS=w2 TAIL=6 run ecache_pack_cuda bash tests/test_ecache_pack.sh $bin/moet $bin/test_ecache models/moe-mini-a cuda
 EXPERTS=w2 TAIL=6 run ecache_pack_pinned bash tests/test_ecache_pack.sh $bin/moet $bin/test_ecache models/moe-mini-a cuda pinned
+# Q8_0 dense projections (a pack's --dense q8_0): CUDA's q8t GEMV against the CPU, perplexity and KLD
+TAIL=3 run q8dense_cuda bash tests/test_q8dense.sh $bin/moet models/moe-mini-a tests/fixtures/ppl_window.txt cuda
 # the server on the GPU: the real-client tests when the image has Node.js (carry tests/server/node_modules), else curl
 if command -v node >/dev/null 2>&1 && [ -d tests/server/node_modules ]; then
   TAIL=60 run server_clients node tests/server/test_server.mjs $bin/moet models/moe-mini-a tests/fixtures/ppl_window.txt
@@ -69,6 +71,12 @@ if [ "${BENCH:-1}" = 1 ]; then
     TAIL=4 run bench_30b_cache_$1_$2 $bin/moet bench --synthetic qwen3-30b-a3b --device cuda -t 16 -p 0 -n 64 --reps 1 \
       --expert-slots $1 --expert-home $2 --json "$out/bench-qwen3-30b-a3b-slots$1-$2.json"
   done
+  # --expert-slots auto: the reserve set so that ~7.5 GiB of the free memory is left for the model (30b: ~3.1 GiB
+  # of dense weights, 8.2 GiB of experts): auto must pick a cache of roughly half the experts, and run
+  free_mib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
+  reserve=$(awk -v f="$free_mib" 'BEGIN { printf "%.1f", f / 1024 - 7.5 }')
+  TAIL=6 run bench_30b_cache_auto $bin/moet bench --synthetic qwen3-30b-a3b --device cuda -t 16 -p 0 -n 64 --reps 1 \
+    --expert-slots auto --expert-reserve "$reserve" --expert-home pinned --json "$out/bench-qwen3-30b-a3b-slots-auto-pinned.json"
   # the FP4 delta on every step (W2 base + NVFP4 residuals through the tensor-core decode kernels)
   TAIL=4 run bench_30b_delta $bin/moet bench --synthetic qwen3-30b-a3b --experts w2+nvfp4 --device cuda -p 512 -n 128 \
     --reps 3 -b 4 --json "$out/bench-qwen3-30b-a3b-delta.json"

@@ -195,6 +195,9 @@ typedef struct {
     int (*expert_cache)(moet_backend *be, int64_t n_slots, int32_t home);
     int64_t (*expert_cache_resolve)(moet_backend *be);
     void (*expert_cache_stats)(moet_backend *be, int64_t out[5]);
+    /* Device memory free and in all (bytes), for sizing the expert cache (--expert-slots auto); NULL for a host
+     * backend, whose experts already lie in the memory it computes from. 0 on success. */
+    int (*mem_info)(moet_backend *be, uint64_t *free_bytes, uint64_t *total_bytes);
 } moet_backend_ops;
 
 struct moet_backend {

@@ -23,8 +23,9 @@ typedef struct {
     int verbose;         /* -v */
     const char *device;  /* --device cpu|cuda[:N] (default: the GPU when there is one) */
     const char *delta_file; /* --delta-file F (default: X.delta.gguf beside a pack X.gguf; "" for none) */
-    long expert_slots;   /* --expert-slots N (0: every expert resident) */
+    long expert_slots;   /* --expert-slots N (0: every expert resident; MOET_EXPERT_SLOTS_AUTO: auto) */
     double expert_slots_gib; /* --expert-slots XG: as many as X GiB hold */
+    double expert_reserve_gib; /* --expert-reserve G (with --expert-slots auto) */
     int expert_pinned;   /* --expert-home pinned (1) | mapped (0) */
 } cli_common;
 

@@ -134,6 +134,7 @@ int cmd_bench(int argc, char **argv) {
             mo.device = cc.device;
             mo.expert_slots = cc.expert_slots; /* experts in host memory, the device caching that many */
             mo.expert_slots_gib = cc.expert_slots_gib;
+            mo.expert_reserve_gib = cc.expert_reserve_gib;
             mo.expert_pinned = cc.expert_pinned;
             double tb = moet_time_s();
             if (moet_model_synthetic(synthetic, moet_qformat_type((moet_qformat)qf), qf == MOET_QF_W2_NVFP4,

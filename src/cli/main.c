@@ -28,8 +28,10 @@ void cli_usage(FILE *f) {
             "                               [--max-seqs N] [--ctx N] [--queue N] [--timeout S]\n\n"
             "common options: -m DIR|PACK (Hugging Face checkpoint dir or moet pack; default: the embedded %s),\n"
             "                -t N (threads), --device cpu|cuda[:N] (default: cuda when a GPU is there), -v,\n"
-            "                --expert-slots N|XG (routed experts resident at once, or as many as X GiB hold; the rest\n"
-            "                  fetched on a miss; 0: all)\n"
+            "                --expert-slots N|XG|auto (routed experts resident at once, or as many as X GiB hold; the\n"
+            "                  rest fetched on a miss; 0: all; auto: all when the model fits the device, else what fits)\n"
+            "                --expert-reserve G (auto: device GiB left free for KV caches and activations; default\n"
+            "                  10%% of the device, at least 2)\n"
             "                --expert-home pinned|mapped (with slots: the others in pinned host RAM, or where the\n"
             "                  model maps them: page cache or the pack file; default mapped)\n"
             "supported architectures: %s\n",
@@ -89,6 +91,11 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
     if (!strcmp(a, "--expert-slots")) {
         const char *v = cli_value(argc, argv, i);
         const size_t vl = v ? strlen(v) : 0;
+        if (v && !strcmp(v, "auto")) {
+            c->expert_slots = MOET_EXPERT_SLOTS_AUTO;
+            c->expert_slots_gib = 0;
+            return 1;
+        }
         if (vl > 1 && (v[vl - 1] == 'G' || v[vl - 1] == 'g')) { /* a budget: XG */
             char num[32];
             snprintf(num, sizeof num, "%.*s", (int)(vl - 1 < 31 ? vl - 1 : 31), v);
@@ -100,10 +107,21 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
             return 1;
         }
         if (!v || cli_parse_int(v, 0, 1L << 40, &c->expert_slots)) {
-            fprintf(stderr, "moet: --expert-slots needs a count >= 0, or a budget like 40G\n");
+            fprintf(stderr, "moet: --expert-slots needs a count >= 0, a budget like 40G, or auto\n");
             return -1;
         }
         c->expert_slots_gib = 0;
+        return 1;
+    }
+    if (!strcmp(a, "--expert-reserve")) {
+        const char *v = cli_value(argc, argv, i);
+        char num[32];
+        const size_t vl = v ? strlen(v) : 0;
+        snprintf(num, sizeof num, "%.*s", (int)(vl && (v[vl - 1] == 'G' || v[vl - 1] == 'g') ? vl - 1 : vl), v ? v : "");
+        if (!v || cli_parse_float(num, &c->expert_reserve_gib) || !(c->expert_reserve_gib > 0) || c->expert_reserve_gib > 1e6) {
+            fprintf(stderr, "moet: --expert-reserve needs a size in GiB > 0\n");
+            return -1;
+        }
         return 1;
     }
     if (!strcmp(a, "--expert-home")) {
@@ -131,6 +149,7 @@ moet_model *cli_load_model(const cli_common *c) {
     o.delta_path = c->delta_file;
     o.expert_slots = c->expert_slots;
     o.expert_slots_gib = c->expert_slots_gib;
+    o.expert_reserve_gib = c->expert_reserve_gib;
     o.expert_pinned = c->expert_pinned;
     moet_model *m = NULL;
     char err[1024];

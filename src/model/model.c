@@ -193,9 +193,63 @@ static uint64_t expert_slot_bytes(const moet_model *m) {
     return 0;
 }
 
+int moet_expert_slots_auto(moet_backend *be, uint64_t dense_bytes, uint64_t slot_bytes, int64_t n_experts,
+                           int64_t min_slots, double reserve_gib, int64_t *slots, char *err, size_t errlen) {
+    *slots = 0;
+    if (!be->ops->mem_info || !slot_bytes || n_experts <= 0) return MOET_OK;
+    uint64_t fr = 0, tot = 0;
+    if (be->ops->mem_info(be, &fr, &tot))
+        return moet_err(err, errlen, MOET_EDEVICE, "--expert-slots auto: cannot read the device's free memory");
+    const double gib = (double)(1ull << 30);
+    uint64_t reserve = tot / 10 > (2ull << 30) ? tot / 10 : (2ull << 30);
+    if (reserve_gib > 0) reserve = (uint64_t)(reserve_gib * gib);
+    const uint64_t experts = slot_bytes * (uint64_t)n_experts;
+    if (dense_bytes + experts + reserve <= fr) {
+        MOET_LOGI("expert cache: auto: the model (%.2f GiB) fits %.2f GiB free with %.2f GiB to spare: every expert "
+                  "resident", (dense_bytes + experts) / gib, fr / gib, reserve / gib);
+        return MOET_OK;
+    }
+    const int64_t n = dense_bytes + reserve < fr ? (int64_t)((fr - dense_bytes - reserve) / slot_bytes) : 0;
+    if (n < min_slots || n < 1)
+        return moet_err(err, errlen, MOET_ENOMEM, "--expert-slots auto: %.2f GiB free holds the dense weights (%.2f GiB) "
+                        "and the reserve (%.2f GiB) but %lld experts of %.2f MiB, fewer than one token's %lld",
+                        fr / gib, dense_bytes / gib, reserve / gib, (long long)n, slot_bytes / (double)(1 << 20),
+                        (long long)min_slots);
+    MOET_LOGI("expert cache: auto: %lld of %lld experts in device slots (%.2f GiB free: dense weights %.2f GiB, "
+              "reserve %.2f GiB)", (long long)n, (long long)n_experts, fr / gib, dense_bytes / gib, reserve / gib);
+    *slots = n;
+    return MOET_OK;
+}
+
+/* The routed experts' matrices' bytes as bound (not padded; their residuals, from a delta pack, are not in
+ * m->weight_bytes and not counted here) and their count over all MoE layers. */
+static void expert_totals(const moet_model *m, uint64_t *bytes, int64_t *count) {
+    *bytes = 0;
+    *count = 0;
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        const moet_layer *L = &m->layers[l];
+        if (!L->is_moe || !L->exp_gate) continue;
+        for (int32_t e = 0; e < m->hp.n_experts; e++) {
+            const moet_weight *ws[3] = {&L->exp_gate[e], &L->exp_up[e], &L->exp_down[e]};
+            for (int k = 0; k < 3; k++) *bytes += (uint64_t)ws[k]->rows * ws[k]->row_bytes;
+        }
+        *count += m->hp.n_experts;
+    }
+}
+
 int moet_model_cache_setup(moet_model *m, const moet_model_options *o, char *err, size_t errlen) {
     int64_t n = o->expert_slots;
-    if (o->expert_slots_gib > 0) { /* a budget: as many slots as it holds */
+    if (n == MOET_EXPERT_SLOTS_AUTO) {
+        uint64_t xb;
+        int64_t xn;
+        expert_totals(m, &xb, &xn);
+        const uint64_t wb = m->weight_bytes > 0 ? (uint64_t)m->weight_bytes : 0;
+        const int rc = moet_expert_slots_auto(m->be, wb > xb ? wb - xb : 0, expert_slot_bytes(m), xn,
+                                              m->hp.n_experts_used, o->expert_reserve_gib, &n, err, errlen);
+        if (rc) return rc;
+    } else if (n < 0) {
+        return moet_err(err, errlen, MOET_EINVAL, "expert slots %lld: a count >= 0, or MOET_EXPERT_SLOTS_AUTO", (long long)n);
+    } else if (o->expert_slots_gib > 0) { /* a budget: as many slots as it holds */
         const uint64_t per = expert_slot_bytes(m);
         if (!per) return moet_err(err, errlen, MOET_EINVAL, "--expert-slots %gG: the model has no routed experts", o->expert_slots_gib);
         n = (int64_t)(o->expert_slots_gib * (double)(1ull << 30) / (double)per);

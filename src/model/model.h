@@ -51,6 +51,14 @@ int moet_model_backend_open(struct moet_model *m, const moet_model_options *o, c
  * be bound: a slot's size is one expert's); nothing when neither is set. */
 int moet_model_cache_setup(struct moet_model *m, const moet_model_options *o, char *err, size_t errlen);
 
+/* --expert-slots auto (MOET_EXPERT_SLOTS_AUTO) on backend be, before any weight is on the device: *slots = 0 (every
+ * expert resident) when dense_bytes + n_experts experts of slot_bytes fit the device's free memory with the reserve
+ * (reserve_gib, <= 0: 10% of the device, at least 2 GiB) to spare, else as many slots as the memory beside the dense
+ * weights and the reserve holds; an error when that is fewer than min_slots (one token's experts at a layer). A host
+ * backend (no mem_info): 0. */
+int moet_expert_slots_auto(moet_backend *be, uint64_t dense_bytes, uint64_t slot_bytes, int64_t n_experts,
+                           int64_t min_slots, double reserve_gib, int64_t *slots, char *err, size_t errlen);
+
 /* Binds a 2-D tensor of exactly [rows, cols] (F32/F16/BF16). */
 int moet_bind_matrix(struct moet_model *m, const char *name, int64_t rows, int64_t cols, moet_weight *w, char *err,
                      size_t errlen);

@@ -99,6 +99,26 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
     /* experts beyond the device: built in host memory (filled by a CPU backend), the device caching some (the cache
      * is set up once they exist: a budget in GiB needs their size) */
     moet_backend *hb = NULL;
+    if (o.expert_slots == MOET_EXPERT_SLOTS_AUTO) { /* sized from the shape, before anything is built */
+        const int64_t H = sd->hidden, F = sd->expert_ffn, Dq = (int64_t)sd->heads * sd->head_dim,
+                      Dkv = (int64_t)sd->kv_heads * sd->head_dim;
+        const uint64_t pr = moet_type_row_bytes(proj_type, H);
+        const uint64_t dense_b = (uint64_t)sd->vocab * (uint64_t)H * 2 + (uint64_t)sd->vocab * pr +
+                                 (uint64_t)sd->layers * ((uint64_t)(Dq + 2 * Dkv) * pr + (uint64_t)H * moet_type_row_bytes(proj_type, Dq) +
+                                                         (uint64_t)sd->experts * (uint64_t)H * 2);
+#define PAD256(b) (((uint64_t)(b) + 255) / 256 * 256)
+        uint64_t slot = 2 * PAD256(moet_type_row_bytes(expert_type, H) * (uint64_t)F) + PAD256(moet_type_row_bytes(expert_type, F) * (uint64_t)H);
+        if (delta)
+            slot += 2 * PAD256(moet_type_row_bytes(MOET_TYPE_NVFP4, H) * (uint64_t)F) + PAD256(moet_type_row_bytes(MOET_TYPE_NVFP4, F) * (uint64_t)H);
+#undef PAD256
+        if ((rc = moet_expert_slots_auto(m->be, dense_b, slot, (int64_t)sd->layers * sd->experts, sd->used,
+                                         o.expert_reserve_gib, &o.expert_slots, err, errlen))) {
+            m->be->ops->destroy(m->be);
+            free(m);
+            return rc;
+        }
+        o.expert_slots_gib = 0;
+    }
     const int cached = o.expert_slots > 0 || o.expert_slots_gib > 0;
     if (cached && strcmp(m->be->ops->name, "cpu") && !(hb = moet_backend_cpu_create(o.n_threads))) {
         m->be->ops->destroy(m->be);

@@ -358,6 +358,15 @@ static void mirror_drop(cu_backend *c, const void *host) {
 
 /* ---- memory -------------------------------------------------------------------------------------------------- */
 
+static int cu_mem_info(moet_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+    cu_backend *c = cu_of(be);
+    size_t f = 0, t = 0;
+    if (CU_CHECK(c, cudaSetDevice(c->device)) || CU_CHECK(c, cudaMemGetInfo(&f, &t))) return -1;
+    *free_bytes = f;
+    *total_bytes = t;
+    return 0;
+}
+
 static void *cu_alloc(moet_backend *be, size_t bytes) {
     cu_backend *c = cu_of(be);
     void *p = NULL;
@@ -515,6 +524,7 @@ static const moet_backend_ops k_cuda_ops = {
     /* .expert_cache = */ cu_expert_cache,
     /* .expert_cache_resolve = */ cu_expert_cache_resolve,
     /* .expert_cache_stats = */ cu_expert_cache_stats,
+    /* .mem_info = */ cu_mem_info,
 };
 
 extern "C" int moet_backend_cuda_device_count(void) {

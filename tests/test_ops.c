@@ -1041,6 +1041,13 @@ int main(int argc, char **argv) {
                 pull(o, od, (size_t)(T * H));
                 snprintf(mv, sizeof mv, "w2+nvfp4 delta passes %dx%d T=%d", H, F, T);
                 report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+                /* and on moe_tc.cu's 8-slot grouped kernels instead of moe_grp.cu's tiles (MOET_DELTA_GB=0) */
+                setenv("MOET_DELTA_GB", "0", 1);
+                op->moe(be, &md);
+                unsetenv("MOET_DELTA_GB");
+                pull(o, od, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "w2+nvfp4 delta 8-slot %dx%d T=%d", H, F, T);
+                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
             }
         }
         if (with_delta) {
@@ -1369,6 +1376,13 @@ int perf_main(moet_backend *be) {
             const double dbytes = bytes + (double)distinct * 3.0 * (double)nvb;
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2+nvfp4 delta", T, bd * 1e6, dbytes / 1e6,
                    dbytes / bd / 1e9, flops * 2 / bd / 1e12);
+            if (T >= 4) { /* the 8-slot grouped kernels instead of moe_grp.cu's tiles (A/B), its own graph */
+                setenv("MOET_DELTA_GB", "0", 1);
+                const double b8 = perf_graph_best(be, 6000 + (uint64_t)T, perf_moe_step, &pd, reps, y);
+                unsetenv("MOET_DELTA_GB");
+                printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe delta 8-slot (GB=0)", T, b8 * 1e6, dbytes / 1e6,
+                       dbytes / b8 / 1e9, flops * 2 / b8 / 1e12);
+            }
         }
         if (T == 1) { /* the opt-in single-token block (moe_fused.cu), its own graph */
             setenv("MOET_MOE_FUSED", "1", 1);

@@ -523,14 +523,21 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
                                                                   tab->gu_seed, a->topk_ids, a->topk_w, count, n_active,
                                                                   active, list, xr);
         if (CU_LAUNCHED(c, "k_moe_prep")) return;
-        const int gb = !dtab && cu_moe_gb_ok(tab, H, F), tile = gb ? cu_moe_gb_tile(T, E, K) : GR_TB;
+        /* moe_grp.cu's tiles take the delta too (its residuals in a second pass) where the buffers it borrows are
+         * 16-byte aligned; MOET_DELTA_GB=0 keeps the delta on moe_tc.cu's 8-slot kernels (A/B) */
+        const char *dge = dtab ? getenv("MOET_DELTA_GB") : NULL;
+        const int gb = cu_moe_gb_ok(tab, H, F) &&
+                       (!dtab || (!(dge && dge[0] == '0') && !((uintptr_t)ydn & 15) && !((uintptr_t)a->x & 15) &&
+                                  dtab->tiled && dtab->aligned16)),
+                  tile = gb ? cu_moe_gb_tile(T, E, K) : GR_TB;
         k_moe_items<<<1, 1024, 0, c->stream>>>(count, n_active, active, tile, n_items, items);
         if (CU_LAUNCHED(c, "k_moe_items")) return;
         const unsigned ny = (unsigned)grp_items_cap(T, E, K, tile);
         if (gb) {
             const uintptr_t ip = (uintptr_t)(items + 2 * grp_items_cap(T, E, K));
             void *stage = (void *)((ip + 15) & ~(uintptr_t)15);
-            cu_moe_gb(c, tab, xr, T, H, F, K, a->topk_ids, count, n_items, items, list, ny, tile, stage, act, ydn);
+            cu_moe_gb(c, tab, dtab, xr, a->x, T, H, F, K, a->topk_ids, count, n_items, items, list, ny, tile, stage,
+                      logits, act, ydn);
         } else if (tab->tiled) {
             cu_moe_tc_gate_up_grp(c, tab, dtab, xr, a->x, T, H, F, K, count, n_items, items, list, ny, act);
             cu_moe_tc_down_grp(c, tab, dtab, act, T, H, F, count, n_items, items, list, ny, ydn);

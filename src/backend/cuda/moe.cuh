@@ -72,10 +72,11 @@ void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const cu_expe
 extern "C" int cu_moe_gb_ok(const cu_expert_table *tab, int64_t H, int64_t F);
 extern "C" int cu_moe_gb_tile(int64_t T, int32_t E, int32_t K);
 extern "C" size_t cu_moe_gb_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K);
-extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const float *xr, int64_t T, int64_t H, int64_t F,
-                          int32_t K, const int32_t *topk_ids, const int32_t *count, const int32_t *n_items,
-                          const int32_t *items, const int32_t *list, unsigned n_chunks, int tile, void *stage,
-                          float *act, float *ydn);
+/* dtab: the delta's residuals (NULL: none), then x: the unrotated rows and spare: T*K floats of scratch. */
+extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *xr,
+                          const float *x, int64_t T, int64_t H, int64_t F, int32_t K, const int32_t *topk_ids,
+                          const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list,
+                          unsigned n_chunks, int tile, void *stage, float *spare, float *act, float *ydn);
 
 /* moe_fused.cu: one token's whole block in one persistent launch (sm_90+, hidden a multiple of 256, ffn of 64);
  * 1 when it launched (or recorded an error), 0 when the call is not for it (the caller runs cu_moe_tc_decode). */

@@ -51,12 +51,13 @@ template <int N> __device__ __forceinline__ void gb_wait(void) { asm volatile("c
 /* ---- staging ------------------------------------------------------------------------------------------------- */
 
 /* Row blockIdx.x of n values: from src (padded rows of CU_PAD(n), already rotated: gate/up's x) when table is NULL,
- * else from src row r (n apart) rotated by matrix `mi` of expert ids[r] (down's activations). dst: [rows][2][n]
- * halves (hi, lo) in gb_perm order, q[r] = 2^e. Dynamic shared memory: n floats. */
+ * else from src row r / div (n apart) rotated by matrix `mi` of expert ids[r] (down's activations: div 1; the delta
+ * residuals' view of x: div K). dst: [rows][2][n] halves (hi, lo) in gb_perm order, q[r] = 2^e. Dynamic shared
+ * memory: n floats. */
 template <int M>
 __global__ void __launch_bounds__(GB_STAGE_T)
-k_gb_stage(const float *src, int64_t n, const cu_mat *__restrict__ table, int mi, const int32_t *ids, __half *dst,
-           float *q) {
+k_gb_stage(const float *src, int64_t n, const cu_mat *__restrict__ table, int mi, const int32_t *ids, int div,
+           __half *dst, float *q) {
     extern __shared__ float vs[];
     __shared__ float wmax[GB_STAGE_T / 32];
     const int64_t r = blockIdx.x;
@@ -67,7 +68,7 @@ k_gb_stage(const float *src, int64_t n, const cu_mat *__restrict__ table, int mi
         const cu_mat m = table[(int64_t)ids[r] * 3 + mi];
         for (int c = warp; c < (int)(n / b); c += nw) {
             float v[8];
-            cu_rot_chunk_t<M>(v, src + r * n, m.rotated, m.rot_seed, c, m.signs);
+            cu_rot_chunk_t<M>(v, src + (r / div) * n, m.rotated, m.rot_seed, c, m.signs);
 #pragma unroll
             for (int i = 0; i < M; i++) { vs[c * b + lane * M + i] = v[i]; mx = fmaxf(mx, fabsf(v[i])); }
         }
@@ -123,12 +124,13 @@ __device__ __forceinline__ uint32_t gb_level2(uint32_t w, int x, uint32_t one2, 
 
 /* GU = 1: gate and up (rows F of hidden H), act[slot][F] = SwiGLU; GU = 0: down (rows H of F), ydn[slot][H]. xs /
  * qx: the staged input rows (tokens for gate/up, slots for down). LV = 1: the level operand (gb_level2): one mma a
- * half-block and n-tile instead of two, one FMA an accumulator instead of two. */
-template <int NT, int GU, int LV>
+ * half-block and n-tile instead of two, one FMA an accumulator instead of two. PRE (GU = 1, with the delta): the
+ * products before SwiGLU, gate into out and up into out2, for k_gb_nv to add the residuals' and apply it. */
+template <int NT, int GU, int LV, int PRE = 0>
 __global__ void __launch_bounds__(GB_W * 32, 2)
 k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, int32_t K,
              const cu_mat *__restrict__ table, int32_t type, const int32_t *count, const int32_t *n_items,
-             const int32_t *items, const int32_t *list, float *out) {
+             const int32_t *items, const int32_t *list, float *out, float *out2) {
     constexpr int NM = GU ? 2 : 1, TB = 4 * NT;
     typedef gb_piece<NT, NM> P;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -321,11 +323,161 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
         if (GU) {
             const float g0 = (acc[0][j][0] + acc[0][j][1]) * qv, g1 = (acc[0][j][2] + acc[0][j][3]) * qv;
             const float u0 = (acc[NM - 1][j][0] + acc[NM - 1][j][1]) * qv, u1 = (acc[NM - 1][j][2] + acc[NM - 1][j][3]) * qv;
-            out[o] = g0 / (1.0f + expf(-g0)) * u0;
-            out[o + 8] = g1 / (1.0f + expf(-g1)) * u1;
+            if (PRE) {
+                out[o] = g0; out[o + 8] = g1;
+                out2[o] = u0; out2[o + 8] = u1;
+            } else {
+                out[o] = g0 / (1.0f + expf(-g0)) * u0;
+                out[o + 8] = g1 / (1.0f + expf(-g1)) * u1;
+            }
         } else {
             out[o] = (acc[0][j][0] + acc[0][j][1]) * qv;
             out[o + 8] = (acc[0][j][2] + acc[0][j][3]) * qv;
+        }
+    }
+}
+
+/* ---- the FP4 delta: the NVFP4 residuals as a second pass over the same work list --------------------------------
+ * With the delta on, an expert is its W2 base plus an NVFP4 residual (docs/design.md decision 13). The base pass
+ * (k_gb_experts, PRE for gate/up) writes its products; this pass adds the residuals' over the same (tiles, chunk of
+ * slots) items and finishes: SwiGLU(gate, up) into act, or the down product added into ydn. Its input rows are the
+ * slots' rows as the residuals see them (unrotated, as the quantizer stores NVFP4 residuals, or by their own
+ * rotation), staged like the base's (k_gb_stage, hi/lo f16 in gb_perm order). The residual is in the tiled NVFP4
+ * layout (quant/blocks.h): a lane's code pair of a 16 x 32 block holds its A fragments of the block's two k-steps
+ * (tc_fp4x2: a byte permute and two sign bits a register), each k-step one NVFP4 block whose E4M3 scale multiplies
+ * that step's product, rows g and g + 8 their own. A piece of GB_KP columns: per warp and matrix 1 KB of code pairs
+ * and 128 scale bytes. Each output element is one lane's, in a fixed order after the base pass: no atomics, so runs
+ * stay bit-identical. Bytes: the residuals (2 x 9/32 per weight of the base's: 4.5 bits) once a tile of slots. */
+template <int NT, int NM>
+struct gb_nv_piece {
+    static constexpr int cols = 8 * NT;
+    static constexpr size_t xbytes = (size_t)cols * GB_LD * 2;
+    static constexpr size_t wbytes = (size_t)GB_W * NM * (1024 + 128);
+    static constexpr size_t bytes = xbytes + wbytes;
+};
+
+template <int NT, int GU>
+__global__ void __launch_bounds__(GB_W * 32, 1)
+k_gb_nv(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, const cu_mat *__restrict__ dtable,
+        const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list, float *out,
+        const float *pre_up) {
+    constexpr int NM = GU ? 2 : 1, TB = 4 * NT;
+    typedef gb_nv_piece<NT, NM> P;
+    extern __shared__ __align__(16) unsigned char smem[];
+    if ((int)blockIdx.y >= *n_items) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float *nvl = (float *)smem;
+    int32_t *rowof = (int32_t *)(nvl + 256);          /* [TB]: the staged row (= the slot) of each, -1 past the chunk */
+    unsigned char *pieces = (unsigned char *)(rowof + TB);
+    const int32_t e = items[2 * blockIdx.y], c0 = items[2 * blockIdx.y + 1];
+    const int nt = count[e] - c0 < TB ? count[e] - c0 : TB;
+    tc_e4m3_fill(nvl);
+    for (int i = threadIdx.x; i < TB; i += blockDim.x) rowof[i] = i < nt ? list[(int64_t)e * T + c0 + i] : -1;
+    __syncthreads();
+    const int64_t ti = (int64_t)blockIdx.x * GB_W + warp, NB = C / 32;
+    const int live = ti < R / 16, np = (int)(C / GB_KP);
+    cu_mat mt[NM];
+#pragma unroll
+    for (int k = 0; k < NM; k++) mt[k] = dtable[(int64_t)e * 3 + (GU ? k : 2)];
+    auto issue = [&](int p) {
+        unsigned char *st = pieces + (size_t)(p % GB_ST) * P::bytes;
+        __half *xsm = (__half *)st;
+        for (int i = threadIdx.x; i < P::cols * (GB_KP / 8); i += blockDim.x) {
+            const int col = i / (GB_KP / 8), ch = i % (GB_KP / 8), slot = col >> 1;
+            const int32_t row = rowof[slot];
+            const __half *sp = xs + (row < 0 ? 0 : (size_t)row * 2 * C + (size_t)(col & 1) * C) + (size_t)p * GB_KP + ch * 8;
+            gb_cp16(xsm + (size_t)col * GB_LD + ch * 8, sp, row >= 0);
+        }
+        if (live) {
+            unsigned char *wsm = st + P::xbytes + (size_t)warp * NM * (1024 + 128);
+#pragma unroll
+            for (int k = 0; k < NM; k++) {
+                const int64_t tb = ti * NB + (int64_t)p * (GB_KP / 32);
+                const unsigned char *cw = mt[k].w + tb * 256, *sw = mt[k].w + (size_t)R * NB * 16 + tb * 32;
+                gb_cp16(wsm + k * 1152 + 16 * lane, cw + 16 * lane, 1);
+                gb_cp16(wsm + k * 1152 + 512 + 16 * lane, cw + 512 + 16 * lane, 1);
+                if (lane < 8) gb_cp16(wsm + k * 1152 + 1024 + 16 * lane, sw + 16 * lane, 1);
+            }
+        }
+    };
+    float acc[NM][NT][4];
+#pragma unroll
+    for (int k = 0; k < NM; k++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[k][j][i] = 0.f;
+    const int ntl = (nt + 3) >> 2;
+#pragma unroll
+    for (int p = 0; p < GB_ST - 1; p++) {
+        if (p < np) issue(p);
+        gb_commit();
+    }
+    for (int p = 0; p < np; p++) {
+        gb_wait<GB_ST - 2>();
+        __syncthreads();
+        if (p + GB_ST - 1 < np) issue(p + GB_ST - 1);
+        gb_commit();
+        if (!live) continue;
+        const unsigned char *st = pieces + (size_t)(p % GB_ST) * P::bytes;
+        const __half *xsm = (const __half *)st;
+        const unsigned char *wsm = st + P::xbytes + (size_t)warp * NM * (1024 + 128);
+#pragma unroll
+        for (int bi = 0; bi < GB_KP / 32; bi++) {
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                uint32_t a[NM][4];
+                float f0[NM], f1[NM];
+#pragma unroll
+                for (int k = 0; k < NM; k++) {
+                    const uint32_t w = ((const uint32_t *)(wsm + k * 1152))[(bi * 32 + lane) * 2 + s];
+#pragma unroll
+                    for (int r = 0; r < 4; r++) a[k][r] = tc_fp4x2((w >> (8 * r)) & 0xffu);
+                    const unsigned char *sc = wsm + k * 1152 + 1024 + bi * 32 + s * 16;
+                    f0[k] = nvl[sc[g]];
+                    f1[k] = nvl[sc[g + 8]];
+                }
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    if (j >= ntl) break;
+                    const uint2 bv = *(const uint2 *)(xsm + (size_t)(8 * j + g) * GB_LD + bi * 32 + 8 * t + 4 * s);
+                    const uint32_t b[2] = {bv.x, bv.y};
+#pragma unroll
+                    for (int k = 0; k < NM; k++) {
+                        float cc[4] = {0.f, 0.f, 0.f, 0.f};
+                        tc_mma(cc, a[k], b);
+                        float *ac = acc[k][j];
+                        ac[0] = fmaf(f0[k], cc[0], ac[0]);
+                        ac[1] = fmaf(f0[k], cc[1], ac[1]);
+                        ac[2] = fmaf(f1[k], cc[2], ac[2]);
+                        ac[3] = fmaf(f1[k], cc[3], ac[3]);
+                    }
+                }
+            }
+        }
+    }
+    gb_wait<0>();
+    if (!live) return;
+    /* lane (g, t) of n-tile j holds rows g and g + 8 of slot 4 j + t, hi (column 2t) and lo (2t + 1) */
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const int slot = 4 * j + t;
+        if (slot >= nt) continue;
+        const int32_t s = rowof[slot];
+        const float qv = __ldcg(qx + s);
+        const int64_t o = (int64_t)s * R + ti * 16 + g;
+        if (GU) {
+            const float qg = qv * mt[0].qscale, qu = qv * mt[NM - 1].qscale;
+            const float g0 = __ldcg(out + o) + (acc[0][j][0] + acc[0][j][1]) * qg,
+                        g1 = __ldcg(out + o + 8) + (acc[0][j][2] + acc[0][j][3]) * qg;
+            const float u0 = __ldcg(pre_up + o) + (acc[NM - 1][j][0] + acc[NM - 1][j][1]) * qu,
+                        u1 = __ldcg(pre_up + o + 8) + (acc[NM - 1][j][2] + acc[NM - 1][j][3]) * qu;
+            out[o] = g0 / (1.0f + expf(-g0)) * u0;
+            out[o + 8] = g1 / (1.0f + expf(-g1)) * u1;
+        } else {
+            const float q0 = qv * mt[0].qscale;
+            out[o] = __ldcg(out + o) + (acc[0][j][0] + acc[0][j][1]) * q0;
+            out[o + 8] = __ldcg(out + o + 8) + (acc[0][j][2] + acc[0][j][3]) * q0;
         }
     }
 }
@@ -351,6 +503,9 @@ extern "C" size_t cu_moe_gb_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t
 template <int NT, int GU> static size_t gb_smem(void) {
     return 256 * sizeof(float) + 2 * 4 * NT * sizeof(int32_t) + (size_t)GB_ST * gb_piece<NT, GU ? 2 : 1>::bytes;
 }
+template <int NT, int GU> static size_t gb_nv_smem(void) {
+    return 256 * sizeof(float) + 4 * NT * sizeof(int32_t) + (size_t)GB_ST * gb_nv_piece<NT, GU ? 2 : 1>::bytes;
+}
 
 static int g_gb_attr_dev = -1;
 
@@ -358,30 +513,37 @@ template <int NT> static int gb_attrs_nt(cu_backend *c) {
     return CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1>())) ||
            CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 0>())) ||
            CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1>())) ||
-           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 0>()));
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 0>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_nv<NT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_nv_smem<NT, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_nv<NT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_nv_smem<NT, 0>()));
 }
 
 static int gb_stage(cu_backend *c, const float *src, int64_t rows, int64_t n, const cu_mat *table, int mi,
-                    const int32_t *ids, __half *dst, float *q) {
+                    const int32_t *ids, int div, __half *dst, float *q) {
     const size_t sm = (size_t)n * sizeof(float);
     const int b = cu_hadamard_block(n);
     if (sm > GB_STAGE_SMEM) return cu_fail(c, cudaErrorInvalidValue, "moe grouped: row exceeds shared memory", __FILE__, __LINE__);
     switch (b) {
-    case 32: k_gb_stage<1><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, dst, q); break;
-    case 64: k_gb_stage<2><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, dst, q); break;
-    case 128: k_gb_stage<4><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, dst, q); break;
-    default: k_gb_stage<8><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, dst, q); break;
+    case 32: k_gb_stage<1><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q); break;
+    case 64: k_gb_stage<2><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q); break;
+    case 128: k_gb_stage<4><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q); break;
+    default: k_gb_stage<8><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q); break;
     }
     return CU_LAUNCHED(c, "k_gb_stage");
 }
 
 /* The grouped gate/up + down of a tiled layer on the work list built for tiles of `tile` slots (cu_moe_gb_tile):
  * xr the rotated x rows (k_moe_prep), act [T*K][F] and ydn [T*K][H] as moe_tc.cu's grouped kernels; stage: scratch of
- * cu_moe_gb_stage_bytes, 16-byte aligned. */
-extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const float *xr, int64_t T, int64_t H, int64_t F,
-                          int32_t K, const int32_t *topk_ids, const int32_t *count, const int32_t *n_items,
-                          const int32_t *items, const int32_t *list, unsigned n_chunks, int tile, void *stage,
-                          float *act, float *ydn) {
+ * cu_moe_gb_stage_bytes, 16-byte aligned. With the delta (dtab, cu_moe_gb_dl_ok): x the unrotated rows [T][H] the
+ * residuals see, spare [T*K] floats (the router logits, consumed by then); no scratch of its own: the residuals' view
+ * of x is staged into ydn (T*K*2H halves: ydn's size) and the up products wait in the down staging buffer (T*K*F
+ * floats: its size), each free until the base's down pass, which runs after the gate/up residuals are in. */
+extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *xr,
+                          const float *x, int64_t T, int64_t H, int64_t F, int32_t K, const int32_t *topk_ids,
+                          const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list,
+                          unsigned n_chunks, int tile, void *stage, float *spare, float *act, float *ydn) {
     if (g_gb_attr_dev != c->device) {
         const int big = GB_STAGE_SMEM;
         if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c) ||
@@ -394,20 +556,38 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const float
     }
     __half *xg = (__half *)stage, *xd = xg + (size_t)T * 2 * H;
     float *qg = (float *)(xd + (size_t)T * K * 2 * F), *qd = qg + T;
-    if (gb_stage(c, xr, T, H, NULL, 0, NULL, xg, qg)) return;
+    if (gb_stage(c, xr, T, H, NULL, 0, NULL, 1, xg, qg)) return;
     const dim3 block(GB_W * 32), ggu((unsigned)((F / 16 + GB_W - 1) / GB_W), n_chunks),
             gdn((unsigned)((H / 16 + GB_W - 1) / GB_W), n_chunks);
+    const cu_mat *dt = dtab ? dtab->table : NULL;
+    __half *xgr = (__half *)ydn; /* delta: the residuals' view of x, then the base's down products */
+    float *aux = (float *)xd;    /* delta: the up products, then the base's down staging */
 #define GB_GO(NT, LV)                                                                                               \
     do {                                                                                                            \
-        k_gb_experts<NT, 1, LV><<<ggu, block, gb_smem<NT, 1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table,        \
-                                                                             tab->type, count, n_items, items,     \
-                                                                             list, act);                           \
-        if (CU_LAUNCHED(c, "k_gb_experts gate/up")) return;                                                         \
-        if (gb_stage(c, act, T * K, F, tab->table, 2, topk_ids, xd, qd)) return;                                    \
+        if (dt) {                                                                                                   \
+            k_gb_experts<NT, 1, LV, 1><<<ggu, block, gb_smem<NT, 1>(), c->stream>>>(                                \
+                xg, qg, T, F, H, K, tab->table, tab->type, count, n_items, items, list, act, aux);                  \
+            if (CU_LAUNCHED(c, "k_gb_experts gate/up (pre)")) return;                                               \
+            if (gb_stage(c, x, T * K, H, dt, 0, topk_ids, K, xgr, spare)) return;                                  \
+            k_gb_nv<NT, 1><<<ggu, block, gb_nv_smem<NT, 1>(), c->stream>>>(xgr, spare, T, F, H, dt, count, n_items, \
+                                                                           items, list, act, aux);                 \
+            if (CU_LAUNCHED(c, "k_gb_nv gate/up")) return;                                                          \
+        } else {                                                                                                    \
+            k_gb_experts<NT, 1, LV><<<ggu, block, gb_smem<NT, 1>(), c->stream>>>(                                   \
+                xg, qg, T, F, H, K, tab->table, tab->type, count, n_items, items, list, act, NULL);                 \
+            if (CU_LAUNCHED(c, "k_gb_experts gate/up")) return;                                                     \
+        }                                                                                                           \
+        if (gb_stage(c, act, T * K, F, tab->table, 2, topk_ids, 1, xd, qd)) return;                                 \
         k_gb_experts<NT, 0, LV><<<gdn, block, gb_smem<NT, 0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table,        \
                                                                              tab->type, count, n_items, items,     \
-                                                                             list, ydn);                           \
-        CU_LAUNCHED(c, "k_gb_experts down");                                                                        \
+                                                                             list, ydn, NULL);                     \
+        if (CU_LAUNCHED(c, "k_gb_experts down")) return;                                                            \
+        if (dt) {                                                                                                   \
+            if (gb_stage(c, act, T * K, F, dt, 2, topk_ids, 1, xd, qd)) return;                                     \
+            k_gb_nv<NT, 0><<<gdn, block, gb_nv_smem<NT, 0>(), c->stream>>>(xd, qd, T, H, F, dt, count, n_items,     \
+                                                                           items, list, ydn, NULL);                \
+            if (CU_LAUNCHED(c, "k_gb_nv down")) return;                                                             \
+        }                                                                                                           \
     } while (0)
     /* the level operand where every matrix's magnitudes are f16 values (MOET_MOE_LV=0: the sign planes, for A/B) */
     const char *lve = getenv("MOET_MOE_LV");

@@ -461,6 +461,19 @@ fail:
     return NULL;
 }
 
+/* The set of one matrix (its device copy d, output y). */
+static cu_mv16_set mv_set_one(const moet_weight *w, const uint8_t *d, float *y) {
+    cu_mv16_set set = {};
+    set.w[0] = d;
+    set.y[0] = y;
+    set.rows[0] = w->rows;
+    set.row_bytes[0] = w->row_bytes;
+    set.cta0[1] = (int32_t)((w->rows + MM_WARPS - 1) / MM_WARPS);
+    set.r0[1] = w->rows;
+    set.n = 1;
+    return set;
+}
+
 /* Tokens a CTA stages (x of ch tokens in shared memory), 0 when one row does not fit. */
 static int mv16_chunk(int64_t cols, int64_t n) {
     int ch = (int)(MM_SMEM_MAX / ((size_t)cols * sizeof(float)));
@@ -524,14 +537,7 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
         if (!(d = cu_weight_q8t(c, w))) return;
         type = CU_TYPE_Q8T;
         if (!w->rotated && !((uintptr_t)x & 15) && (ch = mv16_chunk(w->cols, n)) >= 1 && n <= ch) {
-            cu_mv16_set set = {};
-            set.w[0] = d;
-            set.y[0] = y;
-            set.rows[0] = w->rows;
-            set.row_bytes[0] = w->row_bytes;
-            set.cta0[1] = (int32_t)((w->rows + MM_WARPS - 1) / MM_WARPS);
-            set.r0[1] = w->rows;
-            set.n = 1;
+            const cu_mv16_set set = mv_set_one(w, d, y);
             mv16_launch(c, &set, type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);
             return;
         }
@@ -539,14 +545,7 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
         if (!(d = cu_weight_mat(c, w))) return;
         if (cu_gemm_bf16(c, w, d, x, n, y, acc)) return; /* many tokens of a BF16 matrix: tensor cores (gemm.cu) */
         if (mv16_ok(w, d, x) && (ch = mv16_chunk(w->cols, n)) >= 1) {
-            cu_mv16_set set = {};
-            set.w[0] = d;
-            set.y[0] = y;
-            set.rows[0] = w->rows;
-            set.row_bytes[0] = w->row_bytes;
-            set.cta0[1] = (int32_t)((w->rows + MM_WARPS - 1) / MM_WARPS);
-            set.r0[1] = w->rows;
-            set.n = 1;
+            const cu_mv16_set set = mv_set_one(w, d, y);
             mv16_launch(c, &set, w->type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);
             return;
         }

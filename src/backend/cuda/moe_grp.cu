@@ -48,6 +48,18 @@ __device__ __forceinline__ void gb_cp16(void *dst, const void *src, int valid) {
 __device__ __forceinline__ void gb_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void gb_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+/* Piece p's staged columns (hi and lo of each slot: cols = 2 slots) into shared memory: rowof[slot] is the slot's
+ * staged row (-1: past the chunk, zero-filled), rows of 2 C halves. Every thread of the CTA. */
+template <int COLS>
+__device__ __forceinline__ void gb_issue_cols(__half *xsm, const __half *xs, const int32_t *rowof, int64_t C, int p) {
+    for (int i = threadIdx.x; i < COLS * (GB_KP / 8); i += blockDim.x) {
+        const int col = i / (GB_KP / 8), ch = i % (GB_KP / 8), slot = col >> 1;
+        const int32_t row = rowof[slot];
+        const __half *sp = xs + (row < 0 ? 0 : (size_t)row * 2 * C + (size_t)(col & 1) * C) + (size_t)p * GB_KP + ch * 8;
+        gb_cp16(xsm + (size_t)col * GB_LD + ch * 8, sp, row >= 0);
+    }
+}
+
 /* ---- staging ------------------------------------------------------------------------------------------------- */
 
 /* Row blockIdx.x of n values: from src (padded rows of CU_PAD(n), already rotated: gate/up's x) when table is NULL,
@@ -175,12 +187,7 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     auto issue = [&](int p) {
         unsigned char *st = pieces + (size_t)(p % GB_ST) * P::bytes;
         __half *xsm = (__half *)st;
-        for (int i = threadIdx.x; i < P::cols * (GB_KP / 8); i += blockDim.x) {
-            const int col = i / (GB_KP / 8), ch = i % (GB_KP / 8), slot = col >> 1;
-            const int32_t row = rowof[slot];
-            const __half *sp = xs + (row < 0 ? 0 : (size_t)row * 2 * C + (size_t)(col & 1) * C) + (size_t)p * GB_KP + ch * 8;
-            gb_cp16(xsm + (size_t)col * GB_LD + ch * 8, sp, row >= 0);
-        }
+        gb_issue_cols<P::cols>(xsm, xs, rowof, C, p);
         if (live) {
             unsigned char *wsm = st + P::xbytes + (size_t)warp * NM * (512 + 64);
 #pragma unroll
@@ -382,12 +389,7 @@ k_gb_nv(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, cons
     auto issue = [&](int p) {
         unsigned char *st = pieces + (size_t)(p % GB_ST) * P::bytes;
         __half *xsm = (__half *)st;
-        for (int i = threadIdx.x; i < P::cols * (GB_KP / 8); i += blockDim.x) {
-            const int col = i / (GB_KP / 8), ch = i % (GB_KP / 8), slot = col >> 1;
-            const int32_t row = rowof[slot];
-            const __half *sp = xs + (row < 0 ? 0 : (size_t)row * 2 * C + (size_t)(col & 1) * C) + (size_t)p * GB_KP + ch * 8;
-            gb_cp16(xsm + (size_t)col * GB_LD + ch * 8, sp, row >= 0);
-        }
+        gb_issue_cols<P::cols>(xsm, xs, rowof, C, p);
         if (live) {
             unsigned char *wsm = st + P::xbytes + (size_t)warp * NM * (1024 + 128);
 #pragma unroll

@@ -56,7 +56,7 @@ else
 fi
 [ "${PERF:-1}" = 1 ] && TAIL=12 run ops_perf $bin/test_ops cuda --perf
 if [ "${BENCH:-1}" = 1 ]; then
-  for shape in qwen3-30b-a3b qwen3-235b-a22b; do
+  for shape in ${SHAPES:-qwen3-30b-a3b qwen3-235b-a22b}; do
     TAIL=4 run bench_$shape $bin/moet bench --synthetic $shape --device cuda -p 512 -n 128 --reps 3 -b ${BATCHES:-4,16,64} --json "$out/bench-$shape.json"
   done
   TAIL=4 run bench_mini_a $bin/moet bench -m models/moe-mini-a --device cuda -p 512 -n 128 --reps 3 --json "$out/bench-moe-mini-a.json"

@@ -310,16 +310,45 @@ int main(int argc, char **argv) {
         free(W2); free(dq2); free(x2); free(y2); free(ref2);
     }
     /* Q8_0 rows of whole 8-block groups (CUDA rewrites them into the q8t layout): 4096 columns (two groups of 32
-     * lanes' units a row in the persistent GEMV), 300 rows, 1 token, 9 tokens (the generic kernel on q8t) */
+     * lanes' units a row in the persistent GEMV), 300 rows; 1 token (the persistent GEMV), 9 tokens (tensor cores:
+     * gemm.cu's F16 hi/lo GEMM; with MOET_GEMM=0 the generic kernel on q8t); 70 tokens over a wide range of |x|,
+     * y = and y +=, in one pass of rows and in passes of 64 (MOET_GEMM_Q8_ROWS) */
     {
-        const int64_t R2 = 300, C2 = 4096, N2 = 9;
+        const int64_t R2 = 300, C2 = 4096, N2 = 70;
         float *W2 = malloc(sizeof(float) * R2 * C2), *dq2 = malloc(sizeof(float) * R2 * C2),
-              *x2 = malloc(sizeof(float) * N2 * C2), *y2 = malloc(sizeof(float) * N2 * R2);
+              *x2 = malloc(sizeof(float) * N2 * C2), *y2 = malloc(sizeof(float) * N2 * R2),
+              *y0 = malloc(sizeof(float) * N2 * R2);
         double *ref2 = malloc(sizeof(double) * N2 * R2);
-        for (int64_t i = 0; i < R2 * C2; i++) W2[i] = gauss() * 0.05f;
+        for (int64_t i = 0; i < R2 * C2; i++) W2[i] = gauss() * 0.05f * (i % 4096 < 512 ? 30.0f : 1.0f);
         for (int64_t i = 0; i < N2 * C2; i++) x2[i] = gauss();
-        check_mul_mat(MOET_QF_Q8_0, "300x4096 ", W2, dq2, x2, R2, C2, N2, y2, ref2);
-        free(W2); free(dq2); free(x2); free(y2); free(ref2);
+        check_mul_mat(MOET_QF_Q8_0, "300x4096 ", W2, dq2, x2, R2, C2, 9, y2, ref2);
+        setenv("MOET_GEMM", "0", 1);
+        check_mul_mat(MOET_QF_Q8_0, "300x4096 generic ", W2, dq2, x2, R2, C2, 9, y2, ref2);
+        unsetenv("MOET_GEMM");
+        for (int64_t i = 0; i < N2 * C2; i++) x2[i] = gauss() * (i % 7 == 0 ? 100.0f : 1.0f); /* a wide range */
+        moet_weight w;
+        void *blk = make_weight(MOET_QF_Q8_0, W2, R2, C2, &w, dq2);
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass) setenv("MOET_GEMM_Q8_ROWS", "64", 1);
+            for (int acc = 0; acc < 2; acc++) {
+                ref_mul_mat(dq2, x2, R2, C2, N2, ref2);
+                for (int64_t i = 0; i < N2 * R2; i++) {
+                    y0[i] = acc ? gauss() : NAN;
+                    if (acc) ref2[i] += y0[i];
+                }
+                float *xd = dev(x2, sizeof(float) * N2 * C2), *yd = dev(y0, sizeof(float) * N2 * R2);
+                if (acc) op->mul_mat_acc(be, &w, xd, N2, yd);
+                else op->mul_mat(be, &w, xd, N2, yd);
+                pull(y2, yd, (size_t)(N2 * R2));
+                char v[64];
+                snprintf(v, sizeof v, "q8_0 300x4096 n=70%s", pass ? " rows/64" : "");
+                report(acc ? "mul_mat_acc" : "mul_mat", v, nmse(y2, ref2, (size_t)(N2 * R2)), 1e-12);
+                drop(xd); drop(yd);
+            }
+        }
+        unsetenv("MOET_GEMM_Q8_ROWS");
+        op->forget(be, blk);
+        free(blk); free(W2); free(dq2); free(x2); free(y2); free(y0); free(ref2);
     }
     /* many tokens of a BF16 matrix (prefill): CUDA's tensor-core GEMM (gemm.cu, x as three BF16 terms) from 4
      * tokens on (the 5- and 9-token checks above take it too); 70 tokens, a wide range of |x|, y = and y += */
@@ -1174,14 +1203,19 @@ int perf_main(moet_backend *be) {
         }
         drop(x); drop(y);
     }
-    { /* dense BF16 products at the 30b QKV shape (5120 x 2048): GEMV kernels (MOET_GEMM=0) and tensor cores */
+    /* dense BF16 and Q8_0 products at the 30b QKV shape (5120 x 2048): GEMV kernels (MOET_GEMM=0) and tensor cores
+     * (BF16: x as three BF16 terms; Q8_0: W and x as two F16 terms each, W's F16 copy made per call) */
+    for (int qi = 0; qi < 2; qi++) {
+        const int32_t ty = qi ? MOET_TYPE_Q8_0 : MOET_TYPE_BF16;
         const int64_t R = 5120, C = 2048;
-        void *wd = op->alloc(be, (size_t)R * C * 2);
+        const size_t rb = qi ? (size_t)C / 32 * 34 : (size_t)C * 2;
+        void *wd = op->alloc(be, (size_t)R * rb);
         REQUIRE(wd, "perf dense weight");
-        op->fill_random(be, wd, MOET_TYPE_BF16, R, C, 0.02f, 7);
-        moet_weight w = {.data = wd, .type = MOET_TYPE_BF16, .rows = R, .cols = C, .row_bytes = (size_t)C * 2, .qscale = 1};
+        op->fill_random(be, wd, ty, R, C, 0.02f, 7);
+        moet_weight w = {.data = wd, .type = ty, .rows = R, .cols = C, .row_bytes = rb, .qscale = 1};
         const int dt[] = {4, 8, 16, 32, 64, 128, 512}; /* 1 token: the GEMV table above (below gemm.cu's threshold) */
-        printf("%-28s %8s %10s %10s %9s %9s\n", "dense bf16 5120x2048", "tokens", "us/op", "MB/op", "GB/s", "TFLOP/s");
+        printf("%-28s %8s %10s %10s %9s %9s\n", qi ? "dense q8_0 5120x2048" : "dense bf16 5120x2048", "tokens", "us/op",
+               "MB/op", "GB/s", "TFLOP/s");
         for (size_t i = 0; i < sizeof dt / sizeof dt[0]; i++) {
             const int T = dt[i];
             float *x = dev(NULL, sizeof(float) * T * C), *y = dev(NULL, sizeof(float) * T * R);
@@ -1199,13 +1233,14 @@ int perf_main(moet_backend *be) {
                     double d = (now_s() - t0) / 8;
                     if (d < best) best = d;
                 }
-                const double bytes = (double)R * C * 2 + (double)T * (C + R) * 4, fl = 2.0 * T * R * C;
+                const double bytes = (double)R * rb + (double)T * (C + R) * 4, fl = 2.0 * T * R * C;
                 printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", path ? "  tensor cores (gemm.cu)" : "  GEMV (matmul.cu)", T,
                        best * 1e6, bytes / 1e6, bytes / best / 1e9, fl / best / 1e12);
             }
             unsetenv("MOET_GEMM");
             drop(x); drop(y);
         }
+        op->forget(be, wd);
         op->release(be, wd);
     }
     { /* sampling candidates at the Qwen3 vocabulary: topk of 1 and 64 rows (k = 64) against copying the rows to the

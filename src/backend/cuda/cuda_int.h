@@ -110,6 +110,7 @@ typedef struct {
     void *blas;            /* gemm.cu: cublasHandle_t, created at the first GEMM (NULL: none yet) */
     void *blas_ws;         /* its workspace (device) */
     void *gemm_buf;        /* split x and partial products (device): GEMM_SCRATCH bytes, made once, never moved */
+    void *gemm_wbuf;       /* Q8_0 rows as f16 hi | lo (device): GEMM_WSCRATCH bytes, made at the first Q8_0 GEMM */
     void *attn_part;       /* attn_tc.cu: split row tiles' tickets (0 between launches) and partial results; made
                               at the first split, sized for any shape, never moved */
     cu_ecache ecache;      /* the expert cache (n_slots 0: off) */
@@ -159,10 +160,12 @@ void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t 
 void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
 void cu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n, int64_t dim,
                      float *h, int32_t nw, const moet_weight *const *w, float *const *y);
-/* gemm.cu: y (+)= x W^T on tensor cores (cuBLAS, x as three BF16 terms) when w is BF16, n is large and no graph
- * is being captured; 1 when it ran (or recorded an error), 0 to leave the product to the GEMV kernels. */
+/* gemm.cu: y (+)= x W^T on tensor cores (cuBLAS) when n is large: BF16 with x as three BF16 terms, Q8_0 (its q8t
+ * copy d) as two F16 terms against x as two; 1 when it ran (or recorded an error), 0 to leave the product to the
+ * GEMV kernels. */
 int cu_gemm_wants(int32_t type, int64_t n); /* whether n tokens of a type-`type` matrix would come here */
 int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n, float *y, int acc);
+int cu_gemm_q8t(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n, float *y, int acc);
 void cu_gemm_release(cu_backend *c);
 void cu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y);
 void cu_add(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim);

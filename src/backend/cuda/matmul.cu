@@ -533,9 +533,11 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
     int32_t type = w->type;
     const uint8_t *d;
     int ch;
-    if (q8t_ok(w)) { /* Q8_0: the q8t copy, by the persistent GEMV up to a chunk of tokens, else k_mul_mat */
+    if (q8t_ok(w)) { /* Q8_0: the q8t copy; many tokens on tensor cores (gemm.cu), else by the persistent GEMV up
+                      * to a chunk of tokens, else k_mul_mat */
         if (!(d = cu_weight_q8t(c, w))) return;
         type = CU_TYPE_Q8T;
+        if (cu_gemm_q8t(c, w, d, x, n, y, acc)) return;
         if (!w->rotated && !((uintptr_t)x & 15) && (ch = mv16_chunk(w->cols, n)) >= 1 && n <= ch) {
             const cu_mv16_set set = mv_set_one(w, d, y);
             mv16_launch(c, &set, type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);

@@ -2,8 +2,9 @@
 # ecache_study.sh — the expert cache's policy, measured with the protocol's own counts (backend-independent: the
 # CPU backend runs the same moet_ecache as the CUDA backend): `moet perplexity --step 1` (a token a forward step, as
 # decode routes) over dev.txt with 25/50/75% of the routed experts in slots, for each model given, in direct mode
-# (--expert-home pinned: a miss read where it waits, fetched after the step) with the decayed-LFU victims and with
-# plain LRU (MOET_ECACHE_LRU=1), and in replay mode (mapped homes). Prefetch off (the GPU has none yet).
+# (--expert-home pinned: a miss read where it waits, fetched after the step) with the decayed-LFU victims and
+# admission (a miss fetched only over a less used victim), the same without admission (MOET_ECACHE_ADMIT=0), plain
+# LRU (MOET_ECACHE_LRU=1), and in replay mode (mapped homes). Prefetch off (the GPU has none yet).
 # Cost in direct mode: expert reads over the bus a token = (misses + fetches) / tokens.
 # usage: bench/ecache_study.sh MOET_BIN OUT.json MODEL_DIR...   (DEV=../shared/data/dev.txt CTX=256 CHUNKS=4)
 set -eu
@@ -14,9 +15,10 @@ for model in "$@"; do
   E=$(python3 -c "import json; c=json.load(open('$model/config.json')); print(c['num_hidden_layers'] * c.get('num_experts', c.get('num_local_experts', 0)))")
   for pct in 25 50 75; do
     n=$((E * pct / 100))
-    for mode in "pinned lfu" "pinned lru" "mapped lru"; do
+    for mode in "pinned lfu+admit" "pinned lfu" "pinned lru" "mapped lru"; do
       set -- $mode
-      j=$(MOET_EXPERT_PREFETCH=0 MOET_ECACHE_LRU=$([ $2 = lru ] && echo 1 || echo 0) "$MOET" perplexity -m "$model" -f "$DEV" \
+      j=$(MOET_EXPERT_PREFETCH=0 MOET_ECACHE_LRU=$([ $2 = lru ] && echo 1 || echo 0) \
+          MOET_ECACHE_ADMIT=$([ $2 = lfu+admit ] && echo 1 || echo 0) "$MOET" perplexity -m "$model" -f "$DEV" \
           --ctx $CTX --chunks $CHUNKS --step 1 --expert-slots $n --expert-home $1 -t "${THREADS:-2}" --json 2>/dev/null)
       echo "$(basename "$model") $n slots ($pct%) $1 $2: $j" >&2
       rows+=("{\"model\": \"$(basename "$model")\", \"experts\": $E, \"slots\": $n, \"home\": \"$1\", \"policy\": \"$2\", \"result\": $j}")
@@ -33,10 +35,11 @@ done
 python3 - "$OUT" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-print("| model | slots | home | victims | hit rate | misses / token | fetches / token | replays / token |")
-print("|---|---|---|---|---|---|---|---|")
+print("| model | slots | home | policy | hit rate | misses / token | fetches / token | bus reads / token | replays / token |")
+print("|---|---|---|---|---|---|---|---|---|")
 for r in d["runs"]:
     x = r["result"]; t = x["tokens"]
     print(f"| {r['model']} | {r['slots']} of {r['experts']} | {r['home']} | {r['policy'] if r['home'] == 'pinned' else 'LRU (replay)'} | "
-          f"{1 - x['cache_misses'] / x['cache_uses']:.4f} | {x['cache_misses'] / t:.2f} | {x['cache_fetched'] / t:.2f} | {x['cache_replays'] / t:.2f} |")
+          f"{1 - x['cache_misses'] / x['cache_uses']:.4f} | {x['cache_misses'] / t:.2f} | {x['cache_fetched'] / t:.2f} | "
+          f"{(x['cache_misses'] + x['cache_fetched']) / t if r['home'] == 'pinned' else float('nan'):.2f} | {x['cache_replays'] / t:.2f} |")
 PY

@@ -82,6 +82,35 @@ int main(void) {
     CHECK(c.uses > 0 && c.misses == 4, "uses %lld, misses %lld (0, 1, 2, 3 once each)", (long long)c.uses,
           (long long)c.misses);
 
+    /* admission: 3 slots held by experts 0, 1, 2 (10 steps each); then 0 and 3 every step. Victims 1 and 2 were used
+     * more than 3 at first, so 3 is read where it waits instead of displacing one (declined); once its own uses
+     * outweigh the victims' decayed ones it is fetched. Without admission it is fetched at once. */
+    for (int admit = 1; admit >= 0; admit--) {
+        moet_ecache a;
+        REQUIRE(moet_ecache_init(&a, 3) == MOET_OK, "init");
+        a.direct = 1;
+        a.admit = admit;
+        REQUIRE(moet_ecache_layer_of(&a, &k0, 8), "layer");
+        for (int32_t s = 0; s < 10; s++) {
+            for (int32_t e = 0; e < 3; e++) moet_ecache_use(&a, &a.layers[0], e);
+            moet_ecache_settle(&a, NULL, NULL);
+        }
+        int32_t first = -1;
+        for (int32_t s = 0; s < 30 && first < 0; s++) {
+            moet_ecache_use(&a, &a.layers[0], 0);
+            moet_ecache_use(&a, &a.layers[0], 3);
+            moet_ecache_settle(&a, NULL, NULL);
+            if (a.layers[0].slot[3] >= 0) first = s;
+        }
+        if (admit)
+            CHECK(first >= 3 && first < 20 && a.declined == first && a.evicted == 1,
+                  "admission: expert 3 declined %lld times, fetched at its step %d (evicted %lld)",
+                  (long long)a.declined, first, (long long)a.evicted);
+        else
+            CHECK(first == 0 && a.declined == 0, "no admission: expert 3 fetched at its first step (%d)", first);
+        moet_ecache_free(&a);
+    }
+
     /* 40000 steps of expert 0 (the weights pass 1e100 near step 22900 and are rescaled): still finite, still first */
     for (int s = 0; s < 40000; s++) {
         moet_ecache_use(&c, &c.layers[0], 0);

@@ -167,15 +167,19 @@ def ecache_study():
     if not os.path.exists(f):
         return "(no bench/results/ecache-study.json yet)"
     d = json.load(open(f))
-    rows = ["| model | slots | home | victims | hit rate | misses / token | fetches / token | steps run again / token | PPL |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | slots | home | policy | hit rate | misses / token | fetches / token | bus reads / token | "
+            "steps run again / token | PPL |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    names = {"lfu+admit": "decayed LFU + admission", "lfu": "decayed LFU", "lru": "LRU"}
     for r in d["runs"]:
         x, t = r["result"], r["result"]["tokens"]
-        pol = ("decayed LFU" if r["policy"] == "lfu" else "LRU") if r["home"] == "pinned" else "LRU"
-        mode = "pinned (direct)" if r["home"] == "pinned" else "mapped (replay)"
+        direct = r["home"] == "pinned"
+        pol = names.get(r["policy"], r["policy"]) if direct else "LRU"
+        mode = "pinned (direct)" if direct else "mapped (replay)"
+        bus = f"{(x['cache_misses'] + x['cache_fetched']) / t:.2f}" if direct else "—"
         rows.append(f"| {r['model']} | {r['slots']} of {r['experts']} | {mode} | {pol} | "
                     f"{1 - x['cache_misses'] / x['cache_uses']:.4f} | {x['cache_misses'] / t:.2f} | "
-                    f"{x['cache_fetched'] / t:.2f} | {x['cache_replays'] / t:.2f} | {x['ppl']:.4f} |")
+                    f"{x['cache_fetched'] / t:.2f} | {bus} | {x['cache_replays'] / t:.2f} | {x['ppl']:.4f} |")
     rows.append(f"\n({d['dev']}, windows of {d['ctx']} × {d['chunks']}; {d['machine']}; commit {d['commit']}, "
                 f"{d['date'][:10]}.)")
     return "\n".join(rows)

@@ -20,8 +20,9 @@ int moet_ecache_init(moet_ecache *c, int64_t n_slots) {
     if (n_slots < 0) return MOET_EINVAL;
     c->n_slots = n_slots;
     c->gain = 1;
-    const char *lru = getenv("MOET_ECACHE_LRU");
+    const char *lru = getenv("MOET_ECACHE_LRU"), *admit = getenv("MOET_ECACHE_ADMIT");
     c->lru = lru && lru[0] == '1';
+    c->admit = !(admit && admit[0] == '0');
     if (!n_slots) return MOET_OK;
     if (!(c->free_slots = malloc((size_t)n_slots * sizeof(int64_t))) ||
         !(c->victims = malloc((size_t)n_slots * sizeof(*c->victims)))) {
@@ -44,6 +45,7 @@ void moet_ecache_free(moet_ecache *c) {
     free(c->layers);
     free(c->free_slots);
     free(c->victims);
+    free(c->cands);
     memset(c, 0, sizeof *c);
 }
 
@@ -66,6 +68,11 @@ moet_ecache_layer *moet_ecache_layer_of(moet_ecache *c, const void *key, int32_t
     l.freq = calloc((size_t)n_experts, sizeof(double));
     if (!l.slot || !l.stamp || !l.miss || !l.freq) { free(l.slot); free(l.stamp); free(l.miss); free(l.freq); return NULL; }
     for (int32_t e = 0; e < n_experts; e++) l.slot[e] = -1;
+    /* settle's candidates: at most every expert of every layer (made here, not in a step) */
+    struct moet_ecache_victim *nc = realloc(c->cands, (c->n_cands_cap + (size_t)n_experts) * sizeof *nc);
+    if (!nc) { free(l.slot); free(l.stamp); free(l.miss); free(l.freq); return NULL; }
+    c->cands = nc;
+    c->n_cands_cap += (size_t)n_experts;
     c->layers[c->n_layers] = l;
     return &c->layers[c->n_layers++];
 }
@@ -202,37 +209,54 @@ static int victim_cmp(const void *pa, const void *pb) {
     return (a->e > b->e) - (a->e < b->e);
 }
 
+/* candidates: the most frequently used first (then layer, expert: a fixed order) */
+static int cand_cmp(const void *pa, const void *pb) {
+    const struct moet_ecache_victim *a = pa, *b = pb;
+    if (a->f != b->f) return a->f > b->f ? -1 : 1;
+    if (a->layer != b->layer) return a->layer < b->layer ? -1 : 1;
+    return (a->e > b->e) - (a->e < b->e);
+}
+
 int64_t moet_ecache_settle(moet_ecache *c, void (*fetch)(void *ctx, const void *key, int32_t e, int64_t slot), void *ctx) {
     int64_t n = 0;
     if (c->miss_layer) {
         /* the experts this step did not use, in pick_victim's order, sorted once: fetches stamp this step, so the
          * order of the rest never changes (a scan per eviction cost O(experts) each, ~1 ms a step at 235b) */
-        size_t nv = 0, iv = 0;
+        size_t nv = 0, iv = 0, nc = 0;
         for (size_t i = 0; i < c->n_layers; i++) {
             const moet_ecache_layer *l = &c->layers[i];
-            for (int32_t e = 0; e < l->n; e++)
+            for (int32_t e = 0; e < l->n; e++) {
                 if (l->slot[e] >= 0 && l->stamp[e] < c->step + 1 && nv < (size_t)c->n_slots)
                     c->victims[nv++] = (struct moet_ecache_victim){c->lru ? 0 : l->freq[e], l->stamp[e], (uint32_t)i, e};
+                if (l->miss[e] && l->slot[e] < 0 && nc < c->n_cands_cap)
+                    c->cands[nc++] = (struct moet_ecache_victim){l->freq[e], 0, (uint32_t)i, e};
+            }
         }
         qsort(c->victims, nv, sizeof *c->victims, victim_cmp);
-        for (size_t i = 0; i < c->n_layers; i++) {
-            moet_ecache_layer *l = &c->layers[i];
-            for (int32_t e = 0; e < l->n; e++) {
-                if (!l->miss[e] || l->slot[e] >= 0) continue;
-                if (!c->n_free) { /* make room: the next victim, or none left (the rest stay where they wait) */
-                    if (iv == nv) continue;
-                    moet_ecache_layer *vl = &c->layers[c->victims[iv].layer];
-                    const int32_t ve = c->victims[iv++].e;
-                    c->free_slots[c->n_free++] = vl->slot[ve];
-                    vl->slot[ve] = -1;
-                    c->evicted++;
-                }
-                l->slot[e] = c->free_slots[--c->n_free];
-                l->stamp[e] = c->step + 1; /* used by this step */
-                if (fetch) fetch(ctx, l->key, e, l->slot[e]);
-                c->fetched++;
-                n++;
+        /* Admission (LFU victims only): a missing expert displaces a resident one only when it has been used more
+         * (decayed) than that one; candidates most used first against victims least used first, so the pairing
+         * stops at the first that does not pay. Without it every miss was fetched where a victim existed: in direct
+         * mode a miss costs one read of the expert over the bus in the step and a fetch one more, so fetching an
+         * expert that will not be used again before it is evicted doubles its cost. */
+        const int admit = c->admit && !c->lru;
+        if (admit) qsort(c->cands, nc, sizeof *c->cands, cand_cmp);
+        for (size_t k = 0; k < nc; k++) {
+            moet_ecache_layer *l = &c->layers[c->cands[k].layer];
+            const int32_t e = c->cands[k].e;
+            if (!c->n_free) { /* make room: the next victim, or none left (the rest stay where they wait) */
+                if (iv == nv) break;
+                if (admit && !(c->cands[k].f > c->victims[iv].f)) { c->declined += (int64_t)(nc - k); break; }
+                moet_ecache_layer *vl = &c->layers[c->victims[iv].layer];
+                const int32_t ve = c->victims[iv++].e;
+                c->free_slots[c->n_free++] = vl->slot[ve];
+                vl->slot[ve] = -1;
+                c->evicted++;
             }
+            l->slot[e] = c->free_slots[--c->n_free];
+            l->stamp[e] = c->step + 1; /* used by this step */
+            if (fetch) fetch(ctx, l->key, e, l->slot[e]);
+            c->fetched++;
+            n++;
         }
         for (size_t i = 0; i < c->n_layers; i++) memset(c->layers[i].miss, 0, (size_t)c->layers[i].n);
     }

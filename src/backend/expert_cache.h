@@ -51,7 +51,12 @@ typedef struct {
     int direct;
     double gain;            /* MOET_ECACHE_DECAY^-(steps since the last rescale): the weight of a use now */
     int lru;                /* direct mode's victims by recency alone (MOET_ECACHE_LRU=1 at init: the A/B) */
-    struct moet_ecache_victim *victims; /* [n_slots] moet_ecache_settle's candidates, made once (no allocation a step) */
+    struct moet_ecache_victim *victims; /* [n_slots] moet_ecache_settle's victims, made once (no allocation a step) */
+    struct moet_ecache_victim *cands;   /* [n_cands_cap] its candidates (every tracked expert: grown by layer_of) */
+    size_t n_cands_cap;
+    int admit;              /* direct mode with LFU victims: fetch a miss only over a less used victim
+                               (MOET_ECACHE_ADMIT=0 at init: every miss, the A/B) */
+    int64_t declined;       /* misses settle did not fetch because every victim left was used more */
     int64_t uses, misses;   /* moet_ecache_use calls (a layer's expert a pass), and those not resident */
 } moet_ecache;
 

@@ -10,6 +10,7 @@
 set -eu
 MOET=$1; OUT=$2; shift 2
 DEV=${DEV:-../shared/data/dev.txt}; CTX=${CTX:-256}; CHUNKS=${CHUNKS:-4}
+COMMIT=$(git describe --always --dirty --abbrev=12)  # before this run writes its own output file
 rows=()
 for model in "$@"; do
   E=$(python3 -c "import json; c=json.load(open('$model/config.json')); print(c['num_hidden_layers'] * c.get('num_experts', c.get('num_local_experts', 0)))")
@@ -27,7 +28,7 @@ for model in "$@"; do
 done
 {
   printf '{\n  "tool": "bench/ecache_study.sh",\n  "commit": "%s",\n  "date": "%s",\n  "machine": "%s, %s cores",\n' \
-    "$(git describe --always --dirty --abbrev=12)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(uname -m)" "$(nproc)"
+    "$COMMIT" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(uname -m)" "$(nproc)"
   printf '  "dev": "%s", "ctx": %s, "chunks": %s,\n  "runs": [\n' "$(basename "$DEV")" $CTX $CHUNKS
   for i in "${!rows[@]}"; do printf '    %s%s\n' "${rows[$i]}" "$([ $i -lt $((${#rows[@]} - 1)) ] && echo ,)"; done
   printf '  ]\n}\n'

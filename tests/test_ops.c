@@ -252,6 +252,9 @@ int main(int argc, char **argv) {
         g_tol_scale = 100;
         g_be = be;
         if (argc > 2 && !strcmp(argv[2], "--perf")) {
+            /* the dense q8_0 table times both paths from 4 tokens (the threshold is what it measures); 1 token stays
+             * the GEMV's */
+            setenv("MOET_GEMM_Q8_MIN_TOK", "2", 0);
             int rc = perf_main(be);
             be->ops->destroy(be);
             return rc;
@@ -310,9 +313,10 @@ int main(int argc, char **argv) {
         free(W2); free(dq2); free(x2); free(y2); free(ref2);
     }
     /* Q8_0 rows of whole 8-block groups (CUDA rewrites them into the q8t layout): 4096 columns (two groups of 32
-     * lanes' units a row in the persistent GEMV), 300 rows; 1 token (the persistent GEMV), 9 tokens (tensor cores:
-     * gemm.cu's F16 hi/lo GEMM; with MOET_GEMM=0 the generic kernel on q8t); 70 tokens over a wide range of |x|,
-     * y = and y +=, in one pass of rows and in passes of 64 (MOET_GEMM_Q8_ROWS) */
+     * lanes' units a row in the persistent GEMV), 300 rows; 1 token (the persistent GEMV), 9 tokens (the generic
+     * kernel on q8t, below gemm.cu's threshold; MOET_GEMM=0 forces it); 70 tokens (tensor cores: gemm.cu's F16
+     * hi/lo GEMM) over a wide range of |x|, y = and y +=, in one pass of rows and in passes of 64
+     * (MOET_GEMM_Q8_ROWS) */
     {
         const int64_t R2 = 300, C2 = 4096, N2 = 70;
         float *W2 = malloc(sizeof(float) * R2 * C2), *dq2 = malloc(sizeof(float) * R2 * C2),

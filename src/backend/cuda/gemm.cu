@@ -25,8 +25,9 @@
  * bench/results/cuda/ops-perf-h200.txt).
  * Bytes per call: rows x cols x 2 (W) + n x cols x (4 + 6) + n x rows x (12 + 4 or 8); FLOPs 3 x 2 x n x rows x cols.
  *
- * Q8_0 (cu_gemm_q8t, from MOET_GEMM_Q8_MIN_TOK tokens, default 9: what the persistent q8t GEMV cannot take in one
- * chunk). A Q8_0 weight q d (int8 times an f16) has at most 18 significant bits; times a power of two a row (its
+ * Q8_0 (cu_gemm_q8t, from MOET_GEMM_Q8_MIN_TOK tokens, default 32: below that the per-call F16 copy of W, 8 bytes a
+ * weight written and read, outweighs the generic kernel's passes over 1.06; a guess until timed on the H200, whose
+ * perf table prints both paths from 4 tokens). A Q8_0 weight q d (int8 times an f16) has at most 18 significant bits; times a power of two a row (its
  * largest possible |q d| -> [2^14, 2^15)) it is exactly hi + lo, two F16 values (11 + 11 bits). Where lo falls in
  * F16's subnormals (weights 2^-25 below the row's largest and smaller) its error is below 2^-39 of the row's
  * largest weight: far under fp32's rounding of the sum. x of each token, times a power of two (largest -> [2^14,
@@ -67,7 +68,7 @@ typedef struct {
 static cu_blas_fns g_blas;
 static int g_blas_state; /* 0 not tried, 1 loaded, -1 unavailable or disabled */
 static int g_gemm_min = -1; /* tokens from which a product comes here: MOET_GEMM_MIN_TOK, else 4 */
-static int g_gemm_q8_min = -1; /* the same for Q8_0: MOET_GEMM_Q8_MIN_TOK, else 9 */
+static int g_gemm_q8_min = -1; /* the same for Q8_0: MOET_GEMM_Q8_MIN_TOK, else 32 */
 
 #define GEMM_WORKSPACE ((size_t)32 << 20)
 /* split x + partial products of one pass, allocated once and never moved (a recorded graph keeps its address):
@@ -141,7 +142,7 @@ extern "C" int cu_gemm_wants(int32_t type, int64_t n) {
     if (type == MOET_TYPE_BF16) {
         if (n < env_min(&g_gemm_min, "MOET_GEMM_MIN_TOK", 4)) return 0;
     } else if (type == MOET_TYPE_Q8_0) {
-        if (n < env_min(&g_gemm_q8_min, "MOET_GEMM_Q8_MIN_TOK", 9)) return 0;
+        if (n < env_min(&g_gemm_q8_min, "MOET_GEMM_Q8_MIN_TOK", 32)) return 0;
     } else return 0;
     const char *off = getenv("MOET_GEMM");
     return !(off && off[0] == '0') && blas_load();

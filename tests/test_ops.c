@@ -698,9 +698,26 @@ int main(int argc, char **argv) {
             float *xd = dev(lg, sizeof(float) * (size_t)(n * V)), *vd = dev_poisoned((size_t)(n * k));
             int32_t *id_d = dev(NULL, sizeof(int32_t) * (size_t)(n * k));
             void *scr = dev(NULL, op->topk_scratch_bytes(be, n, V, k));
-            op->topk(be, xd, n, V, k, scr, id_d, vd);
+            float *lzd = dev_poisoned((size_t)n), lz[8];
+            op->topk(be, xd, n, V, k, scr, id_d, vd, lzd);
             op->download(be, ids, id_d, sizeof(int32_t) * (size_t)(n * k));
             op->download(be, vals, vd, sizeof(float) * (size_t)(n * k));
+            op->download(be, lz, lzd, sizeof(float) * (size_t)n);
+            /* lz = log sum exp(x - max) against double (row 0 holds a NaN: NaN), the gate's confidence exp(-lz) */
+            double lz_err = 0;
+            for (int64_t r = 0; r < n; r++) {
+                const float *row = lg + r * V;
+                if (r == 0) { if (!isnan(lz[0])) lz_err = 1; continue; }
+                double mx = -INFINITY, z = 0;
+                for (int64_t i = 0; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+                for (int64_t i = 0; i < V; i++) z += exp((double)row[i] - mx);
+                const double e = fabs(lz[r] - log(z)) / fmax(1.0, log(z));
+                lz_err = e > lz_err ? e : lz_err;
+            }
+            char lw[64];
+            snprintf(lw, sizeof lw, "lz n%lld V%lld", (long long)n, (long long)V);
+            report("topk", lw, lz_err, 2e-7); /* relative error: fp32 rounding is 6e-8 */
+            drop(lzd);
             int bad = 0;
             for (int64_t r = 0; r < n && !bad; r++) {
                 for (int64_t i = 0; i < V; i++) keys[i] = moet_topk_key(lg[r * V + i], (uint32_t)i);
@@ -1263,7 +1280,7 @@ int perf_main(moet_backend *be) {
             double best = 1e30, bestdl = 1e30;
             for (int it = 0; it < 10; it++) {
                 double t0 = now_s();
-                op->topk(be, x, n, V, k, scr, ids, vals);
+                op->topk(be, x, n, V, k, scr, ids, vals, NULL);
                 op->download(be, probe, ids, sizeof probe);
                 double d = now_s() - t0;
                 if (d < best) best = d;

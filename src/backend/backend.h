@@ -178,9 +178,12 @@ typedef struct {
      * order of topk_key.h (larger first, equal values by lower index, NaN last): ids[r k + i] and vals[r k + i] =
      * x[r][ids[r k + i]] (backend memory). 1 <= k <= MOET_TOPK_MAX, k <= vocab; scratch: topk_scratch_bytes(n,
      * vocab, k) bytes of backend memory. Exact (values are copied, the order is total), so every backend gives the
-     * same bits; reads only backend memory, so it records into a step like the other ops. */
+     * same bits; reads only backend memory, so it records into a step like the other ops. lz (NULL: not wanted):
+     * lz[r] = log sum_j exp(x[r][j] - max_j x[r][j]), so the row's top-1 softmax probability is exp(-lz[r]) (the delta
+     * gate's confidence) without the row leaving the device; summed in double, rounded to float, its bits may
+     * differ between backends (summation order). */
     void (*topk)(moet_backend *be, const float *x, int64_t n, int64_t vocab, int32_t k, void *scratch, int32_t *ids,
-                 float *vals);
+                 float *vals, float *lz);
     size_t (*topk_scratch_bytes)(moet_backend *be, int64_t n, int64_t vocab, int32_t k);
     /* The expert cache (backend/expert_cache.h; optional: NULL means every expert is always resident).
      * expert_cache: at most n_slots routed experts resident at once (0: all); an MoE op that routes to a

@@ -47,7 +47,8 @@ struct moet_session {
     int logits_stale;               /* the last eval left its logit rows on the backend only (candidates on) */
     int32_t n_cand, cand_cap;       /* candidates a row (0: off), rows they are kept for */
     int32_t cand_rows;              /* rows of candidates the last eval kept (0: none) */
-    int32_t *cand_dev;              /* backend memory: [rows][n_cand] ids, then [rows][n_cand] values (floats) */
+    int32_t *cand_dev;              /* backend memory: [rows][n_cand] ids, [rows][n_cand] values (floats), then [rows]
+                                       lz (floats: log sum exp(logit - max), the gate's confidence is exp(-lz)) */
     int32_t *cand;                  /* host copy, the same layout */
     void *cand_scr;                 /* topk scratch */
     void **allocs;
@@ -85,12 +86,13 @@ int moet_session_redo_delta(moet_session *s, int32_t token, char *err, size_t er
     return rc;
 }
 
+
 int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corrected, char *err, size_t errlen) {
     if (corrected) *corrected = 0;
     s->use_delta = 0;
     int rc = moet_session_eval(s, &token, 1, MOET_LOGITS_LAST, err, errlen);
     if (rc) return rc;
-    if (!(moet_gate_top1(moet_session_logits(s, NULL), s->m->hp.vocab) < tau)) return MOET_OK;
+    if (!(moet_session_top1(s) < tau)) return MOET_OK;
     rc = moet_session_redo_delta(s, token, err, errlen);
     if (!rc && corrected) *corrected = 1;
     return rc;
@@ -221,8 +223,8 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
         /* a session keeps its last row's; a batch (no KV of its own) one a row */
         s->n_cand = o.n_candidates < hp->vocab ? o.n_candidates : hp->vocab;
         s->cand_cap = with_kv ? 1 : o.n_batch;
-        A(s->cand_dev, 2 * (size_t)s->cand_cap * (size_t)s->n_cand);
-        if (!(s->cand = malloc(2 * (size_t)s->cand_cap * (size_t)s->n_cand * sizeof(int32_t)))) goto oom;
+        A(s->cand_dev, (2 * (size_t)s->n_cand + 1) * (size_t)s->cand_cap);
+        if (!(s->cand = malloc((2 * (size_t)s->n_cand + 1) * (size_t)s->cand_cap * sizeof(int32_t)))) goto oom;
         if (!(s->cand_scr = salloc(s, s->be->ops->topk_scratch_bytes(s->be, s->cand_cap, hp->vocab, s->n_cand))))
             goto oom;
     }
@@ -354,7 +356,8 @@ static void forward_chunk(void *vctx) {
     op->norm_mul_mat(be, s->x + (size_t)ca->first_logit * H, m->out_norm, hp->rms_eps, nl, H, s->h, 1, &lm, &ca->out);
     if (ca->cand)
         op->topk(be, ca->out, nl, hp->vocab, s->n_cand, s->cand_scr, s->cand_dev,
-                 (float *)(s->cand_dev + (size_t)nl * (size_t)s->n_cand));
+                 (float *)(s->cand_dev + (size_t)nl * (size_t)s->n_cand),
+                 (float *)(s->cand_dev + 2 * (size_t)nl * (size_t)s->n_cand));
 }
 
 /* Decode-sized chunks are replayed from a record (graph_run); prefill chunks of every other size launch directly. */
@@ -409,7 +412,7 @@ static void session_keep(moet_session *s, int32_t rows, int cand) {
     s->cand_rows = cand ? rows : 0;
     s->logits_stale = cand;
     if (cand)
-        s->be->ops->download(s->be, s->cand, s->cand_dev, 2 * (size_t)rows * (size_t)s->n_cand * sizeof(int32_t));
+        s->be->ops->download(s->be, s->cand, s->cand_dev, (2 * (size_t)s->n_cand + 1) * (size_t)rows * sizeof(int32_t));
     else
         s->be->ops->download(s->be, s->logits, s->logits_dev, (size_t)rows * (size_t)s->m->hp.vocab * sizeof(float));
 }
@@ -605,6 +608,14 @@ int32_t moet_session_candidates(const moet_session *s, const int32_t **ids, cons
     return session_cands(s, 0, ids, vals);
 }
 
+/* The gate's confidence of row r of the last eval: from the candidates' lz where the eval kept them (the row stays
+ * on the backend), else from the row. */
+static float session_top1(const moet_session *s, int32_t r) {
+    if (r >= 0 && r < s->cand_rows)
+        return expf(-((const float *)s->cand)[2 * (size_t)s->cand_rows * (size_t)s->n_cand + (size_t)r]);
+    return moet_gate_top1(session_rows(s) + (size_t)r * (size_t)s->m->hp.vocab, s->m->hp.vocab);
+}
+
 int32_t moet_session_pos(const moet_session *s) { return s->pos; }
 
 int moet_session_truncate(moet_session *s, int32_t pos, char *err, size_t errlen) {
@@ -741,3 +752,7 @@ const float *moet_batch_logits(const moet_batch *b, int32_t i) {
 int32_t moet_batch_candidates(const moet_batch *b, int32_t i, const int32_t **ids, const float **vals) {
     return session_cands(b->s, i, ids, vals);
 }
+
+float moet_batch_top1(const moet_batch *b, int32_t i) { return session_top1(b->s, i); }
+
+float moet_session_top1(const moet_session *s) { return session_top1(s, s->n_logit_rows > 0 ? s->n_logit_rows - 1 : 0); }

@@ -29,6 +29,11 @@ int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corr
 
 /* The gate's confidence: the top-1 probability of a row of V logits (computed as moet_log_softmax does). */
 float moet_gate_top1(const float *logits, int32_t V);
+/* The same of row i of the last moet_batch_decode: from the row's candidates (the topk op's lz: the row stays on the
+ * backend) when the batch kept them, else from the row. */
+float moet_batch_top1(const moet_batch *b, int32_t i);
+/* The same of the session's last eval's last row. */
+float moet_session_top1(const moet_session *s);
 /* The gate's correction of a step already taken: token (the session's last) again, on base + delta, replacing its
  * KV entries; the session's logits become the corrected ones. For callers that took the step elsewhere (a batch). */
 int moet_session_redo_delta(moet_session *s, int32_t token, char *err, size_t errlen);

@@ -559,7 +559,9 @@ static void choice_ready(srv_choice *c, int src) {
  * delta for that sequence alone, and the sequence samples from the corrected logits. 0, or -1 on failure. */
 static int gate_step(sched *s, srv_choice *c, moet_session *ss, int32_t id) {
     metrics_add(s->mx, &s->mx->gate_steps, 1);
-    if (!(moet_gate_top1(choice_logits(s, c), s->vocab) < s->o.tau)) return 0;
+    /* from the row's candidates where the step kept them (4 bytes: the row stays on the device), else the row */
+    const float p = c->src >= 0 ? moet_batch_top1(s->batch, c->src) : moet_session_top1(ss);
+    if (!(p < s->o.tau)) return 0;
     char err[256];
     if (moet_session_redo_delta(ss, id, err, sizeof err)) { MOET_LOGE("%s: gate: %s", c->q->id, err); return -1; }
     choice_ready(c, -1); /* the session's redone step */

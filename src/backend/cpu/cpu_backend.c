@@ -600,11 +600,18 @@ static int cpu_attn_rows(moet_backend *be, float *q, float *k, const float *v, c
 /* top-k: a sorted list of the k best keys a row, an element inserted where it beats the last (k <= 64, so the
  * shifts are cheap against the scan of the row) */
 static void cpu_topk(moet_backend *be, const float *x, int64_t n, int64_t vocab, int32_t k, void *scratch, int32_t *ids,
-                     float *vals) {
+                     float *vals, float *lz) {
     (void)be;
     uint64_t *best = scratch;
     for (int64_t r = 0; r < n; r++) {
         const float *row = x + r * vocab;
+        if (lz) { /* the row's max, then sum exp(x - max) in double, in index order */
+            float mx = row[0];
+            for (int64_t i = 1; i < vocab; i++) mx = row[i] > mx ? row[i] : mx;
+            double z = 0;
+            for (int64_t i = 0; i < vocab; i++) z += exp((double)row[i] - mx);
+            lz[r] = (float)log(z);
+        }
         int32_t have = 0;
         for (int64_t i = 0; i < vocab; i++) {
             const uint64_t key = moet_topk_key(row[i], (uint32_t)i);

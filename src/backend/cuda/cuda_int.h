@@ -182,7 +182,7 @@ void cu_fill_random(moet_backend *be, void *p, int32_t type, int64_t rows, int64
 void cu_attention(moet_backend *be, const moet_attn_args *a);
 int cu_attn_tc(cu_backend *c, const moet_attn_args *a);
 void cu_topk(moet_backend *be, const float *x, int64_t n, int64_t vocab, int32_t k, void *scratch, int32_t *ids,
-             float *vals);
+             float *vals, float *lz);
 size_t cu_topk_scratch_bytes(moet_backend *be, int64_t n, int64_t vocab, int32_t k);
 void cu_attn_fused(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
                    float eps, int32_t rot_dim, double theta, const moet_attn_args *a);

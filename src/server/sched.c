@@ -990,8 +990,9 @@ int sched_create(const moet_model *m, const sched_options *o, metrics *mx, sched
     moet_session_options so = moet_session_default_options();
     so.n_ctx = o->n_ctx;
     so.kv = s->kv;
-    so.n_candidates = 64; /* a decode step copies 64 candidates a row; whole rows only for logprobs, the gate or
-                           * sampling options the candidates cannot decide (moet_sampler_sample_candidates) */
+    so.n_candidates = 64; /* a decode step copies 64 candidates a row (and lz, the gate's confidence); whole rows
+                           * only for logprobs or sampling options the candidates cannot decide
+                           * (moet_sampler_sample_candidates) */
     s->n_batch = so.n_batch < o->n_ctx ? so.n_batch : o->n_ctx;
     for (int i = 0; i < o->max_seqs; i++) {
         int rc = moet_session_create(m, &so, &s->slots[i], err, errlen);

@@ -80,6 +80,12 @@ if [ "${BENCH:-1}" = 1 ]; then
   reserve=$(awk -v f="$free_mib" 'BEGIN { printf "%.1f", f / 1024 - 7.5 }')
   TAIL=6 run bench_30b_cache_auto $bin/moet bench --synthetic qwen3-30b-a3b --device cuda -t 16 -p 0 -n 64 --reps 1 \
     --expert-slots auto --expert-reserve "$reserve" --expert-home pinned --json "$out/bench-qwen3-30b-a3b-slots-auto-pinned.json"
+  # the confidence gate's own cost (a tau it never passes): its top-1 probability from the candidates' lz (the row
+  # stays on the device), then with --candidates 0 from the whole row on the host (what the gate did before stop 24)
+  TAIL=3 run bench_30b_gate $bin/moet bench --synthetic qwen3-30b-a3b --experts w2+nvfp4 --device cuda -p 0 -n 128 \
+    --reps 3 --gate 1e-9
+  TAIL=3 run bench_30b_gate_row $bin/moet bench --synthetic qwen3-30b-a3b --experts w2+nvfp4 --device cuda -p 0 \
+    -n 128 --reps 3 --gate 1e-9 --candidates 0
   # the FP4 delta on every step (W2 base + NVFP4 residuals through the tensor-core decode kernels)
   TAIL=4 run bench_30b_delta $bin/moet bench --synthetic qwen3-30b-a3b --experts w2+nvfp4 --device cuda -p 512 -n 128 \
     --reps 3 -b 4 --json "$out/bench-qwen3-30b-a3b-delta.json"

@@ -16,6 +16,10 @@
  * Every decode step also picks its greedy next token, as a client does (the ids fed stay the fixed sequence): from
  * the k candidates the backend kept (--candidates k, default 64: moet_session_options.n_candidates) or, with
  * --candidates 0, from the whole logit row copied to the host (what every step cost before candidates existed).
+ * --gate TAU (a model with the FP4 delta: --experts w2+nvfp4 for a synthetic one): every decode step goes through the
+ * confidence gate (moet_session_eval_gated): base experts, then base + delta again where the top-1 probability is
+ * below TAU; the JSON counts the corrected steps. A tiny TAU times the gate's own cost (its confidence from the
+ * candidates' lz, or with --candidates 0 from the whole row).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +74,7 @@ static int32_t bench_greedy(const moet_session *s, const moet_batch *b, int32_t 
 int cmd_bench(int argc, char **argv) {
     cli_common c = {0};
     long pp = 512, tg = 128, reps = 3, cands = 64;
+    double gate = -1; /* --gate TAU: decode through the confidence gate (< 0: off) */
     int32_t picked = 0; /* the greedy picks, folded so they are not optimised away (logged at the end) */
     const char *threads = "1,2", *json_path = NULL, *synthetic = NULL, *experts = "w2", *batches = NULL;
     int dense_q8 = 0; /* --dense q8_0: a synthetic model's attention projections and lm_head as Q8_0 */
@@ -93,6 +98,12 @@ int cmd_bench(int argc, char **argv) {
         }
         else if (!strcmp(a, "-b")) { VAL(); batches = v; }
         else if (!strcmp(a, "--candidates")) { VAL(); if (cli_parse_int(v, 0, 64, &cands)) return 2; }
+        else if (!strcmp(a, "--gate")) {
+            VAL();
+            char *end;
+            gate = strtod(v, &end);
+            if (*end || !(gate >= 0 && gate <= 1)) { fprintf(stderr, "moet bench: --gate TAU in [0, 1]\n"); return 2; }
+        }
         else { fprintf(stderr, "moet bench: unknown option '%s'\n", a); return 2; }
 #undef VAL
     }
@@ -162,7 +173,7 @@ int cmd_bench(int argc, char **argv) {
                 tok_bytes += (double)L->router.row_bytes * L->router.rows;
                 tok_bytes += (double)hp->n_experts_used * ((double)L->exp_gate[0].row_bytes * L->exp_gate[0].rows * 2 +
                                                            (double)L->exp_down[0].row_bytes * L->exp_down[0].rows);
-                if (L->dres_gate) /* the delta on: every step reads the residuals too */
+                if (L->dres_gate && gate < 0) /* the delta on: every step reads the residuals too */
                     tok_bytes += (double)hp->n_experts_used * ((double)L->dres_gate[0].row_bytes * L->dres_gate[0].rows * 2 +
                                                                (double)L->dres_down[0].row_bytes * L->dres_down[0].rows);
             } else {
@@ -176,7 +187,8 @@ int cmd_bench(int argc, char **argv) {
         so.n_batch = pp > 0 ? (int32_t)(pp < 512 ? pp : 512) : 256;
         moet_session *s;
         if (moet_session_create(m, &so, &s, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); return 1; }
-        if (synthetic && qf == MOET_QF_W2_NVFP4) moet_session_use_delta(s, 1); /* every step base + delta */
+        if (synthetic && qf == MOET_QF_W2_NVFP4 && gate < 0) moet_session_use_delta(s, 1); /* every step base + delta */
+        long corrected = 0; /* --gate: steps of the last rep redone on base + delta */
         int32_t *ids = malloc((size_t)(pp + tg + 8) * sizeof(int32_t));
         for (long i = 0; i < pp + tg + 8; i++) ids[i] = (int32_t)((i * 7919 + 13) % info.vocab_size);
         double tpp[100], ttg[100];
@@ -193,8 +205,12 @@ int cmd_bench(int argc, char **argv) {
             moet_model_expert_cache_stats(m, &ec0[0], &ec0[1], &ec0[2]);
             moet_model_expert_cache_uses(m, &ec0[3], &ec0[4]);
             t0 = moet_time_s();
+            corrected = 0;
             for (long i = 0; i < tg && !erc; i++) {
-                erc |= moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
+                int corr = 0;
+                if (gate >= 0) erc |= moet_session_eval_gated(s, ids[4 + i], (float)gate, &corr, err, sizeof err);
+                else erc |= moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
+                corrected += corr;
                 if (!erc) picked ^= bench_greedy(s, NULL, 0, info.vocab_size);
             }
             if (erc) {
@@ -209,6 +225,8 @@ int cmd_bench(int argc, char **argv) {
             moet_model_expert_cache_stats(m, &ec1[0], &ec1[1], &ec1[2]);
             moet_model_expert_cache_uses(m, &ec1[3], &ec1[4]);
             fprintf(stderr, "moet: bench threads %ld rep %ld/%ld: pp %.1f t/s, tg %.1f t/s\n", nt, r + 1, reps, tpp[r], ttg[r]);
+            if (gate >= 0)
+                fprintf(stderr, "moet: gate tau %g: %ld of %ld decode steps redone on base + delta\n", gate, corrected, tg);
             if (info.expert_slots)
                 fprintf(stderr, "moet: expert cache over the tg%ld steps: hit rate %.4f, %lld experts fetched, %lld "
                         "evicted, %lld steps run again\n", tg,
@@ -232,18 +250,22 @@ int cmd_bench(int argc, char **argv) {
         char size[32];
         if (mib >= 1024) snprintf(size, sizeof size, "%.2f GiB", mib / 1024); else snprintf(size, sizeof size, "%.1f MiB", mib);
         if (pp > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | pp%ld | %.1f | |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, pp, mpp);
-        if (tg > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | tg%ld | %.1f | %.0f |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, tg, mtg, tok_bytes * mtg / 1e9);
+        char tgl[48];
+        if (gate >= 0) snprintf(tgl, sizeof tgl, "tg%ld gate %g", tg, gate); else snprintf(tgl, sizeof tgl, "tg%ld", tg);
+        if (tg > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | %s | %.1f | %.0f |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, tgl, mtg, tok_bytes * mtg / 1e9);
         fflush(stdout);
         ro += (size_t)snprintf(results + ro, sizeof results - ro,
                                "%s\n    {\"backend\": \"%s\", \"device\": \"%s\", \"experts\": \"%s\", \"threads\": %ld, "
                                "\"pp\": %ld, \"pp_tps\": %.2f, \"tg\": %ld, \"tg_tps\": %.2f, \"tg_bytes_per_token\": %.0f, "
                                "\"tg_gbps\": %.1f, \"weight_bytes\": %lld, \"n_params\": %lld, \"expert_slots\": %ld, "
                                "\"expert_home\": \"%s\", \"tg_experts_fetched\": %lld, \"tg_steps_replayed\": %lld, "
-                               "\"tg_expert_uses\": %lld, \"tg_expert_misses\": %lld}",
+                               "\"tg_expert_uses\": %lld, \"tg_expert_misses\": %lld, \"tg_gate_tau\": %g, "
+                               "\"tg_gate_corrected\": %ld}",
                                first ? "" : ",", info.backend, info.device, ex, nt, pp, mpp, tg, mtg, tok_bytes,
                                tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params,
                                slots, c.expert_pinned ? "pinned" : "mapped", (long long)(ec1[0] - ec0[0]),
-                               (long long)(ec1[2] - ec0[2]), (long long)(ec1[3] - ec0[3]), (long long)(ec1[4] - ec0[4]));
+                               (long long)(ec1[2] - ec0[2]), (long long)(ec1[3] - ec0[3]), (long long)(ec1[4] - ec0[4]),
+                               gate, gate >= 0 ? corrected : 0L);
         first = 0;
         for (const char *bp = batches; bp && *bp && tg > 0;) {  /* batched decode */
             long B;

@@ -50,6 +50,7 @@ struct moet_session {
     int32_t *cand_dev;              /* backend memory: [rows][n_cand] ids, [rows][n_cand] values (floats), then [rows]
                                        lz (floats: log sum exp(logit - max), the gate's confidence is exp(-lz)) */
     int32_t *cand;                  /* host copy, the same layout */
+    int cand_lz;                    /* the topk op computes lz: the model has delta weights (the gate can run) */
     void *cand_scr;                 /* topk scratch */
     void **allocs;
     int n_allocs;
@@ -222,6 +223,8 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
     if (o.n_candidates > 0 && s->be->ops->topk && !(ce && ce[0] == '0')) {
         /* a session keeps its last row's; a batch (no KV of its own) one a row */
         s->n_cand = o.n_candidates < hp->vocab ? o.n_candidates : hp->vocab;
+        for (int il = 0; il < hp->n_layers; il++) /* lz only where the gate can use it (a CPU scan of the row) */
+            s->cand_lz |= m->layers[il].is_moe && (m->layers[il].dres_gate || m->layers[il].dexp_gate);
         s->cand_cap = with_kv ? 1 : o.n_batch;
         A(s->cand_dev, (2 * (size_t)s->n_cand + 1) * (size_t)s->cand_cap);
         if (!(s->cand = malloc((2 * (size_t)s->n_cand + 1) * (size_t)s->cand_cap * sizeof(int32_t)))) goto oom;
@@ -357,7 +360,7 @@ static void forward_chunk(void *vctx) {
     if (ca->cand)
         op->topk(be, ca->out, nl, hp->vocab, s->n_cand, s->cand_scr, s->cand_dev,
                  (float *)(s->cand_dev + (size_t)nl * (size_t)s->n_cand),
-                 (float *)(s->cand_dev + 2 * (size_t)nl * (size_t)s->n_cand));
+                 s->cand_lz ? (float *)(s->cand_dev + 2 * (size_t)nl * (size_t)s->n_cand) : NULL);
 }
 
 /* Decode-sized chunks are replayed from a record (graph_run); prefill chunks of every other size launch directly. */
@@ -611,7 +614,7 @@ int32_t moet_session_candidates(const moet_session *s, const int32_t **ids, cons
 /* The gate's confidence of row r of the last eval: from the candidates' lz where the eval kept them (the row stays
  * on the backend), else from the row. */
 static float session_top1(const moet_session *s, int32_t r) {
-    if (r >= 0 && r < s->cand_rows)
+    if (r >= 0 && r < s->cand_rows && s->cand_lz)
         return expf(-((const float *)s->cand)[2 * (size_t)s->cand_rows * (size_t)s->n_cand + (size_t)r]);
     return moet_gate_top1(session_rows(s) + (size_t)r * (size_t)s->m->hp.vocab, s->m->hp.vocab);
 }

@@ -173,7 +173,8 @@ extern "C" void cu_topk(moet_backend *be, const float *x, int64_t n, int64_t voc
     }
     const size_t keys = (size_t)n * (size_t)tk_chunks(vocab) * (size_t)k;
     uint64_t *buf[2] = {(uint64_t *)scratch, (uint64_t *)scratch + keys};
-    double2 *parts = (double2 *)((uint64_t *)scratch + 2 * keys); /* 16-byte aligned: scratch is, keys are 8 bytes */
+    /* past the keys, rounded up to 16 bytes (double2 stores; the size has the 16 to spare) */
+    double2 *parts = (double2 *)(((uintptr_t)((uint64_t *)scratch + 2 * keys) + 15) & ~(uintptr_t)15);
     const void *in = x;
     int64_t len = vocab, stride = vocab;
     const int64_t nparts = tk_chunks(vocab);

@@ -87,7 +87,6 @@ int moet_session_redo_delta(moet_session *s, int32_t token, char *err, size_t er
     return rc;
 }
 
-
 int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corrected, char *err, size_t errlen) {
     if (corrected) *corrected = 0;
     s->use_delta = 0;

@@ -1084,20 +1084,19 @@ int main(int argc, char **argv) {
                 snprintf(mv, sizeof mv, "w2+nvfp4 delta %s %dx%d T=%d", pass ? "n=1" : "all", H, F, T);
                 report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
             }
-            if (is_cuda && T >= 4) { /* CUDA: the prefill as decode passes of 4 (MOET_DELTA_GRP=0) instead of grouped */
-                setenv("MOET_DELTA_GRP", "0", 1);
-                op->moe(be, &md);
-                unsetenv("MOET_DELTA_GRP");
-                pull(o, od, (size_t)(T * H));
-                snprintf(mv, sizeof mv, "w2+nvfp4 delta passes %dx%d T=%d", H, F, T);
-                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
-                /* and on moe_tc.cu's 8-slot grouped kernels instead of moe_grp.cu's tiles (MOET_DELTA_GB=0) */
-                setenv("MOET_DELTA_GB", "0", 1);
-                op->moe(be, &md);
-                unsetenv("MOET_DELTA_GB");
-                pull(o, od, (size_t)(T * H));
-                snprintf(mv, sizeof mv, "w2+nvfp4 delta 8-slot %dx%d T=%d", H, F, T);
-                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+            if (is_cuda && T >= 4) {
+                /* CUDA's other delta prefill paths: decode passes of 4 (MOET_DELTA_GRP=0), and moe_tc.cu's 8-slot
+                 * grouped kernels instead of moe_grp.cu's tiles (MOET_DELTA_GB=0) */
+                static const char *const env[2] = {"MOET_DELTA_GRP", "MOET_DELTA_GB"};
+                static const char *const what[2] = {"passes", "8-slot"};
+                for (int v = 0; v < 2; v++) {
+                    setenv(env[v], "0", 1);
+                    op->moe(be, &md);
+                    unsetenv(env[v]);
+                    pull(o, od, (size_t)(T * H));
+                    snprintf(mv, sizeof mv, "w2+nvfp4 delta %s %dx%d T=%d", what[v], H, F, T);
+                    report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+                }
             }
         }
         if (with_delta) {

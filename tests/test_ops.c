@@ -1010,6 +1010,23 @@ int main(int argc, char **argv) {
             CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the fused block differs from the three launches",
                   H, F);
         }
+        /* CUDA: the router's last CTA routing (MOET_ROUTE_GU=0) against k_tc_gate_up routing, bit for bit */
+        if (is_cuda) {
+            setenv("MOET_ROUTE_GU", "0", 1);
+            if (ab) setenv("MOET_MOE_FUSED", "0", 1);
+            for (int t = 0; t < T; t++) {
+                moet_moe_args m1 = ma;
+                m1.x = xd + t * H;
+                m1.n_tok = 1;
+                m1.y = od + t * H;
+                op->moe(be, &m1);
+            }
+            if (ab) setenv("MOET_MOE_FUSED", "1", 1);
+            unsetenv("MOET_ROUTE_GU");
+            pull(o3, od, (size_t)(T * H));
+            CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: routing in the router differs from routing in "
+                  "gate/up", H, F);
+        }
         /* fused: pre-norm of the raw residual and y += block (y == x, the residual stream), all T and one by one */
         {
             float *hd = dev_poisoned((size_t)(T * H)), *hh = malloc(sizeof(float) * T * H);
@@ -1411,6 +1428,13 @@ int perf_main(moet_backend *be) {
         double bytes = (double)distinct * (2.0 * gb + db) + (double)E * H * 2, flops = 2.0 * T * K * 3.0 * H * F;
         printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 (router..combine)", T, best * 1e6, bytes / 1e6,
                bytes / best / 1e9, flops / best / 1e12);
+        if (T < 4) { /* the router's last CTA routing instead of k_tc_gate_up (MOET_ROUTE_GU=0) */
+            setenv("MOET_ROUTE_GU", "0", 1);
+            const double br = perf_graph_best(be, 7000 + (uint64_t)T, perf_moe_step, &pc, reps, y);
+            unsetenv("MOET_ROUTE_GU");
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 router routes (GU=0)", T, br * 1e6, bytes / 1e6,
+                   bytes / br / 1e9, flops / br / 1e12);
+        }
         if (T >= 8) { /* the grouped kernels with the sign planes instead of the level operand (MOET_MOE_LV=0) */
             setenv("MOET_MOE_LV", "0", 1);
             const double bs = perf_graph_best(be, 4000 + (uint64_t)T, perf_moe_step, &pc, reps, y);

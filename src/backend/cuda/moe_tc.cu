@@ -14,9 +14,12 @@
  * The result matches the f32 CUDA-core kernels (moe.cu) to ~2^-22 relative, not bit for bit.
  *
  * Work split (no float atomics, fixed orders: runs are bit-identical, graph or eager):
- *   decode   k_tc_router  router GEMV, one warp a row; the last CTA to finish (ticket) routes every token (softmax,
- *                         top-k, renormalise) and resets the ticket for the next launch;
- *            k_tc_gate_up one CTA per (16-row tile of the FFN, token slot), warps over the rotation chunks of the
+ *   decode   k_tc_router  router GEMV, one warp a row, writing the logits (and the pre-normed x); with
+ *                         MOET_ROUTE_GU=0 the last CTA to finish (ticket) also routes every token (softmax, top-k,
+ *                         renormalise) and resets the ticket for the next launch;
+ *            k_tc_gate_up one CTA per (16-row tile of the FFN, token slot): it first routes its token from the logits
+ *                         (the same tc_route_warps, so the same picks and weights; CTA (0, slot) writes the slot's
+ *                         pick for k_tc_down), then warps over the rotation chunks of the
  *                         hidden size: each warp issues every load of its chunk (gate and up codes + scales), then
  *                         rotates its x chunk in registers and stages it as f16 hi/lo, then mma; partial sums of the
  *                         warps added in warp order, SwiGLU -> act;
@@ -46,7 +49,8 @@ __global__ void __launch_bounds__(TC_RT_W * 32)
 k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
             const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
             float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
-            float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h) {
+            float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h,
+            int32_t route) {
     extern __shared__ __align__(16) float rsm[];
     __shared__ int last;
     __shared__ double nred[TC_RT_W][TC_RT_T];
@@ -72,6 +76,7 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
         }
     }
     cu_pdl_trigger();
+    if (!route) return; /* k_tc_gate_up routes each of its tokens from the logits */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
@@ -95,8 +100,8 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
 template <int M, int DL>
 __global__ void __launch_bounds__(TC_GU_W * 32, DL ? 2 : 3)
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
-             int32_t type, int32_t rot, uint32_t seed, const int32_t *topk_ids, float *__restrict__ act,
-             const cu_mat *__restrict__ dtable) {
+             int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
+             const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int slot = blockIdx.y, tok = slot / K;
@@ -109,7 +114,23 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     if (DL) tc_e4m3_fill(nvl);
     cu_pdl_wait();
     __syncthreads();
-    const int32_t e = __ldcg(topk_ids + slot); /* the router's output: coherent (cu_pdl_wait) */
+    int32_t e;
+    if (rlogits) { /* route the token here (tc_route_warps, as the router would): its logits after X */
+        __shared__ int32_t rids[MOE_MAX_K], rik[MOE_MAX_K];
+        __shared__ float rwts[MOE_MAX_K], rpk[MOE_MAX_K];
+        float *lg = (float *)((__half *)(red + (size_t)nw * 32) + (size_t)nw * 2 * b), *p = lg + E;
+        for (int i = threadIdx.x; i < E; i += blockDim.x) lg[i] = __ldcg(rlogits + (int64_t)tok * E + i);
+        __syncthreads();
+        tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts);
+        __syncthreads();
+        e = rids[slot - tok * K];
+        if (blockIdx.x == 0 && threadIdx.x == 0) { /* the routing k_tc_down and the expert cache read */
+            topk_ids[slot] = e;
+            topk_w[slot] = rwts[slot - tok * K];
+        }
+    } else {
+        e = __ldcg(topk_ids + slot); /* the router's output: coherent (cu_pdl_wait) */
+    }
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
     float Ag, Bg, Au, Bu;
@@ -580,10 +601,16 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     /* 16 warps a CTA for wide rows (the pre-norm's elements a thread are the CTA's latency chain), 4 for narrow ones
      * (moe-mini-a, width 256: a 512-thread CTA's barriers cost more than the 2 elements a thread they save) */
     const int rnw = H >= 1024 ? TC_RT_W : 4;
+    /* Who routes: k_tc_gate_up, each CTA its own token from the logits (default), or the router's last CTA
+     * (MOET_ROUTE_GU=0, and where E logits and their softmax do not fit beside gate/up's staging). Why: the router
+     * routing meant a fence, a ticket and a last CTA re-reading every logit on the layer's critical path (~40% of
+     * its stall samples at the 30b shape); 384 CTAs routing one token each in parallel cost one short chain. */
+    const char *rg = getenv("MOET_ROUTE_GU");
+    const int route_gu = !(rg && rg[0] == '0') && E <= TC_GU_MAX_E;
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
-                  rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h)
+                  rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h, !route_gu)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;
@@ -596,12 +623,16 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     const int nwg = tc_warps(H / bh, TC_GU_W), nwd = tc_warps(K * (F / bf), dtab ? TC_DN_W / 2 : TC_DN_W);
     const dim3 ggu((unsigned)(F / 16), (unsigned)(T * K)), gdn((unsigned)(H / 16), (unsigned)T);
     const cu_mat *dt = dtab ? dtab->table : NULL;
+    const size_t rsm_gu = route_gu ? 2 * (size_t)E * sizeof(float) : 0; /* the logits and their softmax */
+    const float *rlg = route_gu ? logits : NULL;
     if (dtab)
-        TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1), xin, H, F, K, tab->table,
-                           tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt)
+        TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1) + rsm_gu, xin, H, F, K,
+                           tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
+                           a->norm_topk, a->topk_w)
     else
-        TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 0, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0), xin, H, F, K, tab->table,
-                           tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt)
+        TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 0, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0) + rsm_gu, xin, H, F, K,
+                           tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
+                           a->norm_topk, a->topk_w)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     if (dtab)
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,

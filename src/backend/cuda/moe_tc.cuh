@@ -20,6 +20,7 @@
 #define TC_GRP_W 8            /* warps of the grouped kernels (8 tokens staged a warp: 8 KiB of shared memory) */
 #define TC_RT_W 16            /* router: rows (warps) a CTA at most */
 #define TC_RT_T 4             /* router: tokens at most (decode) */
+#define TC_GU_MAX_E 2048      /* decode gate/up routes its token itself up to this many experts (2 x 8 KB of smem) */
 #define TC_RT_U 8             /* router: 16-byte chunks of a row in flight a lane */
 static_assert(MOE_DELTA_TOK <= TC_RT_T, "the delta path's passes go through the decode router");
 

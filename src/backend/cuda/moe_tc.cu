@@ -98,7 +98,7 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
  * chunk's base products, x staged again as the residual sees it (unrotated, as the quantizer stores NVFP4 residuals,
  * or by the residual's own rotation). */
 template <int M, int DL>
-__global__ void __launch_bounds__(TC_GU_W * 32, DL ? 2 : 3)
+__global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(DL))
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
              const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w) {
@@ -602,11 +602,15 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * (moe-mini-a, width 256: a 512-thread CTA's barriers cost more than the 2 elements a thread they save) */
     const int rnw = H >= 1024 ? TC_RT_W : 4;
     /* Who routes: k_tc_gate_up, each CTA its own token from the logits (default), or the router's last CTA
-     * (MOET_ROUTE_GU=0, and where E logits and their softmax do not fit beside gate/up's staging). Why: the router
+     * (MOET_ROUTE_GU=0; =1 forces gate/up; and where E logits and their softmax do not fit beside gate/up's staging). Why: the router
      * routing meant a fence, a ticket and a last CTA re-reading every logit on the layer's critical path (~40% of
      * its stall samples at the 30b shape); 384 CTAs routing one token each in parallel cost one short chain. */
+    /* Only where gate/up's grid is one wave (the CTAs its launch bounds promise an SM): a second wave routes again
+     * after the first (H100, stop 25: 30b with the delta, 2 CTAs an SM, 384 CTAs: tg128 227 -> 215 t/s). */
     const char *rg = getenv("MOET_ROUTE_GU");
-    const int route_gu = !(rg && rg[0] == '0') && E <= TC_GU_MAX_E;
+    const int64_t gu_wave = (int64_t)c->prop.multiProcessorCount * TC_GU_CTAS(dtab != NULL);
+    const int route_gu = E <= TC_GU_MAX_E && (rg && (rg[0] == '0' || rg[0] == '1') ? rg[0] == '1' /* forced */
+                                                                                : (F / 16) * T * K <= gu_wave);
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \

@@ -16,6 +16,7 @@
 #include "quant/tile.h"
 
 #define TC_GU_W 8             /* decode gate/up: warps a CTA at most (3 CTAs an SM: one wave at the 30b shape) */
+#define TC_GU_CTAS(DL) ((DL) ? 2 : 3) /* decode gate/up: CTAs an SM its launch bounds promise */
 #define TC_DN_W 24            /* decode down: warps a CTA at most (one (pick, chunk) item a warp at the 30b shape) */
 #define TC_GRP_W 8            /* warps of the grouped kernels (8 tokens staged a warp: 8 KiB of shared memory) */
 #define TC_RT_W 16            /* router: rows (warps) a CTA at most */

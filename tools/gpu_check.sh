@@ -86,6 +86,14 @@ if [ "${BENCH:-1}" = 1 ]; then
     --reps 3 --gate 1e-9
   TAIL=3 run bench_30b_gate_row $bin/moet bench --synthetic qwen3-30b-a3b --experts w2+nvfp4 --device cuda -p 0 \
     -n 128 --reps 3 --gate 1e-9 --candidates 0
+  # who routes a decode token (moe_tc.cu): k_tc_gate_up only where its grid is one wave, so forced both ways on the
+  # two grids of two waves (the delta's 2 CTAs an SM at 30b; 235b's 768 CTAs): the rule's A/B in one binary
+  for g in 1 0; do
+    TAIL=3 run bench_30b_delta_route_gu$g env MOET_ROUTE_GU=$g $bin/moet bench --synthetic qwen3-30b-a3b \
+      --experts w2+nvfp4 --device cuda -p 0 -n 128 --reps 3
+    TAIL=3 run bench_235b_route_gu$g env MOET_ROUTE_GU=$g $bin/moet bench --synthetic qwen3-235b-a22b --device cuda \
+      -p 0 -n 128 --reps 2
+  done
   # the FP4 delta on every step (W2 base + NVFP4 residuals through the tensor-core decode kernels)
   TAIL=4 run bench_30b_delta $bin/moet bench --synthetic qwen3-30b-a3b --experts w2+nvfp4 --device cuda -p 512 -n 128 \
     --reps 3 -b 4 --json "$out/bench-qwen3-30b-a3b-delta.json"

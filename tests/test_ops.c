@@ -83,6 +83,17 @@ static void *dev_poisoned(size_t n_floats) {
     free(h);
     return d;
 }
+/* The MoE op one token at a time over T tokens (the decode path): x rows from xd, y rows to yd. */
+static void moe_tokenwise(moet_backend *be, const moet_moe_args *ma, float *xd, float *yd, int T, int H) {
+    for (int t = 0; t < T; t++) {
+        moet_moe_args m1 = *ma;
+        m1.x = xd + (int64_t)t * H;
+        m1.n_tok = 1;
+        m1.y = yd + (int64_t)t * H;
+        be->ops->moe(be, &m1);
+    }
+}
+
 static void pull(float *host, const void *d, size_t n_floats) {
     poison(host, n_floats);
     g_be->ops->download(g_be, host, d, n_floats * sizeof(float));
@@ -984,13 +995,7 @@ int main(int argc, char **argv) {
             free(rs);
         }
         /* one token at a time: the decode path */
-        for (int t = 0; t < T; t++) {
-            moet_moe_args m1 = ma;
-            m1.x = xd + t * H;
-            m1.n_tok = 1;
-            m1.y = od + t * H;
-            op->moe(be, &m1);
-        }
+        moe_tokenwise(be, &ma, xd, od, T, H);
         pull(o, od, (size_t)(T * H));
         snprintf(mv, sizeof mv, "w2 decode n=1 %dx%d", H, F);
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
@@ -998,13 +1003,7 @@ int main(int argc, char **argv) {
         float *o3 = malloc(sizeof(float) * T * H);
         if (ab) {
             setenv("MOET_MOE_FUSED", "0", 1);
-            for (int t = 0; t < T; t++) {
-                moet_moe_args m1 = ma;
-                m1.x = xd + t * H;
-                m1.n_tok = 1;
-                m1.y = od + t * H;
-                op->moe(be, &m1);
-            }
+            moe_tokenwise(be, &ma, xd, od, T, H);
             setenv("MOET_MOE_FUSED", "1", 1);
             pull(o3, od, (size_t)(T * H));
             CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the fused block differs from the three launches",
@@ -1014,13 +1013,7 @@ int main(int argc, char **argv) {
         if (is_cuda) {
             setenv("MOET_ROUTE_GU", "0", 1);
             if (ab) setenv("MOET_MOE_FUSED", "0", 1);
-            for (int t = 0; t < T; t++) {
-                moet_moe_args m1 = ma;
-                m1.x = xd + t * H;
-                m1.n_tok = 1;
-                m1.y = od + t * H;
-                op->moe(be, &m1);
-            }
+            moe_tokenwise(be, &ma, xd, od, T, H);
             if (ab) setenv("MOET_MOE_FUSED", "1", 1);
             unsetenv("MOET_ROUTE_GU");
             pull(o3, od, (size_t)(T * H));

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh — the GPU half of the test suite, run on the device machine (tools/gpu_carry.sh prepares .carry/).
 # Runs the CUDA op harness, CUDA vs CPU end to end (graphs vs eager), the transformers logits tests on the GPU,
-# and the op harness's perf mode; logs under $OUT (or ./gpu-out). Exit status: non-zero if a test failed.
+# and the op harness's perf mode, the benches and (NCU=1, the default) the per-kernel decode table; logs under $OUT
+# (or ./gpu-out). Exit status: non-zero if a test failed.
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 bin=.carry/bin
@@ -97,6 +98,10 @@ if [ "${BENCH:-1}" = 1 ]; then
   # the FP4 delta on every step (W2 base + NVFP4 residuals through the tensor-core decode kernels)
   TAIL=4 run bench_30b_delta $bin/moet bench --synthetic qwen3-30b-a3b --experts w2+nvfp4 --device cuda -p 512 -n 128 \
     --reps 3 -b 4 --json "$out/bench-qwen3-30b-a3b-delta.json"
+fi
+# each kernel of a 30b decode step timed alone under Nsight Compute, averaged over the layers (where ncu works)
+if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
+  TAIL=14 run ncu_layer env OUT="$out" NCU_TIMEOUT=150 bash tools/ncu_layer.sh qwen3-30b-a3b
 fi
 # the device call brings back at most 8 files: with $OUT set, everything goes back as one archive
 if [ -n "${OUT:-}" ] && [ "$out" = "$OUT" ]; then

@@ -4,9 +4,13 @@
 # decode routes) over dev.txt with 25/50/75% of the routed experts in slots, for each model given, in direct mode
 # (--expert-home pinned: a miss read where it waits, fetched after the step) with the decayed-LFU victims and
 # admission (a miss fetched only over a less used victim), the same without admission (MOET_ECACHE_ADMIT=0), plain
-# LRU (MOET_ECACHE_LRU=1), and in replay mode (mapped homes). Prefetch off (the GPU has none yet).
-# Cost in direct mode: expert reads over the bus a token = (misses + fetches) / tokens.
-# usage: bench/ecache_study.sh MOET_BIN OUT.json MODEL_DIR...   (DEV=../shared/data/dev.txt CTX=256 CHUNKS=4)
+# LRU (MOET_ECACHE_LRU=1), and in replay mode (mapped homes). Prefetch off (the GPU has none yet), except in the
+# policy lfu+admit+prefetch (MOET_EXPERT_PREFETCH=1: each MoE layer's output through the next layer's router, its
+# top k fetched where that evicts only experts of earlier steps).
+# Cost in direct mode: expert reads over the bus a token = (misses + fetches) / tokens; of them only the misses are
+# read inside a step (a fetch, prefetch included, is a copy a GPU can overlap with compute).
+# usage: bench/ecache_study.sh MOET_BIN OUT.json MODEL_DIR...   (DEV=../shared/data/dev.txt CTX=256 CHUNKS=4;
+#        MODES="pinned:lfu+admit pinned:lfu+admit+prefetch" picks the home:policy pairs, the default all four above)
 set -eu
 MOET=$1; OUT=$2; shift 2
 DEV=${DEV:-../shared/data/dev.txt}; CTX=${CTX:-256}; CHUNKS=${CHUNKS:-4}
@@ -16,10 +20,12 @@ for model in "$@"; do
   E=$(python3 -c "import json; c=json.load(open('$model/config.json')); print(c['num_hidden_layers'] * c.get('num_experts', c.get('num_local_experts', 0)))")
   for pct in 25 50 75; do
     n=$((E * pct / 100))
-    for mode in "pinned lfu+admit" "pinned lfu" "pinned lru" "mapped lru"; do
-      set -- $mode
-      j=$(MOET_EXPERT_PREFETCH=0 MOET_ECACHE_LRU=$([ $2 = lru ] && echo 1 || echo 0) \
-          MOET_ECACHE_ADMIT=$([ $2 = lfu+admit ] && echo 1 || echo 0) "$MOET" perplexity -m "$model" -f "$DEV" \
+    for mode in ${MODES:-pinned:lfu+admit pinned:lfu pinned:lru mapped:lru}; do
+      set -- ${mode/:/ }
+      pre=0; case $2 in *+prefetch) pre=1 ;; esac
+      adm=0; case $2 in lfu+admit*) adm=1 ;; esac
+      j=$(MOET_EXPERT_PREFETCH=$pre MOET_ECACHE_LRU=$([ $2 = lru ] && echo 1 || echo 0) \
+          MOET_ECACHE_ADMIT=$adm "$MOET" perplexity -m "$model" -f "$DEV" \
           --ctx $CTX --chunks $CHUNKS --step 1 --expert-slots $n --expert-home $1 -t "${THREADS:-2}" --json 2>/dev/null)
       echo "$(basename "$model") $n slots ($pct%) $1 $2: $j" >&2
       rows+=("{\"model\": \"$(basename "$model")\", \"experts\": $E, \"slots\": $n, \"home\": \"$1\", \"policy\": \"$2\", \"result\": $j}")

@@ -161,16 +161,17 @@ def cuda_batched():
     return "\n".join(rows)
 
 
-def ecache_study():
+def ecache_study(name="ecache-study"):
     """bench/ecache_study.sh: the expert cache's counts a token (a token a forward step over dev.txt)."""
-    f = os.path.join(ROOT, "bench/results/ecache-study.json")
+    f = os.path.join(ROOT, f"bench/results/{name}.json")
     if not os.path.exists(f):
-        return "(no bench/results/ecache-study.json yet)"
+        return f"(no bench/results/{name}.json yet)"
     d = json.load(open(f))
     rows = ["| model | slots | home | policy | hit rate | misses / token | fetches / token | bus reads / token | "
             "steps run again / token | PPL |",
             "|---|---|---|---|---|---|---|---|---|---|"]
-    names = {"lfu+admit": "decayed LFU + admission", "lfu": "decayed LFU", "lru": "LRU"}
+    names = {"lfu+admit": "decayed LFU + admission", "lfu": "decayed LFU", "lru": "LRU",
+             "lfu+admit+prefetch": "decayed LFU + admission + prefetch"}
     for r in d["runs"]:
         x, t = r["result"], r["result"]["tokens"]
         direct = r["home"] == "pinned"
@@ -185,7 +186,7 @@ def ecache_study():
     return "\n".join(rows)
 
 
-TABLES = {"ecache-study": ecache_study, "cuda-batched": cuda_batched, "serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
+TABLES = {"ecache-study": ecache_study, "ecache-prefetch": lambda: ecache_study("ecache-prefetch"), "cuda-batched": cuda_batched, "serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
 
 
 def render(path, check):

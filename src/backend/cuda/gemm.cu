@@ -26,8 +26,8 @@
  * Bytes per call: rows x cols x 2 (W) + n x cols x (4 + 6) + n x rows x (12 + 4 or 8); FLOPs 3 x 2 x n x rows x cols.
  *
  * Q8_0 (cu_gemm_q8t, from MOET_GEMM_Q8_MIN_TOK tokens, default 32: below that the per-call F16 copy of W, 8 bytes a
- * weight written and read, outweighs the generic kernel's passes over 1.06; on an H100 the two cross between 16 and 32 tokens: 53.5 vs
- * 59.4 us at 16, 101.5 vs 59.8 at 32, at the 5120 x 2048 shape, perf mode's "dense q8_0" table). A Q8_0 weight q d (int8 times an f16) has at most 18 significant bits; times a power of two a row (its
+ * weight written and read, outweighs the generic kernel's passes over 1.06; on an H100 the two cross between 16 and 32 tokens: this path
+ * takes 1.11x the GEMV's time at 16 and 0.59x at 32, at the 5120 x 2048 shape, perf mode's "dense q8_0" table). A Q8_0 weight q d (int8 times an f16) has at most 18 significant bits; times a power of two a row (its
  * largest possible |q d| -> [2^14, 2^15)) it is exactly hi + lo, two F16 values (11 + 11 bits). Where lo falls in
  * F16's subnormals (weights 2^-25 below the row's largest and smaller) its error is below 2^-39 of the row's
  * largest weight: far under fp32's rounding of the sum. x of each token, times a power of two (largest -> [2^14,

@@ -601,12 +601,12 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     /* 16 warps a CTA for wide rows (the pre-norm's elements a thread are the CTA's latency chain), 4 for narrow ones
      * (moe-mini-a, width 256: a 512-thread CTA's barriers cost more than the 2 elements a thread they save) */
     const int rnw = H >= 1024 ? TC_RT_W : 4;
-    /* Who routes: k_tc_gate_up, each CTA its own token from the logits (default), or the router's last CTA
-     * (MOET_ROUTE_GU=0; =1 forces gate/up; and where E logits and their softmax do not fit beside gate/up's staging). Why: the router
-     * routing meant a fence, a ticket and a last CTA re-reading every logit on the layer's critical path (~40% of
-     * its stall samples at the 30b shape); 384 CTAs routing one token each in parallel cost one short chain. */
-    /* Only where gate/up's grid is one wave (the CTAs its launch bounds promise an SM): a second wave routes again
-     * after the first (H100, stop 25: 30b with the delta, 2 CTAs an SM, 384 CTAs: tg128 227 -> 215 t/s). */
+    /* Who routes. The router's last CTA (ticket) meant a fence, an atomic and one CTA re-reading every logit on the
+     * layer's critical path (~40% of the router's stall samples at the 30b shape), so where gate/up's grid is one
+     * wave (the CTAs its launch bounds promise an SM, times the SMs) each gate/up CTA routes its own token from the
+     * logits instead: one short chain, in parallel. A grid of two waves would route again in the second (30b with
+     * the delta, 2 CTAs an SM: 0.945x the decode speed between two runs on an H100), so there the router routes.
+     * MOET_ROUTE_GU=0 / =1 force either; gate/up also needs E logits and their softmax beside its staging. */
     const char *rg = getenv("MOET_ROUTE_GU");
     const int64_t gu_wave = (int64_t)c->prop.multiProcessorCount * TC_GU_CTAS(dtab != NULL);
     const int route_gu = E <= TC_GU_MAX_E && (rg && (rg[0] == '0' || rg[0] == '1') ? rg[0] == '1' /* forced */

@@ -11,6 +11,8 @@ Writes into OUTDIR:
   moe-mini-b/               a second Qwen3-MoE of a different shape (random init, bf16 on disk):
                             config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
                             reference_fp32.safetensors (logits [W,T,V] f32, input_ids [W,T] i32, greedy_ids [W,G] i32)
+  mixtral-mini/             a small MixtralForCausalLM (random init, bf16 on disk, moe-mini-a's tokenizer): the same
+                            files as moe-mini-b (--only-mixtral writes just this one)
   dev_ids.i32               the whole dev text tokenized (little-endian int32), if --dev is given
   ppl_ref.json              transformers' fp32 perplexity of moe-mini-a on dev windows (ctx 512, 16 chunks)
 """
@@ -20,7 +22,7 @@ import torch
 from tokenizers import Tokenizer
 from safetensors.torch import save_file
 import transformers
-from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -97,14 +99,32 @@ def make_model_b(out, tok, windows):
         bos_token_id=0, eos_token_id=0, pad_token_id=0,
     )
     model = Qwen3MoeForCausalLM(cfg)
+    save_with_reference(model, os.path.join(out, "moe-mini-b"), windows)
+
+
+def make_model_mixtral(out, windows):
+    torch.manual_seed(4321)
+    cfg = MixtralConfig(
+        vocab_size=4096, hidden_size=128, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, hidden_act="silu",
+        max_position_embeddings=512, initializer_range=0.1, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_theta=1000000.0, num_local_experts=8, num_experts_per_tok=2, sliding_window=None,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )
+    model = MixtralForCausalLM(cfg)
+    save_with_reference(model, os.path.join(out, "mixtral-mini"), windows)
+
+
+def save_with_reference(model, d, windows):
+    """bf16 checkpoint + moe-mini-a's tokenizer in d, and transformers' fp32 logits and greedy ids of what was written."""
+    name = os.path.basename(d)
     # Larger norm weights than the all-ones init so the norms are exercised.
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith("norm.weight"):
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
     for i, layer in enumerate(model.model.layers):
-        print(f"layer {i}: mlp = {type(layer.mlp).__name__}", flush=True)
-    d = os.path.join(out, "moe-mini-b")
+        print(f"{name} layer {i}: mlp = {type(layer.mlp).__name__}", flush=True)
     os.makedirs(d, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -120,15 +140,18 @@ def make_model_b(out, tok, windows):
     with torch.no_grad():
         full = ref(gen).logits.float()[:, ids.shape[1] - 1:-1]
     top2 = torch.topk(torch.softmax(full, -1), 2, dim=-1).values
-    print(f"moe-mini-b: min greedy top1-top2 prob margin {float((top2[..., 0] - top2[..., 1]).min()):.4g}", flush=True)
+    print(f"{name}: min greedy top1-top2 prob margin {float((top2[..., 0] - top2[..., 1]).min()):.4g}", flush=True)
     save_file({"logits": logits.contiguous(), "input_ids": ids.to(torch.int32).contiguous(),
                "greedy_ids": greedy.to(torch.int32).contiguous()},
               os.path.join(d, "reference_fp32.safetensors"),
               metadata={"transformers": transformers.__version__,
                         "note": "transformers fp32 forward of model.safetensors (bf16 weights upcast)"})
-    print("moe-mini-b files:", sorted(os.listdir(d)), flush=True)
+    print(f"{name} files:", sorted(os.listdir(d)), flush=True)
     with open(os.path.join(d, "config.json")) as f:
         print(f.read(), flush=True)
+    import safetensors
+    with safetensors.safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        print(f"{name} tensors (layer 0):", sorted(k for k in f.keys() if ".layers.0." in k), flush=True)
 
 
 def ppl_ref(out, dev_ids, ctx=512, chunks=16):
@@ -194,6 +217,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--dev")
     ap.add_argument("--only-tokenizers", action="store_true")
+    ap.add_argument("--only-mixtral", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
@@ -213,7 +237,11 @@ def main():
         windows = [dev_ids[i * 1000: i * 1000 + 40] for i in range(4)]
     else:
         windows = [[(7 * i + 13 * j) % 4000 + 3 for j in range(40)] for i in range(4)]
-    make_model_b(a.out, tok, windows)
+    if not a.only_mixtral:
+        make_model_b(a.out, tok, windows)
+    make_model_mixtral(a.out, windows)
+    if a.only_mixtral:
+        return
     if dev_ids is not None and torch.cuda.is_available():
         ppl_ref(a.out, dev_ids)
 

@@ -35,6 +35,21 @@ static const char *matrix_name(char *buf, size_t cap, int l, int64_t e, int k) {
 
 /* ---- write ---------------------------------------------------------------------------------------------------- */
 
+static int cmp_uptr(const void *a, const void *b) {
+    const uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Whether one of the n sorted addresses s lies in [p, p + len). */
+static int holds_expert(const uintptr_t *s, size_t n, uintptr_t p, uint64_t len) {
+    size_t lo = 0, hi = n; /* the first s[i] >= p */
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (s[mid] < p) lo = mid + 1; else hi = mid;
+    }
+    return lo < n && s[lo] - p < len;
+}
+
 typedef struct {
     const moet_model *m;
     const moet_pack_options *o;
@@ -138,6 +153,7 @@ static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
 int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_path, const moet_pack_options *o,
                     char *err, size_t errlen) {
     const moet_hparams *hp = &m->hp;
+    uintptr_t *ex_starts = NULL; /* the routed experts' matrices' first bytes, sorted (the dense copy skips them) */
     if (m->pack) return moet_err(err, errlen, MOET_EINVAL, "re-quantizing a pack is not supported; give the HF directory");
     const int delta = moet_qformat_has_delta(o->q.format);
     if (delta && o->q.format != MOET_QF_W2_NVFP4)
@@ -203,10 +219,25 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     }
     moet_gguf_writer_kv_str(w, "moet.tokenizer_json", tok_json, tl);
     if (m->chat_template) moet_gguf_writer_kv_str(w, "tokenizer.chat_template", m->chat_template, strlen(m->chat_template));
-    /* Dense tensors: every checkpoint tensor that is not a routed expert, as stored. */
+    /* Dense tensors: every checkpoint tensor that is not a routed expert, as stored. A tensor is an expert's when
+     * the bytes of a bound expert matrix lie in it (whatever the architecture calls it: Qwen3's mlp.experts.E.*,
+     * Mixtral's block_sparse_moe.experts.E.w*, a fused gate_up_proj), found by bisection in the sorted starts. */
+    size_t n_ex = 0;
+    for (int l = 0; l < hp->n_layers; l++) n_ex += hp->layer_moe[l] ? 3 * (size_t)hp->n_experts : 0;
+    ex_starts = malloc((n_ex ? n_ex : 1) * sizeof *ex_starts);
+    if (!ex_starts) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    n_ex = 0;
+    for (int l = 0; l < hp->n_layers; l++)
+        for (int64_t e = 0; hp->layer_moe[l] && e < hp->n_experts; e++) {
+            const moet_layer *L = &m->layers[l];
+            ex_starts[n_ex++] = (uintptr_t)L->exp_gate[e].data;
+            ex_starts[n_ex++] = (uintptr_t)L->exp_up[e].data;
+            ex_starts[n_ex++] = (uintptr_t)L->exp_down[e].data;
+        }
+    qsort(ex_starts, n_ex, sizeof *ex_starts, cmp_uptr);
     for (size_t i = 0; i < m->st.n_tensors; i++) {
         const moet_st_tensor *t = &m->st.tensors[i];
-        if (strstr(t->name, ".mlp.experts.")) continue;
+        if (strstr(t->name, ".mlp.experts.") || holds_expert(ex_starts, n_ex, (uintptr_t)t->data, t->nbytes)) continue;
         int ty = t->dtype == MOET_ST_F32 ? MOET_TYPE_F32 : t->dtype == MOET_ST_F16 ? MOET_TYPE_F16
                  : t->dtype == MOET_ST_BF16 ? MOET_TYPE_BF16 : -1;
         if (ty < 0 || t->ndim < 1 || t->ndim > 4) {
@@ -256,6 +287,7 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
         rc = moet_delta_write(m, o->delta_path, &dd, err, errlen);
     }
 out:
+    free(ex_starts);
     if (w) moet_gguf_writer_abort(w);
     if (x.blocks) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.blocks[i]);
     free(x.blocks);

@@ -17,54 +17,13 @@
 #include "core/util.h"
 #include "format/hf_config.h"
 #include "model/arch.h"
+#include "model/hf_common.h"
 #include "model/model.h"
 
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
-static int parse_rope(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen) {
-    const json_t *rp = json_object_get(cfg, "rope_parameters");
-    const json_t *rs = json_object_get(cfg, "rope_scaling");
-    const char *type = NULL;
-    hp->rope_theta = 0;
-    if (rp && json_is_object(rp)) {
-        TRY(moet_cfg_num(rp, "rope_theta", false, 0, 1.0, 1e12, &hp->rope_theta, err, errlen));
-        TRY(moet_cfg_str(rp, "rope_type", &type, err, errlen));
-        if (!type) TRY(moet_cfg_str(rp, "type", &type, err, errlen));
-        double prf = 1.0;
-        TRY(moet_cfg_num(rp, "partial_rotary_factor", false, 1.0, 0.0, 1.0, &prf, err, errlen));
-        if (prf != 1.0) return moet_err(err, errlen, MOET_EUNSUP, "partial_rotary_factor %g is not supported", prf);
-    } else if (rp && !json_is_null(rp)) {
-        return moet_err(err, errlen, MOET_EFORMAT, "key 'rope_parameters' must be an object");
-    }
-    if (hp->rope_theta == 0) TRY(moet_cfg_num(cfg, "rope_theta", false, 10000.0, 1.0, 1e12, &hp->rope_theta, err, errlen));
-    if (rs && json_is_object(rs) && !type) {
-        TRY(moet_cfg_str(rs, "rope_type", &type, err, errlen));
-        if (!type) TRY(moet_cfg_str(rs, "type", &type, err, errlen));
-        if (!type) type = "?";
-    } else if (rs && !json_is_null(rs) && !json_is_object(rs)) {
-        return moet_err(err, errlen, MOET_EFORMAT, "key 'rope_scaling' must be an object or null");
-    }
-    if (type && strcmp(type, "default") != 0)
-        return moet_err(err, errlen, MOET_EUNSUP, "rope type '%s' is not supported (supported: default)", type);
-    hp->rope_dim = hp->head_dim;
-    return MOET_OK;
-}
-
 static int q3_parse_config(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen) {
-    const char *act = NULL;
-    TRY(moet_cfg_str(cfg, "hidden_act", &act, err, errlen));
-    if (act && strcmp(act, "silu") != 0)
-        return moet_err(err, errlen, MOET_EUNSUP, "hidden_act '%s' is not supported (supported: silu)", act);
-    TRY(moet_cfg_int(cfg, "vocab_size", true, 0, 1, 1 << 22, &hp->vocab, err, errlen));
-    TRY(moet_cfg_int(cfg, "hidden_size", true, 0, 1, 1 << 16, &hp->hidden, err, errlen));
-    TRY(moet_cfg_int(cfg, "num_hidden_layers", true, 0, 1, 1024, &hp->n_layers, err, errlen));
-    TRY(moet_cfg_int(cfg, "num_attention_heads", true, 0, 1, 1024, &hp->n_heads, err, errlen));
-    TRY(moet_cfg_int(cfg, "num_key_value_heads", false, hp->n_heads, 1, 1024, &hp->n_kv_heads, err, errlen));
-    TRY(moet_cfg_int(cfg, "head_dim", false, hp->hidden / hp->n_heads, 2, 1024, &hp->head_dim, err, errlen));
-    if (hp->head_dim % 2) return moet_err(err, errlen, MOET_EFORMAT, "head_dim %d must be even", hp->head_dim);
-    if (hp->n_heads % hp->n_kv_heads)
-        return moet_err(err, errlen, MOET_EFORMAT, "num_attention_heads %d is not a multiple of num_key_value_heads %d",
-                        hp->n_heads, hp->n_kv_heads);
+    TRY(moet_hf_parse_common(cfg, hp, err, errlen));
     TRY(moet_cfg_int(cfg, "intermediate_size", false, 0, 0, 1 << 20, &hp->dense_ffn, err, errlen));
     TRY(moet_cfg_int(cfg, "moe_intermediate_size", false, 0, 0, 1 << 20, &hp->expert_ffn, err, errlen));
     static const char *const k_nexp[] = {"num_experts", "num_local_experts", NULL};
@@ -74,13 +33,6 @@ static int q3_parse_config(const json_t *cfg, moet_hparams *hp, char *err, size_
     TRY(moet_cfg_int(cfg, "num_experts_per_tok", hp->n_experts > 0, 0, hp->n_experts ? 1 : 0,
                      hp->n_experts ? hp->n_experts : 0, &hp->n_experts_used, err, errlen));
     TRY(moet_cfg_bool(cfg, "norm_topk_prob", false, &hp->norm_topk, err, errlen));
-    double eps;
-    TRY(moet_cfg_num(cfg, "rms_norm_eps", false, 1e-6, 0.0, 1.0, &eps, err, errlen));
-    hp->rms_eps = (float)eps;
-    TRY(moet_cfg_int(cfg, "max_position_embeddings", false, 32768, 1, 1 << 24, &hp->max_pos, err, errlen));
-    TRY(moet_cfg_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings, err, errlen));
-    TRY(moet_cfg_bool(cfg, "attention_bias", false, &hp->attn_bias, err, errlen));
-    TRY(parse_rope(cfg, hp, err, errlen));
     int32_t sw = 0;
     TRY(moet_cfg_bool(cfg, "use_sliding_window", false, &sw, err, errlen));
     if (sw) return moet_err(err, errlen, MOET_EUNSUP, "use_sliding_window=true is not supported");
@@ -119,40 +71,18 @@ static int q3_parse_config(const json_t *cfg, moet_hparams *hp, char *err, size_
     return MOET_OK;
 }
 
-static int opt_vector(moet_model *m, const char *name, int64_t n, const float **out, char *err, size_t errlen) {
-    *out = NULL;
-    return moet_bind_vector(m, name, n, out, err, errlen);
-}
-
 static int q3_bind(moet_model *m, char *err, size_t errlen) {
     const moet_hparams *hp = &m->hp;
-    const int64_t H = hp->hidden, Dq = (int64_t)hp->n_heads * hp->head_dim, Dkv = (int64_t)hp->n_kv_heads * hp->head_dim;
+    const int64_t H = hp->hidden;
+    /* per expert as save_pretrained writes them (and moet packs store every architecture's experts) */
+    static const char *const k_names[1][3] = {
+        {"mlp.experts.%lld.gate_proj.weight", "mlp.experts.%lld.up_proj.weight", "mlp.experts.%lld.down_proj.weight"}};
     char n[256];
-    TRY(moet_bind_matrix(m, "model.embed_tokens.weight", hp->vocab, H, &m->tok_embd, err, errlen));
-    if (hp->tie_embeddings && !moet_has_tensor(m, "lm_head.weight"))
-        m->output = m->tok_embd;
-    else
-        TRY(moet_bind_matrix(m, "lm_head.weight", hp->vocab, H, &m->output, err, errlen));
-    TRY(moet_bind_vector(m, "model.norm.weight", H, &m->out_norm, err, errlen));
-    m->layers = calloc((size_t)hp->n_layers, sizeof(moet_layer));
-    if (!m->layers) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    TRY(moet_hf_bind_model(m, err, errlen));
     for (int il = 0; il < hp->n_layers; il++) {
         moet_layer *L = &m->layers[il];
-#define NAME(fmt, ...) (snprintf(n, sizeof n, "model.layers.%d." fmt, il, ##__VA_ARGS__), n)
-        TRY(moet_bind_vector(m, NAME("input_layernorm.weight"), H, &L->attn_norm, err, errlen));
-        TRY(moet_bind_vector(m, NAME("post_attention_layernorm.weight"), H, &L->ffn_norm, err, errlen));
-        TRY(moet_bind_matrix(m, NAME("self_attn.q_proj.weight"), Dq, H, &L->wq, err, errlen));
-        TRY(moet_bind_matrix(m, NAME("self_attn.k_proj.weight"), Dkv, H, &L->wk, err, errlen));
-        TRY(moet_bind_matrix(m, NAME("self_attn.v_proj.weight"), Dkv, H, &L->wv, err, errlen));
-        TRY(moet_bind_matrix(m, NAME("self_attn.o_proj.weight"), H, Dq, &L->wo, err, errlen));
-        TRY(moet_bind_vector(m, NAME("self_attn.q_norm.weight"), hp->head_dim, &L->q_norm, err, errlen));
-        TRY(moet_bind_vector(m, NAME("self_attn.k_norm.weight"), hp->head_dim, &L->k_norm, err, errlen));
-        if (hp->attn_bias) {
-            TRY(opt_vector(m, NAME("self_attn.q_proj.bias"), Dq, &L->bq, err, errlen));
-            TRY(opt_vector(m, NAME("self_attn.k_proj.bias"), Dkv, &L->bk, err, errlen));
-            TRY(opt_vector(m, NAME("self_attn.v_proj.bias"), Dkv, &L->bv, err, errlen));
-            TRY(opt_vector(m, NAME("self_attn.o_proj.bias"), H, &L->bo, err, errlen));
-        }
+#define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, il), n)
+        TRY(moet_hf_bind_attention(m, il, err, errlen));
         L->is_moe = hp->layer_moe[il];
         if (!L->is_moe) {
             const int64_t F = hp->dense_ffn;
@@ -161,30 +91,8 @@ static int q3_bind(moet_model *m, char *err, size_t errlen) {
             TRY(moet_bind_matrix(m, NAME("mlp.down_proj.weight"), H, F, &L->down, err, errlen));
             continue;
         }
-        const int64_t E = hp->n_experts, F = hp->expert_ffn;
-        TRY(moet_bind_matrix(m, NAME("mlp.gate.weight"), E, H, &L->router, err, errlen));
-        L->exp_gate = calloc((size_t)E * 3, sizeof(moet_weight));
-        if (!L->exp_gate) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
-        L->exp_up = L->exp_gate + E;
-        L->exp_down = L->exp_up + E;
-        char fused_gu[256], fused_d[256];
-        snprintf(fused_gu, sizeof fused_gu, "model.layers.%d.mlp.experts.gate_up_proj", il);
-        snprintf(fused_d, sizeof fused_d, "model.layers.%d.mlp.experts.down_proj", il);
-        int fused = moet_has_tensor(m, fused_gu);
-        for (int64_t e = 0; e < E; e++) {
-            if (fused) {
-                TRY(moet_bind_matrix_slice(m, fused_gu, E, e, 2 * F, 0, F, H, &L->exp_gate[e], err, errlen));
-                TRY(moet_bind_matrix_slice(m, fused_gu, E, e, 2 * F, F, F, H, &L->exp_up[e], err, errlen));
-                TRY(moet_bind_matrix_slice(m, fused_d, E, e, H, 0, H, F, &L->exp_down[e], err, errlen));
-            } else {
-                TRY(moet_bind_matrix(m, NAME("mlp.experts.%lld.gate_proj.weight", (long long)e), F, H,
-                                     &L->exp_gate[e], err, errlen));
-                TRY(moet_bind_matrix(m, NAME("mlp.experts.%lld.up_proj.weight", (long long)e), F, H, &L->exp_up[e],
-                                     err, errlen));
-                TRY(moet_bind_matrix(m, NAME("mlp.experts.%lld.down_proj.weight", (long long)e), H, F,
-                                     &L->exp_down[e], err, errlen));
-            }
-        }
+        TRY(moet_bind_matrix(m, NAME("mlp.gate.weight"), hp->n_experts, H, &L->router, err, errlen));
+        TRY(moet_hf_bind_experts(m, il, k_names, 1, "mlp.experts", err, errlen));
 #undef NAME
     }
     return MOET_OK;

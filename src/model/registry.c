@@ -4,8 +4,9 @@
 #include "model/arch.h"
 
 extern const moet_arch moet_arch_qwen3_moe;
+extern const moet_arch moet_arch_mixtral;
 
-static const moet_arch *const k_archs[] = {&moet_arch_qwen3_moe};
+static const moet_arch *const k_archs[] = {&moet_arch_qwen3_moe, &moet_arch_mixtral};
 
 const moet_arch *moet_arch_find(const char *hf_name) {
     for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
@@ -13,4 +14,4 @@ const moet_arch *moet_arch_find(const char *hf_name) {
     return NULL;
 }
 
-const char *moet_arch_list(void) { return "Qwen3MoeForCausalLM"; }
+const char *moet_arch_list(void) { return "Qwen3MoeForCausalLM, MixtralForCausalLM"; }

@@ -1,0 +1,34 @@
+/*
+ * hf_common.h — what the Hugging Face decoder architectures share: the config keys every one of them spells the same
+ * way, and the tensor names of embeddings, norms and attention (model.layers.N.self_attn.*). An architecture file
+ * (qwen3_moe.c, mixtral.c) parses and binds what is its own around these.
+ */
+#ifndef MOET_MODEL_HF_COMMON_H
+#define MOET_MODEL_HF_COMMON_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "model/model.h"
+
+/* hidden_act (silu only), vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+ * head_dim (default hidden / heads; null counts as absent), rms_norm_eps, max_position_embeddings,
+ * tie_word_embeddings, attention_bias, and the RoPE (rope_parameters | rope_theta + rope_scaling: default only). */
+int moet_hf_parse_common(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen);
+
+/* model.embed_tokens, lm_head (or the tied embedding), model.norm; allocates m->layers. */
+int moet_hf_bind_model(moet_model *m, char *err, size_t errlen);
+
+/* Layer il's input_layernorm, post_attention_layernorm, self_attn.{q,k,v,o}_proj (and their biases with
+ * attention_bias), and with hp->qk_norm self_attn.{q,k}_norm. */
+int moet_hf_bind_attention(moet_model *m, int il, char *err, size_t errlen);
+
+/* Layer il's routed experts (L->exp_*, n_experts of expert_ffn), from the first layout present:
+ *   per expert   model.layers.N.<names[k] with the expert's index>, k = gate, up, down (each layout's own names),
+ *                tried for each of the n_layouts name triples in turn;
+ *   fused        model.layers.N.<fused>.gate_up_proj [E, 2F, H] + .down_proj [E, H, F] (transformers 5's in-memory
+ *                layout), where fused != NULL. */
+int moet_hf_bind_experts(moet_model *m, int il, const char *const (*names)[3], int n_layouts, const char *fused,
+                         char *err, size_t errlen);
+
+#endif

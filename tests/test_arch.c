@@ -1,0 +1,294 @@
+/*
+ * test_arch.c — MixtralForCausalLM without transformers: a small random Mixtral written in the three tensor layouts
+ * the architecture binds (the hub's block_sparse_moe.experts.E.w1/w3/w2, transformers 5's fused
+ * mlp.experts.gate_up_proj / down_proj, and the per-expert gate/up/down_proj names moet packs store) must load and
+ * give the same logits bit for bit, finite and not all alike; and its config's refusals name what they refuse.
+ * The numbers against transformers come from tools/make_fixtures.py --only-mixtral (logits_mixtral_mini).
+ *
+ * usage: test_arch TOKENIZER_DIR (a model directory whose tokenizer.json has a vocabulary of 4096)
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "format/gguf.h"
+#include "model/model.h"
+#include "model/pack.h"
+#include "quant/requant.h"
+#include "test_util.h"
+
+enum { V = 4096, H = 64, L = 2, NH = 4, NKV = 2, HD = 16, E = 4, K = 2, F = 32 };
+
+static char g_dir[256];
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float rnd(float scale) {
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return scale * ((float)(g_rng >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
+}
+
+/* one checkpoint's tensors: name, shape, data (f32), appended in order */
+typedef struct { char name[128]; int nd; int64_t shape[3]; float *data; } tensor;
+typedef struct { tensor t[256]; int n; } ckpt;
+
+static void add(ckpt *c, const char *name, int nd, int64_t a, int64_t b, int64_t d, const float *src) {
+    REQUIRE(c->n < 256, "too many tensors");
+    tensor *t = &c->t[c->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->nd = nd;
+    t->shape[0] = a; t->shape[1] = b; t->shape[2] = d;
+    const size_t n = (size_t)a * (nd > 1 ? b : 1) * (nd > 2 ? d : 1);
+    t->data = malloc(n * sizeof(float));
+    memcpy(t->data, src, n * sizeof(float));
+}
+
+static void write_ckpt(const char *dir, const ckpt *c, const char *config) {
+    mkdir(dir, 0755);
+    char p[512], hdr[65536];
+    size_t off = 0, hl = 0;
+    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "{");
+    for (int i = 0; i < c->n; i++) {
+        const tensor *t = &c->t[i];
+        size_t n = 1;
+        for (int d = 0; d < t->nd; d++) n *= (size_t)t->shape[d];
+        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[", i ? "," : "", t->name);
+        for (int d = 0; d < t->nd; d++) hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "],\"data_offsets\":[%zu,%zu]}", off, off + 4 * n);
+        off += 4 * n;
+        REQUIRE(hl < sizeof hdr - 256, "header too long");
+    }
+    hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "}");
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    FILE *f = fopen(p, "wb");
+    REQUIRE(f, "cannot write %s", p);
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    fwrite(b, 1, 8, f);
+    fwrite(hdr, 1, hl, f);
+    for (int i = 0; i < c->n; i++) {
+        const tensor *t = &c->t[i];
+        size_t n = 1;
+        for (int d = 0; d < t->nd; d++) n *= (size_t)t->shape[d];
+        fwrite(t->data, sizeof(float), n, f);
+    }
+    REQUIRE(fclose(f) == 0, "writing %s", p);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    f = fopen(p, "w");
+    REQUIRE(f, "cannot write %s", p);
+    fputs(config, f);
+    fclose(f);
+}
+
+static void copy_tokenizer(const char *src, const char *dir) {
+    char p[512], q[512], buf[65536];
+    snprintf(p, sizeof p, "%s/tokenizer.json", src);
+    snprintf(q, sizeof q, "%s/tokenizer.json", dir);
+    FILE *a = fopen(p, "rb"), *b = fopen(q, "wb");
+    REQUIRE(a && b, "copying %s", p);
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, a)) > 0) fwrite(buf, 1, n, b);
+    fclose(a);
+    fclose(b);
+}
+
+static const char *config(int sliding_window) {
+    static char c[2048];
+    snprintf(c, sizeof c,
+             "{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\", \"vocab_size\": %d, "
+             "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
+             "\"num_key_value_heads\": %d, \"head_dim\": null, \"hidden_act\": \"silu\", \"max_position_embeddings\": 512, "
+             "\"rms_norm_eps\": 1e-05, \"rope_theta\": 1000000.0, \"num_local_experts\": %d, \"num_experts_per_tok\": %d, "
+             "\"sliding_window\": %s, \"tie_word_embeddings\": false, \"bos_token_id\": 1, \"eos_token_id\": 2}",
+             V, H, F, L, NH, NKV, E, K, sliding_window ? "128" : "null");
+    return c;
+}
+
+/* logits of every position of a fixed prompt, CPU */
+static float *run(const char *dir, int32_t n_tok, char *err, size_t errlen, int *rc) {
+    moet_model_options mo = moet_model_default_options();
+    mo.device = "cpu";
+    moet_model *m = NULL;
+    if ((*rc = moet_model_load(dir, &mo, &m, err, errlen))) return NULL;
+    moet_session_options so = moet_session_default_options();
+    so.n_ctx = 64;
+    so.n_logits = n_tok;
+    moet_session *s = NULL;
+    REQUIRE(moet_session_create(m, &so, &s, err, errlen) == 0, "session: %s", err);
+    int32_t toks[16];
+    for (int i = 0; i < n_tok; i++) toks[i] = (int32_t)((37 * i + 11) % V);
+    REQUIRE(moet_session_eval(s, toks, n_tok, MOET_LOGITS_ALL, err, errlen) == 0, "eval: %s", err);
+    int32_t rows = 0;
+    const float *lg = moet_session_logits(s, &rows);
+    REQUIRE(lg && rows == n_tok, "logits rows %d", rows);
+    float *out = malloc(sizeof(float) * (size_t)n_tok * V);
+    memcpy(out, lg, sizeof(float) * (size_t)n_tok * V);
+    moet_session_free(s);
+    moet_model_free(m);
+    return out;
+}
+
+int main(int argc, char **argv) {
+    REQUIRE(argc == 2, "usage: test_arch TOKENIZER_DIR");
+    snprintf(g_dir, sizeof g_dir, "/tmp/moet_test_arch_XXXXXX");
+    REQUIRE(mkdtemp(g_dir), "mkdtemp");
+    static float buf[V * H];
+    /* the random model, tensor by tensor, in the hub layout; the other two layouts from the same values */
+    ckpt hub = {0}, fused = {0}, canon = {0};
+    char n[128];
+    for (int i = 0; i < V * H; i++) buf[i] = rnd(0.5f);
+    add(&hub, "model.embed_tokens.weight", 2, V, H, 0, buf);
+    for (int i = 0; i < V * H; i++) buf[i] = rnd(0.2f);
+    add(&hub, "lm_head.weight", 2, V, H, 0, buf);
+    for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
+    add(&hub, "model.norm.weight", 1, H, 0, 0, buf);
+    static float gw[E][F * H], uw[E][F * H], dw[E][H * F];
+    for (int l = 0; l < L; l++) {
+        static const char *const vec[2] = {"input_layernorm", "post_attention_layernorm"};
+        for (int v = 0; v < 2; v++) {
+            for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
+            snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, vec[v]);
+            add(&hub, n, 1, H, 0, 0, buf);
+        }
+        static const char *const pr[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+        const int64_t rows[4] = {NH * HD, NKV * HD, NKV * HD, H}, cols[4] = {H, H, H, NH * HD};
+        for (int p = 0; p < 4; p++) {
+            for (int64_t i = 0; i < rows[p] * cols[p]; i++) buf[i] = rnd(0.3f);
+            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, pr[p]);
+            add(&hub, n, 2, rows[p], cols[p], 0, buf);
+        }
+        for (int i = 0; i < E * H; i++) buf[i] = rnd(1.0f);
+        snprintf(n, sizeof n, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        add(&hub, n, 2, E, H, 0, buf);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
+        add(&fused, n, 2, E, H, 0, buf);
+        add(&canon, n, 2, E, H, 0, buf);
+        for (int e = 0; e < E; e++) {
+            for (int i = 0; i < F * H; i++) { gw[e][i] = rnd(0.3f); uw[e][i] = rnd(0.3f); dw[e][i] = rnd(0.3f); }
+            static const char *const hk[3] = {"w1", "w3", "w2"}, *const ck[3] = {"gate_proj", "up_proj", "down_proj"};
+            const float *m3[3] = {gw[e], uw[e], dw[e]};
+            for (int k = 0; k < 3; k++) {
+                snprintf(n, sizeof n, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", l, e, hk[k]);
+                add(&hub, n, 2, k == 2 ? H : F, k == 2 ? F : H, 0, m3[k]);
+                snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, ck[k]);
+                add(&canon, n, 2, k == 2 ? H : F, k == 2 ? F : H, 0, m3[k]);
+            }
+        }
+        static float gu[E * 2 * F * H], dn[E * H * F];
+        for (int e = 0; e < E; e++) {
+            memcpy(gu + (size_t)e * 2 * F * H, gw[e], sizeof gw[e]);
+            memcpy(gu + (size_t)e * 2 * F * H + F * H, uw[e], sizeof uw[e]);
+            memcpy(dn + (size_t)e * H * F, dw[e], sizeof dw[e]);
+        }
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l);
+        add(&fused, n, 3, E, 2 * F, H, gu);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l);
+        add(&fused, n, 3, E, H, F, dn);
+    }
+    /* the shared tensors (everything but the MoE block's) into the other two */
+    for (int i = 0; i < hub.n; i++)
+        if (!strstr(hub.t[i].name, "block_sparse_moe")) {
+            const tensor *t = &hub.t[i];
+            add(&fused, t->name, t->nd, t->shape[0], t->shape[1], t->shape[2], t->data);
+            add(&canon, t->name, t->nd, t->shape[0], t->shape[1], t->shape[2], t->data);
+        }
+    static const char *const names[3] = {"hub", "fused", "canonical"};
+    const ckpt *cs[3] = {&hub, &fused, &canon};
+    char dir[3][512], err[1024];
+    float *lg[3];
+    const int T = 7;
+    for (int i = 0; i < 3; i++) {
+        snprintf(dir[i], sizeof dir[i], "%s/%s", g_dir, names[i]);
+        write_ckpt(dir[i], cs[i], config(0));
+        copy_tokenizer(argv[1], dir[i]);
+        int rc;
+        lg[i] = run(dir[i], T, err, sizeof err, &rc);
+        REQUIRE(lg[i], "%s layout: load: %s", names[i], err);
+    }
+    int finite = 1;
+    double spread = 0;
+    for (size_t i = 0; i < (size_t)T * V; i++) {
+        finite &= isfinite(lg[0][i]);
+        spread = fmax(spread, fabs((double)lg[0][i] - lg[0][i % V])); /* position 0 against the others */
+    }
+    CHECK(finite, "hub layout: non-finite logits");
+    CHECK(spread > 1e-3, "hub layout: every position's logits alike (spread %g)", spread);
+    for (int i = 1; i < 3; i++)
+        CHECK(!memcmp(lg[0], lg[i], sizeof(float) * (size_t)T * V), "the %s layout's logits differ from the hub's",
+              names[i]);
+    fprintf(stderr, "mixtral: three layouts, %d positions: identical logits, spread %.3g\n", T, spread);
+    /* a W2 pack of the hub layout: its experts are stored once, quantized under the pack's names (the hub's
+     * block_sparse_moe.experts tensors are not copied as dense ones), the router under its own name; loaded back it
+     * binds those and gives the logits of the in-memory W2 roundtrip */
+    {
+        char path[600];
+        snprintf(path, sizeof path, "%s/w2.pack", g_dir);
+        moet_model_options mo = moet_model_default_options();
+        mo.device = "cpu";
+        moet_model *m, *pm;
+        REQUIRE(moet_model_load(dir[0], &mo, &m, err, sizeof err) == 0, "%s", err);
+        moet_pack_options po = {.q = moet_matq_default_options(MOET_QF_W2), .calib = NULL, .n_threads = 2};
+        REQUIRE(moet_pack_write(m, dir[0], path, &po, err, sizeof err) == 0, "pack: %s", err);
+        moet_gguf g;
+        REQUIRE(moet_gguf_open(path, &g, err, sizeof err) == 0, "read: %s", err);
+        size_t hub_experts = 0;
+        for (size_t i = 0; i < g.n_tensors; i++) hub_experts += strstr(g.tensors[i].name, "block_sparse_moe.experts") != NULL;
+        CHECK(hub_experts == 0, "the pack copied %zu hub expert tensors as dense ones", hub_experts);
+        CHECK(moet_gguf_find_tensor(&g, "model.layers.1.block_sparse_moe.gate.weight") &&
+              moet_gguf_find_tensor(&g, "model.layers.1.mlp.experts.3.down_proj.weight"), "the pack lacks the router "
+              "or an expert");
+        moet_gguf_close(&g);
+        REQUIRE(moet_model_load(path, &mo, &pm, err, sizeof err) == 0, "load pack: %s", err);
+        REQUIRE(moet_model_requant_experts(m, &po.q, NULL, 2, NULL, err, sizeof err) == 0, "%s", err);
+        moet_session_options so = moet_session_default_options();
+        so.n_ctx = 64;
+        so.n_logits = T;
+        moet_session *a, *b;
+        REQUIRE(moet_session_create(pm, &so, &a, err, sizeof err) == 0 && moet_session_create(m, &so, &b, err, sizeof err) == 0,
+                "%s", err);
+        int32_t toks[T];
+        for (int i = 0; i < T; i++) toks[i] = (int32_t)((37 * i + 11) % V);
+        REQUIRE(moet_session_eval(a, toks, T, MOET_LOGITS_ALL, err, sizeof err) == 0 &&
+                moet_session_eval(b, toks, T, MOET_LOGITS_ALL, err, sizeof err) == 0, "%s", err);
+        const float *la = moet_session_logits(a, NULL), *lb = moet_session_logits(b, NULL);
+        double md = 0, mr = 0;
+        for (size_t i = 0; i < (size_t)T * V; i++) {
+            md = fmax(md, fabs((double)la[i] - lb[i]));
+            mr = fmax(mr, fabs((double)lb[i]));
+        }
+        fprintf(stderr, "mixtral: W2 pack vs in-memory W2: max |diff| / max |logit| = %.3g\n", md / mr);
+        CHECK(md / mr < 1e-5, "the pack's logits differ from the in-memory W2 model's by %.3g", md / mr);
+        moet_session_free(a); moet_session_free(b);
+        moet_model_free(pm); moet_model_free(m);
+    }
+    /* refusals: a sliding window shorter than the context; a missing expert tensor names itself */
+    {
+        char d[512];
+        snprintf(d, sizeof d, "%s/window", g_dir);
+        write_ckpt(d, &hub, config(1));
+        copy_tokenizer(argv[1], d);
+        int rc;
+        float *x = run(d, T, err, sizeof err, &rc);
+        CHECK(!x && rc != 0 && strstr(err, "sliding_window"), "sliding window: '%s'", x ? "(loaded)" : err);
+        free(x);
+        ckpt broken = hub;
+        int drop = -1;
+        for (int i = 0; i < broken.n; i++)
+            if (strstr(broken.t[i].name, "layers.1.block_sparse_moe.experts.3.w2")) drop = i;
+        REQUIRE(drop >= 0, "test setup");
+        broken.t[drop] = broken.t[--broken.n];
+        snprintf(d, sizeof d, "%s/missing", g_dir);
+        write_ckpt(d, &broken, config(0));
+        copy_tokenizer(argv[1], d);
+        x = run(d, T, err, sizeof err, &rc);
+        CHECK(!x && rc != 0 && strstr(err, "block_sparse_moe.experts.3.w2"), "missing expert: '%s'", x ? "(loaded)" : err);
+        free(x);
+    }
+    for (int i = 0; i < 3; i++) free(lg[i]);
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < cs[c]->n; i++) free(cs[c]->t[i].data);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", g_dir);
+    TEST_END();
+}

@@ -1,10 +1,11 @@
 /*
  * arch.h — the architecture registry.
  *
- * An architecture is one file (qwen3_moe.c; later deepseek_v3.c, glm4_moe.c, gpt_oss.c, mixtral.c) that provides
+ * An architecture is one file (qwen3_moe.c, mixtral.c; later deepseek_v3.c, glm4_moe.c, gpt_oss.c) that provides
  * two functions: parse_config (config.json -> moet_hparams, rejecting options it does not implement by name) and
- * bind (tensor names -> moet_layer plan, checking every shape against the hyperparameters). Everything after
- * binding is architecture-independent.
+ * bind (tensor names -> moet_layer plan, checking every shape against the hyperparameters), built from what the
+ * HF decoders share (hf_common.h). Everything after binding is architecture-independent; a moet pack stores the
+ * routed experts under Qwen3's per-expert names whatever the architecture, so each bind accepts those too.
  */
 #ifndef MOET_MODEL_ARCH_H
 #define MOET_MODEL_ARCH_H

@@ -108,7 +108,8 @@ def make_model_mixtral(out, windows):
         vocab_size=4096, hidden_size=128, intermediate_size=96, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, hidden_act="silu",
         max_position_embeddings=512, initializer_range=0.1, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        rope_theta=1000000.0, num_local_experts=8, num_experts_per_tok=2, sliding_window=None,
+        rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"}, num_local_experts=8,
+        num_experts_per_tok=2, sliding_window=None,
         bos_token_id=0, eos_token_id=0, pad_token_id=0,
     )
     model = MixtralForCausalLM(cfg)

@@ -43,7 +43,9 @@ static void add(ckpt *c, const char *name, int nd, int64_t a, int64_t b, int64_t
     memcpy(t->data, src, n * sizeof(float));
 }
 
-static void write_ckpt(const char *dir, const ckpt *c, const char *config) {
+/* pad: the header padded with spaces to 8 bytes, as Hugging Face's writers do; else to 2 bytes past, so every tensor
+ * is misaligned (what a writer that does not pad may produce) */
+static void write_ckpt_p(const char *dir, const ckpt *c, const char *config, int pad) {
     mkdir(dir, 0755);
     char p[512], hdr[65536];
     size_t off = 0, hl = 0;
@@ -59,6 +61,7 @@ static void write_ckpt(const char *dir, const ckpt *c, const char *config) {
         REQUIRE(hl < sizeof hdr - 256, "header too long");
     }
     hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "}");
+    while ((8 + hl) % 8 != (pad ? 0u : 2u)) hdr[hl++] = ' '; /* unpadded: every tensor 2 bytes off */
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     FILE *f = fopen(p, "wb");
     REQUIRE(f, "cannot write %s", p);
@@ -79,6 +82,8 @@ static void write_ckpt(const char *dir, const ckpt *c, const char *config) {
     fputs(config, f);
     fclose(f);
 }
+
+static void write_ckpt(const char *dir, const ckpt *c, const char *config) { write_ckpt_p(dir, c, config, 1); }
 
 static void copy_tokenizer(const char *src, const char *dir) {
     char p[512], q[512], buf[65536];
@@ -282,6 +287,12 @@ int main(int argc, char **argv) {
         copy_tokenizer(argv[1], d);
         x = run(d, T, err, sizeof err, &rc);
         CHECK(!x && rc != 0 && strstr(err, "block_sparse_moe.experts.3.w2"), "missing expert: '%s'", x ? "(loaded)" : err);
+        free(x);
+        snprintf(d, sizeof d, "%s/unpadded", g_dir);
+        write_ckpt_p(d, &hub, config(0), 0);
+        copy_tokenizer(argv[1], d);
+        x = run(d, T, err, sizeof err, &rc);
+        CHECK(!x && rc != 0 && strstr(err, "not aligned"), "unpadded header: '%s'", x ? "(loaded)" : err);
         free(x);
     }
     for (int i = 0; i < 3; i++) free(lg[i]);

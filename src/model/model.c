@@ -41,6 +41,16 @@ static int st_to_type(const moet_st_tensor *t) {
     }
 }
 
+/* A tensor's elements are read in place from the mapping, so each must sit at a multiple of its size: a file whose
+ * header is not padded to 8 bytes (Hugging Face's writers pad it) would have every float misaligned. */
+static int check_aligned(const moet_model *m, const moet_st_tensor *t, const char *name, int type, char *err,
+                         size_t errlen) {
+    const size_t es = type == MOET_TYPE_F32 ? 4 : 2;
+    if ((uintptr_t)t->data % es == 0) return MOET_OK;
+    return moet_err(err, errlen, MOET_EFORMAT, "%s: tensor '%s' is not aligned to its %zu-byte elements (is the "
+                    "safetensors header padded to 8 bytes?)", m->st.paths[t->file], name, es);
+}
+
 int moet_has_tensor(const struct moet_model *m, const char *name) {
     return m->pack ? moet_gguf_find_tensor(m->pack, name) != NULL : moet_st_find(&m->st, name) != NULL;
 }
@@ -98,6 +108,8 @@ int moet_bind_matrix_slice(struct moet_model *m, const char *name, int64_t n, in
     if (type < 0)
         return moet_err(err, errlen, MOET_EUNSUP, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)",
                         m->st.paths[t->file], name, moet_st_dtype_name(t->dtype));
+    int rc = check_aligned(m, t, name, type, err, errlen);
+    if (rc) return rc;
     w->type = type;
     w->rows = rows;
     w->cols = cols;
@@ -129,6 +141,8 @@ int moet_bind_vector(struct moet_model *m, const char *name, int64_t n, const fl
         if (type < 0)
             return moet_err(err, errlen, MOET_EUNSUP, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)",
                             m->st.paths[t->file], name, moet_st_dtype_name(t->dtype));
+        int rc = check_aligned(m, t, name, type, err, errlen);
+        if (rc) return rc;
         src = t->data;
     }
     if (m->n_f32_bufs == m->cap_f32_bufs) {

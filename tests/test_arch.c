@@ -5,7 +5,8 @@
  * give the same logits bit for bit, finite and not all alike; and its config's refusals name what they refuse.
  * The numbers against transformers come from tools/make_fixtures.py --only-mixtral (logits_mixtral_mini).
  *
- * usage: test_arch TOKENIZER_DIR (a model directory whose tokenizer.json has a vocabulary of 4096)
+ * usage: test_arch TOKENIZER_DIR (a model directory whose tokenizer.json has a vocabulary of 4096); MOET_DEVICE picks
+ * the device (default cpu)
  */
 #include <math.h>
 #include <stdint.h>
@@ -109,10 +110,16 @@ static const char *config(int sliding_window) {
     return c;
 }
 
-/* logits of every position of a fixed prompt, CPU */
+/* where the models run: MOET_DEVICE (gpu_check runs this on CUDA), else the CPU */
+static const char *device(void) {
+    const char *d = getenv("MOET_DEVICE");
+    return d && *d ? d : "cpu";
+}
+
+/* logits of every position of a fixed prompt */
 static float *run(const char *dir, int32_t n_tok, char *err, size_t errlen, int *rc) {
     moet_model_options mo = moet_model_default_options();
-    mo.device = "cpu";
+    mo.device = device();
     moet_model *m = NULL;
     if ((*rc = moet_model_load(dir, &mo, &m, err, errlen))) return NULL;
     moet_session_options so = moet_session_default_options();
@@ -229,7 +236,7 @@ int main(int argc, char **argv) {
         char path[600];
         snprintf(path, sizeof path, "%s/w2.pack", g_dir);
         moet_model_options mo = moet_model_default_options();
-        mo.device = "cpu";
+        mo.device = device();
         moet_model *m, *pm;
         REQUIRE(moet_model_load(dir[0], &mo, &m, err, sizeof err) == 0, "%s", err);
         moet_pack_options po = {.q = moet_matq_default_options(MOET_QF_W2), .calib = NULL, .n_threads = 2};

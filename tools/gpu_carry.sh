@@ -5,7 +5,7 @@ set -eu
 build=${1:-build}  # e.g. build-sm90: -DMOET_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" (smaller upload)
 rm -rf .carry/bin .carry/lib && mkdir -p .carry/bin .carry/lib .carry/shared
 cp "$build/moet" "$build/tests/test_ops" "$build/tests/test_cuda" "$build/tests/test_logits" "$build/tests/test_batch" \
-   "$build/tests/test_kv" "$build/tests/test_ecache" .carry/bin/
+   "$build/tests/test_kv" "$build/tests/test_ecache" "$build/tests/test_arch" .carry/bin/
 # the libraries the GPU image (Ubuntu 24.04) lacks; it has gnutls and the rest of libmicrohttpd's chain, no Node.js
 for l in libjansson.so.4 libpcre2-8.so.0 libutf8proc.so.2 libmicrohttpd.so.12; do cp -L "/lib/x86_64-linux-gnu/$l" .carry/lib/; done
 cp ../shared/models/moe-mini-a/reference_fp32.safetensors .carry/shared/

@@ -205,6 +205,25 @@ static void check_mul_mat(int qf, const char *label, const float *W, float *deq,
 
 /* The MoE oracle in double: softmax routing, top-K renormalised, SwiGLU experts of the dequantized matrices dq[k][e]
  * (gate, up, down), the weighted combine, into rr[T][H] (zeroed by the caller). */
+/* rr_t += sum over the K picks of w_j x expert ids[j](x_t), in double (one token of moe_ref) */
+static void moe_ref_experts(const float *x, float *dq[3][8], const int *ids, const double *w, int K, int H, int F,
+                            double *rr) {
+    for (int j = 0; j < K; j++) {
+        const int e = ids[j];
+        double g[256];
+        for (int f = 0; f < F; f++) {
+            double a = 0, u = 0;
+            for (int i = 0; i < H; i++) { a += (double)dq[0][e][f * H + i] * x[i]; u += (double)dq[1][e][f * H + i] * x[i]; }
+            g[f] = a / (1 + exp(-a)) * u;
+        }
+        for (int i = 0; i < H; i++) {
+            double d = 0;
+            for (int f = 0; f < F; f++) d += (double)dq[2][e][i * F + f] * g[f];
+            rr[i] += w[j] * d;
+        }
+    }
+}
+
 static void moe_ref(const float *xr, const float *rw, float *dq[3][8], int E, int K, int H, int F, int T,
                     double *rr) {
     for (int t = 0; t < T; t++) {
@@ -225,20 +244,46 @@ static void moe_ref(const float *xr, const float *rw, float *dq[3][8], int E, in
             ids[j] = b;
             wsum += p[b] / s;
         }
-        for (int j = 0; j < K; j++) {
-            int e = ids[j];
-            double g[256];
-            for (int f = 0; f < F; f++) {
-                double a = 0, u = 0;
-                for (int i = 0; i < H; i++) { a += (double)dq[0][e][f * H + i] * xr[t * H + i]; u += (double)dq[1][e][f * H + i] * xr[t * H + i]; }
-                g[f] = a / (1 + exp(-a)) * u;
-            }
-            for (int i = 0; i < H; i++) {
-                double d = 0;
-                for (int f = 0; f < F; f++) d += (double)dq[2][e][i * F + f] * g[f];
-                rr[t * H + i] += (p[e] / s / wsum) * d;
-            }
+        double w[3];
+        for (int j = 0; j < K; j++) w[j] = p[ids[j]] / s / wsum;
+        moe_ref_experts(xr + t * H, dq, ids, w, K, H, F, rr + t * H);
+    }
+}
+
+/* The same block with the sigmoid router (backend/route_ref.h), in double: choice = sigmoid + bias, G groups scored
+ * by their top-2 sum, TG kept, the rest 0; weights the unbiased sigmoids over their sum, times scale. */
+static void moe_ref_sig(const float *xr, const float *rw, float *dq[3][8], int E, int K, int H, int F, int T,
+                        const float *bias, int G, int TG, double scale, double *rr) {
+    for (int t = 0; t < T; t++) {
+        double sg[8], c[8], gsc[8];
+        for (int e = 0; e < E; e++) {
+            double l = 0;
+            for (int i = 0; i < H; i++) l += (double)rw[e * H + i] * xr[t * H + i];
+            sg[e] = 1 / (1 + exp(-l));
+            c[e] = sg[e] + bias[e];
         }
+        const int gs = E / G;
+        for (int g = 0; g < G; g++) {
+            double a = -1e300, b = -1e300;
+            for (int e = g * gs; e < (g + 1) * gs; e++) { if (c[e] > a) { b = a; a = c[e]; } else if (c[e] > b) b = c[e]; }
+            gsc[g] = a + b;
+        }
+        for (int g = 0; g < G; g++) {
+            int rank = 0;
+            for (int o = 0; o < G; o++) rank += gsc[o] > gsc[g] || (gsc[o] == gsc[g] && o < g);
+            if (rank >= TG) for (int e = g * gs; e < (g + 1) * gs; e++) c[e] = 0;
+        }
+        int used[8] = {0}, ids[3];
+        double w[3], wsum = 0;
+        for (int j = 0; j < K; j++) {
+            int b = -1;
+            for (int e = 0; e < E; e++) if (!used[e] && (b < 0 || c[e] > c[b])) b = e;
+            used[b] = 1;
+            ids[j] = b;
+            wsum += sg[b];
+        }
+        for (int j = 0; j < K; j++) w[j] = sg[ids[j]] / wsum * scale;
+        moe_ref_experts(xr + t * H, dq, ids, w, K, H, F, rr + t * H);
     }
 }
 
@@ -993,6 +1038,29 @@ int main(int argc, char **argv) {
             }
             CHECK(worst < 1e-5, "moe %dx%d: router statistics off by %g", H, F, worst);
             free(rs);
+        }
+        { /* the sigmoid router (route_ref.h): a choice bias, 4 groups of 2 experts with 2 kept, x 2.5; all T, then one
+           * token at a time (CUDA: its own routing launch, then the expert kernels of either path reading the picks) */
+            float bias[8];
+            for (int e = 0; e < E; e++) bias[e] = 0.3f * gauss();
+            double *rs2 = calloc((size_t)(T * H), sizeof(double));
+            moe_ref_sig(xr, rw, dq, E, K, H, F, T, bias, 4, 2, 2.5, rs2);
+            moet_moe_args sa = ma;
+            sa.scoring = MOET_ROUTER_SIGMOID;
+            sa.router_bias = bias;
+            sa.n_group = 4;
+            sa.topk_group = 2;
+            sa.route_scale = 2.5f;
+            op->moe(be, &sa);
+            pull(o, od, (size_t)(T * H));
+            snprintf(mv, sizeof mv, "w2 sigmoid 4x2 groups %dx%d T=%d", H, F, T);
+            report("moe", mv, nmse(o, rs2, (size_t)(T * H)), 1e-10);
+            moe_tokenwise(be, &sa, xd, od, T, H);
+            pull(o, od, (size_t)(T * H));
+            snprintf(mv, sizeof mv, "w2 sigmoid decode n=1 %dx%d", H, F);
+            report("moe", mv, nmse(o, rs2, (size_t)(T * H)), 1e-10);
+            op->forget(be, bias);
+            free(rs2);
         }
         /* one token at a time: the decode path */
         moe_tokenwise(be, &ma, xd, od, T, H);

@@ -12,7 +12,8 @@ Writes into OUTDIR:
                             config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
                             reference_fp32.safetensors (logits [W,T,V] f32, input_ids [W,T] i32, greedy_ids [W,G] i32)
   mixtral-mini/             a small MixtralForCausalLM (random init, bf16 on disk, moe-mini-a's tokenizer): the same
-                            files as moe-mini-b (--only-mixtral writes just this one)
+                            files as moe-mini-b (--only-mixtral writes just this one, and glm4moe-mini)
+  glm4moe-mini/             a small Glm4MoeForCausalLM, the same way (--only-glm4moe writes just this one)
   dev_ids.i32               the whole dev text tokenized (little-endian int32), if --dev is given
   ppl_ref.json              transformers' fp32 perplexity of moe-mini-a on dev windows (ctx 512, 16 chunks)
 """
@@ -114,6 +115,39 @@ def make_model_mixtral(out, windows):
     )
     model = MixtralForCausalLM(cfg)
     save_with_reference(model, os.path.join(out, "mixtral-mini"), windows)
+
+
+def make_model_glm4moe(out, windows):
+    """GLM-4.5's MoE: sigmoid router with a choice bias and group-limited top-k (4 groups, 2 kept), a shared
+    expert, one dense first layer, q/k/v biases, q/k norm, half the head's dims rotated."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+    def build(dense_ffn):
+        torch.manual_seed(2468)
+        cfg = Glm4MoeConfig(
+            vocab_size=4096, hidden_size=128, intermediate_size=dense_ffn, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, hidden_act="silu",
+            max_position_embeddings=512, initializer_range=0.1, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            partial_rotary_factor=0.5,
+            rope_parameters={"rope_theta": 1000000.0, "rope_type": "default", "partial_rotary_factor": 0.5},
+            attention_bias=True, moe_intermediate_size=32, num_experts_per_tok=4, n_shared_experts=1,
+            n_routed_experts=16, routed_scaling_factor=2.5, n_group=4, topk_group=2, first_k_dense_replace=1,
+            norm_topk_prob=True, use_qk_norm=True, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        )
+        return Glm4MoeForCausalLM(cfg)
+    model = build(160)
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters() if ".layers.1.mlp.experts" in n}
+    print("glm4moe expert params:", shapes, flush=True)
+    if any(v[1] != 64 for n, v in shapes.items() if n.endswith("gate_up_proj")):
+        print("glm4moe: experts not moe_intermediate_size wide; dense width set equal", flush=True)
+        model = build(32)
+    with torch.no_grad():  # a choice bias that changes picks (zeros at init), and biases that are not zero
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(0.2 * torch.randn_like(b))
+        for n, p in model.named_parameters():
+            if n.endswith("_proj.bias"):
+                p.copy_(0.2 * torch.randn_like(p))
+    save_with_reference(model, os.path.join(out, "glm4moe-mini"), windows)
 
 
 def save_with_reference(model, d, windows):
@@ -219,6 +253,7 @@ def main():
     ap.add_argument("--dev")
     ap.add_argument("--only-tokenizers", action="store_true")
     ap.add_argument("--only-mixtral", action="store_true")
+    ap.add_argument("--only-glm4moe", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
@@ -238,9 +273,13 @@ def main():
         windows = [dev_ids[i * 1000: i * 1000 + 40] for i in range(4)]
     else:
         windows = [[(7 * i + 13 * j) % 4000 + 3 for j in range(40)] for i in range(4)]
+    if a.only_glm4moe:
+        make_model_glm4moe(a.out, windows)
+        return
     if not a.only_mixtral:
         make_model_b(a.out, tok, windows)
     make_model_mixtral(a.out, windows)
+    make_model_glm4moe(a.out, windows)
     if a.only_mixtral:
         return
     if dev_ids is not None and torch.cuda.is_available():

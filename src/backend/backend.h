@@ -40,7 +40,9 @@ typedef struct {
     int32_t rotated;
 } moet_weight;
 
-enum { MOET_ROUTER_SOFTMAX = 0 };
+/* Router scoring (moet_moe_args.scoring): SOFTMAX over all experts, top-k (Qwen3-MoE, Mixtral); SIGMOID with a
+ * bias for the choice and group-limited top-k (DeepSeek-V3, GLM-4.5: route_ref.h is its reference). */
+enum { MOET_ROUTER_SOFTMAX = 0, MOET_ROUTER_SIGMOID = 1 };
 enum { MOET_EXPERT_HOME_MAPPED = 0, MOET_EXPERT_HOME_PINNED = 1 };
 
 typedef struct {
@@ -50,12 +52,17 @@ typedef struct {
     int32_t n_experts, n_used;
     int32_t scoring;           /* MOET_ROUTER_* */
     int32_t norm_topk;         /* renormalise the chosen weights to sum 1 */
+    /* MOET_ROUTER_SIGMOID only (route_ref.h): the choice bias [n_experts] (host memory, NULL: none), the expert
+     * groups and how many of them a token keeps, and the factor the weights are multiplied by at the end */
+    const float *router_bias;
+    int32_t n_group, topk_group;
+    float route_scale;
     const moet_weight *gate, *up, *down; /* arrays of n_experts: gate/up [ffn × hidden], down [hidden × ffn] */
     /* The FP4 delta (a delta pack's residuals, NVFP4, each with its own rotation flag): NULL, or arrays of n_experts
      * matrices shaped as gate/up/down, and then expert e's matrices are gate[e] + dgate[e] (and so on), never
      * materialised: each product is the base's (mul_mat) with the delta's added (mul_mat_acc), in that order. */
     const moet_weight *dgate, *dup, *ddown;
-    int32_t *topk_ids;         /* out: [n_tok][n_used], in descending weight order */
+    int32_t *topk_ids;         /* out: [n_tok][n_used], in descending weight order (SIGMOID: descending choice score) */
     float *topk_w;             /* out: [n_tok][n_used] */
     float *y;                  /* out: [n_tok][hidden]; may equal x when norm_w is set (the residual stream) */
     /* The block's pre-norm, fused (norm_w != NULL): x is the raw residual, the block runs on

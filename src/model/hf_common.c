@@ -11,7 +11,7 @@
 
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
-static int parse_rope(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen) {
+static int parse_rope(const json_t *cfg, double prf_default, moet_hparams *hp, char *err, size_t errlen) {
     const json_t *rp = json_object_get(cfg, "rope_parameters");
     const json_t *rs = json_object_get(cfg, "rope_scaling");
     const char *type = NULL;
@@ -20,9 +20,6 @@ static int parse_rope(const json_t *cfg, moet_hparams *hp, char *err, size_t err
         TRY(moet_cfg_num(rp, "rope_theta", false, 0, 1.0, 1e12, &hp->rope_theta, err, errlen));
         TRY(moet_cfg_str(rp, "rope_type", &type, err, errlen));
         if (!type) TRY(moet_cfg_str(rp, "type", &type, err, errlen));
-        double prf = 1.0;
-        TRY(moet_cfg_num(rp, "partial_rotary_factor", false, 1.0, 0.0, 1.0, &prf, err, errlen));
-        if (prf != 1.0) return moet_err(err, errlen, MOET_EUNSUP, "partial_rotary_factor %g is not supported", prf);
     } else if (rp && !json_is_null(rp)) {
         return moet_err(err, errlen, MOET_EFORMAT, "key 'rope_parameters' must be an object");
     }
@@ -36,11 +33,19 @@ static int parse_rope(const json_t *cfg, moet_hparams *hp, char *err, size_t err
     }
     if (type && strcmp(type, "default") != 0)
         return moet_err(err, errlen, MOET_EUNSUP, "rope type '%s' is not supported (supported: default)", type);
-    hp->rope_dim = hp->head_dim;
+    /* partial rotary (GLM-4.5: 0.5): the first int(head_dim x factor) dims of a head rotate (rotate-half within
+     * them), the rest pass; transformers 5 reads it from rope_parameters, older configs spell it at the top */
+    double prf = 1.0;
+    const json_t *pk = rp && json_is_object(rp) && json_object_get(rp, "partial_rotary_factor") ? rp : cfg;
+    TRY(moet_cfg_num(pk, "partial_rotary_factor", false, prf_default, 0.0, 1.0, &prf, err, errlen));
+    hp->rope_dim = (int32_t)((double)hp->head_dim * prf);
+    if (hp->rope_dim < 2 || hp->rope_dim % 2)
+        return moet_err(err, errlen, MOET_EUNSUP, "partial_rotary_factor %g gives %d rotated dims of head_dim %d (an "
+                        "even count >= 2 is supported)", prf, hp->rope_dim, hp->head_dim);
     return MOET_OK;
 }
 
-int moet_hf_parse_common(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen) {
+int moet_hf_parse_common(const json_t *cfg, double prf_default, moet_hparams *hp, char *err, size_t errlen) {
     const char *act = NULL;
     TRY(moet_cfg_str(cfg, "hidden_act", &act, err, errlen));
     if (act && strcmp(act, "silu") != 0)
@@ -61,7 +66,10 @@ int moet_hf_parse_common(const json_t *cfg, moet_hparams *hp, char *err, size_t 
     TRY(moet_cfg_int(cfg, "max_position_embeddings", false, 32768, 1, 1 << 24, &hp->max_pos, err, errlen));
     TRY(moet_cfg_bool(cfg, "tie_word_embeddings", false, &hp->tie_embeddings, err, errlen));
     TRY(moet_cfg_bool(cfg, "attention_bias", false, &hp->attn_bias, err, errlen));
-    return parse_rope(cfg, hp, err, errlen);
+    hp->n_group = hp->topk_group = 1; /* the sigmoid router's, set by the architectures that have one */
+    hp->route_scale = 1.0f;
+    hp->shared_ffn = 0;
+    return parse_rope(cfg, prf_default, hp, err, errlen);
 }
 
 int moet_hf_bind_model(moet_model *m, char *err, size_t errlen) {
@@ -101,7 +109,9 @@ int moet_hf_bind_attention(moet_model *m, int il, char *err, size_t errlen) {
         TRY(opt_vector(m, NAME("self_attn.q_proj.bias"), Dq, &L->bq, err, errlen));
         TRY(opt_vector(m, NAME("self_attn.k_proj.bias"), Dkv, &L->bk, err, errlen));
         TRY(opt_vector(m, NAME("self_attn.v_proj.bias"), Dkv, &L->bv, err, errlen));
-        TRY(opt_vector(m, NAME("self_attn.o_proj.bias"), H, &L->bo, err, errlen));
+        /* o_proj's bias goes with attention_bias in Qwen's and Llama's attention, not in GLM-4.5's */
+        if (moet_has_tensor(m, NAME("self_attn.o_proj.bias")))
+            TRY(opt_vector(m, NAME("self_attn.o_proj.bias"), H, &L->bo, err, errlen));
     }
 #undef NAME
     return MOET_OK;

@@ -13,14 +13,15 @@
 
 /* hidden_act (silu only), vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
  * head_dim (default hidden / heads; null counts as absent), rms_norm_eps, max_position_embeddings,
- * tie_word_embeddings, attention_bias, and the RoPE (rope_parameters | rope_theta + rope_scaling: default only). */
-int moet_hf_parse_common(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen);
+ * tie_word_embeddings, attention_bias, and the RoPE (rope_parameters | rope_theta + rope_scaling: default only;
+ * partial_rotary_factor from rope_parameters or the top level, prf_default where neither has it). */
+int moet_hf_parse_common(const json_t *cfg, double prf_default, moet_hparams *hp, char *err, size_t errlen);
 
 /* model.embed_tokens, lm_head (or the tied embedding), model.norm; allocates m->layers. */
 int moet_hf_bind_model(moet_model *m, char *err, size_t errlen);
 
-/* Layer il's input_layernorm, post_attention_layernorm, self_attn.{q,k,v,o}_proj (and their biases with
- * attention_bias), and with hp->qk_norm self_attn.{q,k}_norm. */
+/* Layer il's input_layernorm, post_attention_layernorm, self_attn.{q,k,v,o}_proj (with attention_bias q/k/v's
+ * biases, and o_proj's where the checkpoint has one), and with hp->qk_norm self_attn.{q,k}_norm. */
 int moet_hf_bind_attention(moet_model *m, int il, char *err, size_t errlen);
 
 /* Layer il's routed experts (L->exp_*, n_experts of expert_ffn), from the first layout present:

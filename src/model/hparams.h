@@ -19,6 +19,9 @@ typedef struct {
     int32_t n_experts, n_experts_used;
     int32_t norm_topk;        /* renormalise top-k router weights */
     int32_t router_scoring;   /* MOET_ROUTER_* */
+    int32_t n_group, topk_group; /* MOET_ROUTER_SIGMOID: expert groups, and how many a token keeps (1, 1: no limit) */
+    float route_scale;        /* routed_scaling_factor (MOET_ROUTER_SIGMOID; 1 otherwise) */
+    int32_t shared_ffn;       /* the MoE layers' always-on shared expert: its FFN width (0: none) */
     float rms_eps;
     double rope_theta;
     int32_t rope_dim;         /* rotated dims per head (== head_dim for Qwen3) */
@@ -39,6 +42,9 @@ typedef struct {
     const float *q_norm, *k_norm;            /* [head_dim] f32, NULL without q/k norm */
     int32_t is_moe;
     moet_weight router;                      /* [n_experts × hidden] */
+    const float *router_bias;                /* [n_experts] f32, the sigmoid router's choice bias, or NULL */
+    moet_weight sh_gate, sh_up, sh_down;     /* the shared expert (hp.shared_ffn > 0): a dense SwiGLU MLP beside
+                                              * the routed ones, on the same normed input, added unweighted */
     moet_weight *exp_gate, *exp_up, *exp_down; /* [n_experts] each */
     moet_weight *dexp_gate, *dexp_up, *dexp_down; /* base + delta ("on" weights, f32: in-memory requant), or NULL */
     moet_weight *dres_gate, *dres_up, *dres_down; /* a delta pack's NVFP4 residuals: "on" = exp_* + dres_*, or NULL */

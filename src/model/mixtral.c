@@ -25,7 +25,7 @@
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
 static int mx_parse_config(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen) {
-    TRY(moet_hf_parse_common(cfg, hp, err, errlen));
+    TRY(moet_hf_parse_common(cfg, 1.0, hp, err, errlen));
     TRY(moet_cfg_int(cfg, "intermediate_size", true, 0, 1, 1 << 20, &hp->expert_ffn, err, errlen));
     TRY(moet_cfg_int(cfg, "num_local_experts", true, 0, 1, 4096, &hp->n_experts, err, errlen));
     TRY(moet_cfg_int(cfg, "num_experts_per_tok", true, 0, 1, hp->n_experts, &hp->n_experts_used, err, errlen));

@@ -27,6 +27,13 @@ static const struct { const char *key; size_t off; } k_hp_i32[] = {
 #undef F
 };
 
+/* Written since the sigmoid router and shared experts (GLM-4.5); a pack without them has their defaults. */
+static const struct { const char *key; size_t off; int32_t def, lo, hi; } k_hp_i32_opt[] = {
+    {"moet.hp.n_group", offsetof(moet_hparams, n_group), 1, 1, 32},
+    {"moet.hp.topk_group", offsetof(moet_hparams, topk_group), 1, 1, 32},
+    {"moet.hp.shared_ffn", offsetof(moet_hparams, shared_ffn), 0, 0, 1 << 20},
+};
+
 static const char *matrix_name(char *buf, size_t cap, int l, int64_t e, int k) {
     static const char *const kn[3] = {"gate_proj", "up_proj", "down_proj"};
     snprintf(buf, cap, "model.layers.%d.mlp.experts.%lld.%s.weight", l, (long long)e, kn[k]);
@@ -209,6 +216,9 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     moet_gguf_writer_kv_str(w, "moet.dense_format", o->dense_q8 ? "q8_0" : "as stored", o->dense_q8 ? 4 : 9);
     for (size_t i = 0; i < sizeof k_hp_i32 / sizeof k_hp_i32[0]; i++)
         moet_gguf_writer_kv_i32(w, k_hp_i32[i].key, *(const int32_t *)((const char *)hp + k_hp_i32[i].off));
+    for (size_t i = 0; i < sizeof k_hp_i32_opt / sizeof k_hp_i32_opt[0]; i++)
+        moet_gguf_writer_kv_i32(w, k_hp_i32_opt[i].key, *(const int32_t *)((const char *)hp + k_hp_i32_opt[i].off));
+    moet_gguf_writer_kv_f32(w, "moet.hp.route_scale", hp->route_scale);
     moet_gguf_writer_kv_f32(w, "moet.hp.rms_eps", hp->rms_eps);
     moet_gguf_writer_kv_f32(w, "moet.hp.rope_theta", (float)hp->rope_theta);
     {
@@ -327,14 +337,30 @@ int moet_pack_load(moet_model *m, const char *path, char *err, size_t errlen) {
             return moet_err(err, errlen, MOET_EFORMAT, "%s: missing or bad %s", path, k_hp_i32[i].key);
         *(int32_t *)((char *)hp + k_hp_i32[i].off) = (int32_t)v;
     }
+    for (size_t i = 0; i < sizeof k_hp_i32_opt / sizeof k_hp_i32_opt[0]; i++) {
+        v = k_hp_i32_opt[i].def;
+        if (moet_gguf_find_kv(g, k_hp_i32_opt[i].key) &&
+            (moet_gguf_get_i64(g, k_hp_i32_opt[i].key, &v) || v < k_hp_i32_opt[i].lo || v > k_hp_i32_opt[i].hi))
+            return moet_err(err, errlen, MOET_EFORMAT, "%s: bad %s", path, k_hp_i32_opt[i].key);
+        *(int32_t *)((char *)hp + k_hp_i32_opt[i].off) = (int32_t)v;
+    }
     double d;
+    hp->route_scale = 1.0f;
+    if (moet_gguf_find_kv(g, "moet.hp.route_scale")) {
+        if (moet_gguf_get_f64(g, "moet.hp.route_scale", &d) || !(d >= 0 && d <= 1e6))
+            return moet_err(err, errlen, MOET_EFORMAT, "%s: bad moet.hp.route_scale", path);
+        hp->route_scale = (float)d;
+    }
     if (moet_gguf_get_f64(g, "moet.hp.rms_eps", &d)) return moet_err(err, errlen, MOET_EFORMAT, "%s: missing moet.hp.rms_eps", path);
     hp->rms_eps = (float)d;
     if (moet_gguf_get_f64(g, "moet.hp.rope_theta", &d)) return moet_err(err, errlen, MOET_EFORMAT, "%s: missing moet.hp.rope_theta", path);
     hp->rope_theta = d;
     if (hp->vocab < 1 || hp->hidden < 1 || hp->n_layers < 1 || hp->n_layers > 1024 || hp->n_heads < 1 ||
         hp->n_kv_heads < 1 || hp->n_heads % hp->n_kv_heads || hp->head_dim < 2 || hp->head_dim % 2 ||
-        hp->rope_dim != hp->head_dim || hp->n_experts < 0 || hp->n_experts_used > hp->n_experts || hp->max_pos < 1)
+        hp->rope_dim < 2 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2 || hp->n_experts < 0 ||
+        hp->n_experts_used > hp->n_experts || hp->max_pos < 1 || hp->router_scoring < MOET_ROUTER_SOFTMAX ||
+        hp->router_scoring > MOET_ROUTER_SIGMOID || hp->topk_group > hp->n_group ||
+        (hp->n_experts > 0 && hp->n_experts % hp->n_group))
         return moet_err(err, errlen, MOET_EFORMAT, "%s: inconsistent hyperparameters", path);
     const moet_gguf_kv *lm = moet_gguf_find_kv(g, "moet.hp.layer_moe"), *eo = moet_gguf_find_kv(g, "moet.hp.eos_ids");
     if (!lm || lm->type != MOET_GGUF_ARRAY || lm->arr_type != MOET_GGUF_I32 || lm->arr_n != (uint64_t)hp->n_layers)

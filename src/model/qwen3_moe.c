@@ -23,7 +23,7 @@
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
 static int q3_parse_config(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen) {
-    TRY(moet_hf_parse_common(cfg, hp, err, errlen));
+    TRY(moet_hf_parse_common(cfg, 1.0, hp, err, errlen));
     TRY(moet_cfg_int(cfg, "intermediate_size", false, 0, 0, 1 << 20, &hp->dense_ffn, err, errlen));
     TRY(moet_cfg_int(cfg, "moe_intermediate_size", false, 0, 0, 1 << 20, &hp->expert_ffn, err, errlen));
     static const char *const k_nexp[] = {"num_experts", "num_local_experts", NULL};

@@ -5,8 +5,9 @@
 
 extern const moet_arch moet_arch_qwen3_moe;
 extern const moet_arch moet_arch_mixtral;
+extern const moet_arch moet_arch_glm4_moe;
 
-static const moet_arch *const k_archs[] = {&moet_arch_qwen3_moe, &moet_arch_mixtral};
+static const moet_arch *const k_archs[] = {&moet_arch_qwen3_moe, &moet_arch_mixtral, &moet_arch_glm4_moe};
 
 const moet_arch *moet_arch_find(const char *hf_name) {
     for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
@@ -14,4 +15,4 @@ const moet_arch *moet_arch_find(const char *hf_name) {
     return NULL;
 }
 
-const char *moet_arch_list(void) { return "Qwen3MoeForCausalLM, MixtralForCausalLM"; }
+const char *moet_arch_list(void) { return "Qwen3MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM"; }

@@ -139,6 +139,8 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
     hp->n_experts_used = sd->used;
     hp->norm_topk = 1;
     hp->router_scoring = MOET_ROUTER_SOFTMAX;
+    hp->n_group = hp->topk_group = 1;
+    hp->route_scale = 1.0f;
     hp->rms_eps = 1e-6f;
     hp->rope_theta = 1e6;
     hp->rope_dim = sd->head_dim;

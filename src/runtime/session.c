@@ -198,6 +198,7 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
         if (!(s->blk_dev = salloc(s, (size_t)s->blk_cap * sizeof(int32_t)))) goto oom;
     }
     size_t F = (size_t)(hp->dense_ffn > 0 ? hp->dense_ffn : 1);
+    if ((size_t)hp->shared_ffn > F) F = (size_t)hp->shared_ffn; /* the shared expert runs through mlp as well */
 #define A(ptr, count) do { if (!((ptr) = salloc(s, (size_t)(count) * sizeof(*(ptr))))) goto oom; } while (0)
     A(s->x, B * H);
     A(s->h, B * H);
@@ -322,6 +323,8 @@ static void forward_chunk(void *vctx) {
             moet_moe_args ma = {.x = s->x, .n_tok = n, .hidden = H, .ffn = hp->expert_ffn, .router = &L->router,
                                 .n_experts = hp->n_experts, .n_used = hp->n_experts_used,
                                 .scoring = hp->router_scoring, .norm_topk = hp->norm_topk,
+                                .router_bias = L->router_bias, .n_group = hp->n_group,
+                                .topk_group = hp->topk_group, .route_scale = hp->route_scale,
                                 .gate = dexp ? L->dexp_gate : L->exp_gate,
                                 .up = dexp ? L->dexp_up : L->exp_up,
                                 .down = dexp ? L->dexp_down : L->exp_down,
@@ -346,6 +349,10 @@ static void forward_chunk(void *vctx) {
                     break;
                 }
             op->moe(be, &ma);
+            if (hp->shared_ffn > 0) { /* the shared expert, on the block's normed input (moe left it in h) */
+                op->mlp(be, &L->sh_gate, &L->sh_up, &L->sh_down, s->h, n, s->mlp_scr, s->tmp);
+                op->add(be, s->x, s->tmp, NULL, n, H);
+            }
         } else {
             op->rms_norm(be, s->x, L->ffn_norm, n, H, hp->rms_eps, s->h);
             op->mlp(be, &L->gate, &L->up, &L->down, s->h, n, s->mlp_scr, s->tmp);

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backend/expert_cache.h"
+#include "backend/route_ref.h"
 #include "backend/topk_key.h"
 #include "core/pool.h"
 #include "core/util.h"
@@ -447,11 +448,11 @@ static void accum_xxt(moet_backend *be, double *acc, const float *x, int32_t n, 
 }
 
 /* Scratch layout for moe: logits [T][E] | xg [T][H] | g [T][F] | u [T][F] | d [T][H] | out [T][H] (accumulate) |
- * list [T*k] | cnt [E+1] | fill [E] */
+ * list [T*k] | cnt [E+1] | fill [E] | the sigmoid router's choice scores [E] */
 static size_t cpu_moe_scratch_bytes(moet_backend *be, int64_t T, int64_t H, int64_t F, int32_t E, int32_t k) {
     (void)be;
     size_t fl = (size_t)T * E + (size_t)T * H * 3 + (size_t)T * F * 2;
-    return fl * sizeof(float) + ((size_t)T * k + 2 * (size_t)E + 1) * sizeof(int32_t) + 256;
+    return fl * sizeof(float) + ((size_t)T * k + 3 * (size_t)E + 1) * sizeof(int32_t) + 256;
 }
 
 static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
@@ -469,7 +470,11 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
 
     /* Route: softmax over all experts in f32, then the top k, as transformers' Qwen3-MoE/Mixtral router does. */
     cpu_mul_mat(be, a->router, x, T, logits);
-    for (int64_t t = 0; t < T; t++) {
+    for (int64_t t = 0; t < T && a->scoring == MOET_ROUTER_SIGMOID; t++) /* route_ref.h */
+        moet_route_sigmoid_ref(logits + (size_t)t * E, a->router_bias, E, K, a->n_group, a->topk_group, a->norm_topk,
+                               a->route_scale, (float *)(cnt + 2 * (size_t)E + 1), a->topk_ids + (size_t)t * K,
+                               a->topk_w + (size_t)t * K);
+    for (int64_t t = 0; t < T && a->scoring == MOET_ROUTER_SOFTMAX; t++) {
         float *p = logits + (size_t)t * E;
         float mx = p[0];
         for (int32_t e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;

@@ -60,7 +60,9 @@ k_moe_gate_up(const float *__restrict__ x, const float *__restrict__ logits, int
     __shared__ float sw[MOE_MAX_K];
     const int slot = blockIdx.y, t = slot / K, j = slot - t * K, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nch = cu_rot_chunks((int)H);
-    if (warp == 0) {
+    if (warp == 0 && !logits) { /* routed by cu_moe_route_sigmoid */
+        if (lane < K) sid[lane] = __ldcg(topk_ids + (int64_t)t * K + lane);
+    } else if (warp == 0) {
         moe_route_warp(logits + (int64_t)t * E, E, K, norm_topk, p, sid, sw);
         if (blockIdx.x == 0 && j == 0 && lane < K) {
             topk_ids[(int64_t)t * K + lane] = sid[lane];
@@ -224,7 +226,9 @@ k_moe_prep(const float *__restrict__ x, const float *__restrict__ logits, int64_
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nch = cu_rot_chunks((int)H);
     if (warp == 0) {
-        moe_route_warp(logits + (int64_t)t * E, E, K, norm_topk, p, sid, sw);
+        if (logits) moe_route_warp(logits + (int64_t)t * E, E, K, norm_topk, p, sid, sw);
+        else if (lane < K) { sid[lane] = topk_ids[(int64_t)t * K + lane]; sw[lane] = topk_w[(int64_t)t * K + lane]; }
+        __syncwarp(); /* (routed by cu_moe_route_sigmoid when logits is NULL) */
         if (lane < K) {
             const int32_t e = sid[lane];
             topk_ids[(int64_t)t * K + lane] = e;
@@ -438,6 +442,37 @@ extern "C" size_t cu_moe_scratch_bytes(moet_backend *be, int64_t T, int64_t H, i
            (T < MOE_GROUP_MIN ? 0 : cu_moe_gb_stage_bytes(T, H, F, K) + 16) + 256;
 }
 
+#define RS_WARPS 4
+
+__global__ void __launch_bounds__(RS_WARPS * 32)
+k_route_sigmoid(const float *__restrict__ logits, int64_t T, int32_t E, int32_t K, const float *__restrict__ bias,
+                int32_t G, int32_t TG, int32_t norm_topk, float scale, int32_t *__restrict__ topk_ids,
+                float *__restrict__ topk_w) {
+    extern __shared__ float rs_c[]; /* [RS_WARPS][E] */
+    const int warp = threadIdx.x >> 5;
+    const int64_t t = (int64_t)blockIdx.x * RS_WARPS + warp;
+    cu_pdl_wait();
+    if (t < T)
+        moe_route_sig_warp(logits + t * E, bias, E, K, G, TG, norm_topk, scale, rs_c + (size_t)warp * E,
+                           topk_ids + t * K, topk_w + t * K);
+    cu_pdl_trigger();
+}
+
+void cu_moe_route_sigmoid(cu_backend *c, const moet_moe_args *a, const float *logits, int64_t T) {
+    const int32_t E = a->n_experts, K = a->n_used;
+    const float *bias = NULL;
+    if (a->router_bias && !(bias = (const float *)cu_weight(c, a->router_bias, (size_t)E * sizeof(float)))) return;
+    const int32_t G = a->n_group > 0 ? a->n_group : 1, TG = a->topk_group > 0 ? a->topk_group : G;
+    if (G > 32 || E % G || (G > 1 && E / G < 2) || TG > G) {
+        cu_fail(c, cudaErrorInvalidValue, "moe: sigmoid router groups outside the kernel's limits", __FILE__, __LINE__);
+        return;
+    }
+    cu_launch_pdl(c, k_route_sigmoid, dim3((unsigned)((T + RS_WARPS - 1) / RS_WARPS)), dim3(RS_WARPS * 32),
+                  (size_t)RS_WARPS * E * sizeof(float), logits, T, E, K, bias, G, TG, a->norm_topk, a->route_scale,
+                  a->topk_ids, a->topk_w);
+    CU_LAUNCHED(c, "k_route_sigmoid");
+}
+
 static int g_moe_attr_dev = -1;
 
 static int set_attrs(cu_backend *c) {
@@ -463,7 +498,8 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
     const moet_moe_args *a = &na;
     const int64_t T = a->n_tok, H = a->hidden, F = a->ffn;
     const int32_t E = a->n_experts, K = a->n_used;
-    if (E > MOE_MAX_E || K > MOE_MAX_K || K > E || H % 32 || F % 32) {
+    if (E > MOE_MAX_E || K > MOE_MAX_K || K > E || H % 32 || F % 32 ||
+        (a->scoring != MOET_ROUTER_SOFTMAX && a->scoring != MOET_ROUTER_SIGMOID)) {
         cu_fail(c, cudaErrorInvalidValue, "moe: shape outside the kernels' limits", __FILE__, __LINE__);
         return;
     }
@@ -504,7 +540,8 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
 
     const int pre = tab->gu_uniform;
     if (tab->tiled && T < MOE_GROUP_MIN) { /* the router kernel applies the pre-norm itself */
-        if (!cu_moe_fused(c, a, tab, logits, act)) cu_moe_tc_decode(c, a, tab, NULL, logits, act);
+        if (a->scoring != MOET_ROUTER_SOFTMAX || !cu_moe_fused(c, a, tab, logits, act))
+            cu_moe_tc_decode(c, a, tab, NULL, logits, act);
         return;
     }
     if (a->norm_w) { /* the pre-norm as its own launch on the other paths */
@@ -513,13 +550,16 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
         na.norm_w = NULL;
     }
     cu_mul_mat(be, a->router, a->x, T, logits);
+    const int sig = a->scoring == MOET_ROUTER_SIGMOID; /* routed here; the kernels below read the picks */
+    if (sig) cu_moe_route_sigmoid(c, a, logits, T);
+    const float *rlg = sig ? NULL : logits;
     const size_t sm_gr = (size_t)GR_TB * CU_PAD(H) * sizeof(float), sm_gd = (size_t)GR_TB * CU_PAD(F) * sizeof(float);
     if (T >= MOE_GROUP_MIN && pre && (tab->tiled || (sm_gr <= MOE_SMEM_MAX && sm_gd <= MOE_SMEM_MAX))) {
         float *xr = act + (size_t)T * K * F, *ydn = xr + (size_t)T * CU_PAD(H);
         int32_t *count = (int32_t *)(ydn + (size_t)T * K * H), *n_active = count + E, *n_items = n_active + 1,
                 *active = n_items + 1, *list = active + E, *items = list + (size_t)E * T;
         if (CU_CHECK(c, cudaMemsetAsync(count, 0, ((size_t)E + 2) * sizeof(int32_t), c->stream))) return;
-        k_moe_prep<<<(unsigned)T, MOE_THREADS, sm_gu, c->stream>>>(a->x, logits, T, H, E, K, a->norm_topk, tab->gu_rotated,
+        k_moe_prep<<<(unsigned)T, MOE_THREADS, sm_gu, c->stream>>>(a->x, rlg, T, H, E, K, a->norm_topk, tab->gu_rotated,
                                                                   tab->gu_seed, a->topk_ids, a->topk_w, count, n_active,
                                                                   active, list, xr);
         if (CU_LAUNCHED(c, "k_moe_prep")) return;
@@ -569,11 +609,11 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
     }
     dim3 g1((unsigned)((F + GU_ROWS - 1) / GU_ROWS), (unsigned)(T * K));
     if (q2)
-        k_moe_gate_up<1><<<g1, MOE_THREADS, sm_gu, c->stream>>>(a->x, logits, H, F, E, K, a->norm_topk, tab->table,
+        k_moe_gate_up<1><<<g1, MOE_THREADS, sm_gu, c->stream>>>(a->x, rlg, H, F, E, K, a->norm_topk, tab->table,
                                                                 tab->type, rb_gu, pre, tab->gu_rotated, tab->gu_seed,
                                                                 a->topk_ids, a->topk_w, act);
     else
-        k_moe_gate_up<0><<<g1, MOE_THREADS, sm_gu, c->stream>>>(a->x, logits, H, F, E, K, a->norm_topk, tab->table,
+        k_moe_gate_up<0><<<g1, MOE_THREADS, sm_gu, c->stream>>>(a->x, rlg, H, F, E, K, a->norm_topk, tab->table,
                                                                 tab->type, rb_gu, pre, tab->gu_rotated, tab->gu_seed,
                                                                 a->topk_ids, a->topk_w, act);
     if (CU_LAUNCHED(c, "k_moe_gate_up")) return;

@@ -53,6 +53,68 @@ __device__ __forceinline__ void moe_route_warp(const float *__restrict__ lg, int
     __syncwarp();
 }
 
+/* ---- route: the sigmoid router with a choice bias and group-limited top-k (MOET_ROUTER_SIGMOID) -------------
+ * backend/route_ref.h's algorithm pick for pick, by one warp: choice scores c = sigmoid + bias in c (E floats,
+ * shared), each group's top-2 sum by a lane (n_group <= 32), the groups kept by rank (ties: the lower group), the
+ * rest of c set to 0.0, then K maxima as moe_route_warp takes them (ties: the lower id); weights from the unbiased
+ * sigmoid, renormalised over (sum + 1e-20) when norm_topk, times scale. Taken entries become -inf: biased scores
+ * may be negative, unlike probabilities. */
+__device__ __forceinline__ void moe_route_sig_warp(const float *__restrict__ lg, const float *__restrict__ bias,
+                                                   int32_t E, int32_t K, int32_t G, int32_t TG, int32_t norm_topk,
+                                                   float scale, float *c, int32_t *ids, float *w) {
+    const int lane = threadIdx.x & 31;
+    for (int32_t e = lane; e < E; e += 32) c[e] = 1.0f / (1.0f + expf(-lg[e])) + (bias ? bias[e] : 0.0f);
+    __syncwarp();
+    if (G > 1 && TG < G) {
+        const int32_t gs = E / G;
+        float gsc = -INFINITY;
+        if (lane < G) {
+            float a = -INFINITY, b = -INFINITY;
+            for (int32_t e = lane * gs; e < (lane + 1) * gs; e++) {
+                const float v = c[e];
+                if (v > a) { b = a; a = v; } else if (v > b) b = v;
+            }
+            gsc = a + b;
+        }
+        int rank = 0;
+        for (int o = 0; o < G; o++) {
+            const float og = __shfl_sync(0xffffffffu, gsc, o);
+            rank += og > gsc || (og == gsc && o < lane);
+        }
+        const unsigned keep = __ballot_sync(0xffffffffu, lane < G && rank < TG);
+        for (int32_t e = lane; e < E; e += 32)
+            if (!((keep >> (e / gs)) & 1u)) c[e] = 0.0f;
+        __syncwarp();
+    }
+    float wsum = 0.f, mine = 0.f;
+    for (int32_t j = 0; j < K; j++) {
+        float best = -INFINITY;
+        int32_t bi = 0x7fffffff;
+        for (int32_t e = lane; e < E; e += 32) {
+            const float v = c[e];
+            if (v > best || bi == 0x7fffffff) { best = v; bi = e; } /* e ascends: the first maximum of the lane */
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        const float s = 1.0f / (1.0f + expf(-lg[bi]));
+        if ((bi & 31) == lane) c[bi] = -INFINITY; /* taken, by the lane that owns it */
+        if (lane == j) mine = s;
+        if (lane == 0) ids[j] = bi;
+        wsum += s;
+        __syncwarp();
+    }
+    if (lane < K) w[lane] = (norm_topk ? mine / (wsum + 1e-20f) : mine) * scale;
+    __syncwarp();
+}
+
+/* moe.cu: MOET_ROUTER_SIGMOID's own launch, a warp a token: logits [T][E] -> topk_ids / topk_w, which the expert
+ * kernels then read instead of routing themselves (their logits argument NULL). */
+void cu_moe_route_sigmoid(cu_backend *c, const moet_moe_args *a, const float *logits, int64_t T);
+
 /* moe_tc.cu: the tensor-core path (tab->tiled). Decode (T < MOE_GROUP_MIN): router + top-k, gate/up, down, three
  * launches. Grouped: gate/up and down over the work list of moe.cu's k_moe_prep / k_moe_items. */
 void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, const cu_expert_table *dtab,

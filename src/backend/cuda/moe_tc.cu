@@ -609,12 +609,15 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * MOET_ROUTE_GU=0 / =1 force either; gate/up also needs E logits and their softmax beside its staging. */
     const char *rg = getenv("MOET_ROUTE_GU");
     const int64_t gu_wave = (int64_t)c->prop.multiProcessorCount * TC_GU_CTAS(dtab != NULL);
-    const int route_gu = E <= TC_GU_MAX_E && (rg && (rg[0] == '0' || rg[0] == '1') ? rg[0] == '1' /* forced */
-                                                                                : (F / 16) * T * K <= gu_wave);
+    const int sig = a->scoring == MOET_ROUTER_SIGMOID; /* routed by its own launch after the router's logits */
+    const int route_gu = !sig && E <= TC_GU_MAX_E &&
+                         (rg && (rg[0] == '0' || rg[0] == '1') ? rg[0] == '1' /* forced */
+                                                               : (F / 16) * T * K <= gu_wave);
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
-                  rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h, !route_gu)
+                  rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h,      \
+                  !route_gu && !sig)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;
@@ -623,6 +626,10 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     }
 #undef TC_ROUTER_GO
     if (CU_LAUNCHED(c, "k_tc_router")) return;
+    if (sig) {
+        cu_moe_route_sigmoid(c, a, logits, T);
+        if (c->err[0]) return;
+    }
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
     const int nwg = tc_warps(H / bh, TC_GU_W), nwd = tc_warps(K * (F / bf), dtab ? TC_DN_W / 2 : TC_DN_W);
     const dim3 ggu((unsigned)(F / 16), (unsigned)(T * K)), gdn((unsigned)(H / 16), (unsigned)T);

@@ -4,6 +4,7 @@
  * mlp.experts.gate_up_proj / down_proj, and the per-expert gate/up/down_proj names moet packs store) must load and
  * give the same logits bit for bit, finite and not all alike; and its config's refusals name what they refuse.
  * The numbers against transformers come from tools/make_fixtures.py --only-mixtral (logits_mixtral_mini).
+ * Then the same for Glm4MoeForCausalLM (glm_section: two layouts, a W2 pack, refusals).
  *
  * usage: test_arch TOKENIZER_DIR (a model directory whose tokenizer.json has a vocabulary of 4096); MOET_DEVICE picks
  * the device (default cpu)
@@ -48,7 +49,7 @@ static void add(ckpt *c, const char *name, int nd, int64_t a, int64_t b, int64_t
  * is misaligned (what a writer that does not pad may produce) */
 static void write_ckpt_p(const char *dir, const ckpt *c, const char *config, int pad) {
     mkdir(dir, 0755);
-    char p[512], hdr[65536];
+    char p[1024], hdr[65536];
     size_t off = 0, hl = 0;
     hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "{");
     for (int i = 0; i < c->n; i++) {
@@ -138,6 +139,186 @@ static float *run(const char *dir, int32_t n_tok, char *err, size_t errlen, int 
     moet_session_free(s);
     moet_model_free(m);
     return out;
+}
+
+/* ---- Glm4MoeForCausalLM ---------------------------------------------------------------------------------------
+ * A random GLM-4.5-shaped model: layer 0 dense, layers 1-2 MoE with the sigmoid router (a choice bias, 4 groups of 2
+ * experts, 2 kept, x 2.5), a shared expert, q/k/v biases, q/k norm, half of each head rotated. Written per expert
+ * and fused (the same logits bit for bit); a W2 pack of it must keep the router's hyperparameters, the bias and the
+ * shared expert (its logits = the in-memory W2 model's); bad router groups are refused by name. */
+enum { GE = 8, GK = 2, GL = 3, GFD = 48 };
+
+static const char *glm_config(int n_group, int topk_group) {
+    static char c[2048];
+    snprintf(c, sizeof c,
+             "{\"architectures\": [\"Glm4MoeForCausalLM\"], \"model_type\": \"glm4_moe\", \"vocab_size\": %d, "
+             "\"hidden_size\": %d, \"intermediate_size\": %d, \"moe_intermediate_size\": %d, \"num_hidden_layers\": %d, "
+             "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, \"hidden_act\": \"silu\", "
+             "\"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-05, \"partial_rotary_factor\": 0.5, "
+             "\"rope_theta\": 1000000.0, \"attention_bias\": true, \"use_qk_norm\": true, \"n_routed_experts\": %d, "
+             "\"num_experts_per_tok\": %d, \"n_shared_experts\": 1, \"routed_scaling_factor\": 2.5, \"n_group\": %d, "
+             "\"topk_group\": %d, \"first_k_dense_replace\": 1, \"norm_topk_prob\": true, \"tie_word_embeddings\": false, "
+             "\"bos_token_id\": 1, \"eos_token_id\": 2}",
+             V, H, GFD, F, GL, NH, NKV, HD, GE, GK, n_group, topk_group);
+    return c;
+}
+
+static void glm_section(const char *tokdir) {
+    static float buf[V * H];
+    ckpt per = {0}, fused = {0};
+    char n[128], err[1024];
+    for (int i = 0; i < V * H; i++) buf[i] = rnd(0.5f);
+    add(&per, "model.embed_tokens.weight", 2, V, H, 0, buf);
+    for (int i = 0; i < V * H; i++) buf[i] = rnd(0.2f);
+    add(&per, "lm_head.weight", 2, V, H, 0, buf);
+    for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
+    add(&per, "model.norm.weight", 1, H, 0, 0, buf);
+    static float gw[GE][F * H], uw[GE][F * H], dw[GE][H * F], gu[GE * 2 * F * H], dn[GE * H * F];
+    for (int l = 0; l < GL; l++) {
+        static const char *const vec[2] = {"input_layernorm", "post_attention_layernorm"};
+        for (int v = 0; v < 2; v++) {
+            for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
+            snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, vec[v]);
+            add(&per, n, 1, H, 0, 0, buf);
+        }
+        static const char *const qk[2] = {"q_norm", "k_norm"};
+        for (int v = 0; v < 2; v++) {
+            for (int i = 0; i < HD; i++) buf[i] = 1.0f + rnd(0.3f);
+            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, qk[v]);
+            add(&per, n, 1, HD, 0, 0, buf);
+        }
+        static const char *const pr[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+        const int64_t rows[4] = {NH * HD, NKV * HD, NKV * HD, H}, cols[4] = {H, H, H, NH * HD};
+        for (int p = 0; p < 4; p++) {
+            for (int64_t i = 0; i < rows[p] * cols[p]; i++) buf[i] = rnd(0.3f);
+            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, pr[p]);
+            add(&per, n, 2, rows[p], cols[p], 0, buf);
+            if (p < 3) { /* q/k/v biases; o_proj has none in GLM */
+                for (int64_t i = 0; i < rows[p]; i++) buf[i] = rnd(0.3f);
+                snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.bias", l, pr[p]);
+                add(&per, n, 1, rows[p], 0, 0, buf);
+            }
+        }
+        static const char *const ck[3] = {"gate_proj", "up_proj", "down_proj"};
+        if (l == 0) { /* first_k_dense_replace = 1 */
+            for (int k = 0; k < 3; k++) {
+                for (int i = 0; i < GFD * H; i++) buf[i] = rnd(0.3f);
+                snprintf(n, sizeof n, "model.layers.0.mlp.%s.weight", ck[k]);
+                add(&per, n, 2, k == 2 ? H : GFD, k == 2 ? GFD : H, 0, buf);
+            }
+            continue;
+        }
+        for (int i = 0; i < GE * H; i++) buf[i] = rnd(1.0f);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
+        add(&per, n, 2, GE, H, 0, buf);
+        for (int i = 0; i < GE; i++) buf[i] = rnd(0.3f);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        add(&per, n, 1, GE, 0, 0, buf);
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < F * H; i++) buf[i] = rnd(0.3f);
+            snprintf(n, sizeof n, "model.layers.%d.mlp.shared_experts.%s.weight", l, ck[k]);
+            add(&per, n, 2, k == 2 ? H : F, k == 2 ? F : H, 0, buf);
+        }
+        for (int e = 0; e < GE; e++) {
+            for (int i = 0; i < F * H; i++) { gw[e][i] = rnd(0.3f); uw[e][i] = rnd(0.3f); dw[e][i] = rnd(0.3f); }
+            const float *m3[3] = {gw[e], uw[e], dw[e]};
+            for (int k = 0; k < 3; k++) {
+                snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, ck[k]);
+                add(&per, n, 2, k == 2 ? H : F, k == 2 ? F : H, 0, m3[k]);
+            }
+            memcpy(gu + (size_t)e * 2 * F * H, gw[e], sizeof gw[e]);
+            memcpy(gu + (size_t)e * 2 * F * H + F * H, uw[e], sizeof uw[e]);
+            memcpy(dn + (size_t)e * H * F, dw[e], sizeof dw[e]);
+        }
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l);
+        add(&fused, n, 3, GE, 2 * F, H, gu);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l);
+        add(&fused, n, 3, GE, H, F, dn);
+    }
+    for (int i = 0; i < per.n; i++)
+        if (!strstr(per.t[i].name, ".mlp.experts.")) {
+            const tensor *t = &per.t[i];
+            add(&fused, t->name, t->nd, t->shape[0], t->shape[1], t->shape[2], t->data);
+        }
+    const int T = 7;
+    char dp[512], df[512];
+    snprintf(dp, sizeof dp, "%s/glm", g_dir);
+    snprintf(df, sizeof df, "%s/glm_fused", g_dir);
+    write_ckpt(dp, &per, glm_config(4, 2));
+    copy_tokenizer(tokdir, dp);
+    write_ckpt(df, &fused, glm_config(4, 2));
+    copy_tokenizer(tokdir, df);
+    int rc;
+    float *lp = run(dp, T, err, sizeof err, &rc);
+    REQUIRE(lp, "glm: load: %s", err);
+    float *lf = run(df, T, err, sizeof err, &rc);
+    REQUIRE(lf, "glm fused: load: %s", err);
+    int finite = 1;
+    double spread = 0;
+    for (size_t i = 0; i < (size_t)T * V; i++) {
+        finite &= isfinite(lp[i]);
+        spread = fmax(spread, fabs((double)lp[i] - lp[i % V]));
+    }
+    CHECK(finite && spread > 1e-3, "glm: logits not finite or all alike (spread %g)", spread);
+    CHECK(!memcmp(lp, lf, sizeof(float) * (size_t)T * V), "glm: the fused layout's logits differ from per-expert");
+    fprintf(stderr, "glm4moe: per-expert and fused layouts, %d positions: identical logits, spread %.3g\n", T, spread);
+    { /* a W2 pack: the router's groups, scale and bias and the shared expert survive it */
+        char path[600];
+        snprintf(path, sizeof path, "%s/glm.pack", g_dir);
+        moet_model_options mo = moet_model_default_options();
+        mo.device = device();
+        moet_model *m, *pm;
+        REQUIRE(moet_model_load(dp, &mo, &m, err, sizeof err) == 0, "%s", err);
+        moet_pack_options po = {.q = moet_matq_default_options(MOET_QF_W2), .calib = NULL, .n_threads = 2};
+        REQUIRE(moet_pack_write(m, dp, path, &po, err, sizeof err) == 0, "pack: %s", err);
+        REQUIRE(moet_model_load(path, &mo, &pm, err, sizeof err) == 0, "load pack: %s", err);
+        CHECK(pm->hp.router_scoring == MOET_ROUTER_SIGMOID && pm->hp.n_group == 4 && pm->hp.topk_group == 2 &&
+              pm->hp.route_scale == 2.5f && pm->hp.shared_ffn == F && pm->hp.rope_dim == HD / 2 &&
+              pm->layers[1].router_bias && pm->layers[2].sh_down.data && !pm->layers[0].is_moe,
+              "glm pack: hyperparameters or tensors lost (scoring %d, groups %d/%d, scale %g, shared %d, rope %d)",
+              pm->hp.router_scoring, pm->hp.n_group, pm->hp.topk_group, pm->hp.route_scale, pm->hp.shared_ffn,
+              pm->hp.rope_dim);
+        REQUIRE(moet_model_requant_experts(m, &po.q, NULL, 2, NULL, err, sizeof err) == 0, "%s", err);
+        moet_session_options so = moet_session_default_options();
+        so.n_ctx = 64;
+        so.n_logits = T;
+        moet_session *a, *b;
+        REQUIRE(moet_session_create(pm, &so, &a, err, sizeof err) == 0 && moet_session_create(m, &so, &b, err, sizeof err) == 0,
+                "%s", err);
+        int32_t toks[16];
+        for (int i = 0; i < T; i++) toks[i] = (int32_t)((37 * i + 11) % V);
+        REQUIRE(moet_session_eval(a, toks, T, MOET_LOGITS_ALL, err, sizeof err) == 0 &&
+                moet_session_eval(b, toks, T, MOET_LOGITS_ALL, err, sizeof err) == 0, "%s", err);
+        const float *la = moet_session_logits(a, NULL), *lb = moet_session_logits(b, NULL);
+        double md = 0, mr = 0, mw = 0;
+        for (size_t i = 0; i < (size_t)T * V; i++) {
+            md = fmax(md, fabs((double)la[i] - lb[i]));
+            mr = fmax(mr, fabs((double)lb[i]));
+            mw = fmax(mw, fabs((double)lb[i] - lp[i]));
+        }
+        fprintf(stderr, "glm4moe: W2 pack vs in-memory W2: max |diff| / max |logit| = %.3g (W2 vs bf16: %.3g)\n",
+                md / mr, mw / mr);
+        CHECK(md / mr < 1e-5, "glm: the pack's logits differ from the in-memory W2 model's by %.3g", md / mr);
+        CHECK(mw / mr > 1e-4, "glm: W2 experts gave the logits of the unquantized ones (%.3g)", mw / mr);
+        moet_session_free(a); moet_session_free(b);
+        moet_model_free(pm); moet_model_free(m);
+    }
+    { /* refusals: groups that do not divide the experts; no group kept */
+        static const char *const want[2] = {"n_group", "topk_group"};
+        for (int i = 0; i < 2; i++) {
+            char d[512];
+            snprintf(d, sizeof d, "%s/glm_bad%d", g_dir, i);
+            write_ckpt(d, &per, i == 0 ? glm_config(3, 1) : glm_config(8, 0));
+            copy_tokenizer(tokdir, d);
+            float *x = run(d, T, err, sizeof err, &rc);
+            CHECK(!x && rc != 0 && strstr(err, want[i]), "glm bad groups %d: '%s'", i, x ? "(loaded)" : err);
+            free(x);
+        }
+    }
+    free(lp);
+    free(lf);
+    for (int i = 0; i < per.n; i++) free(per.t[i].data);
+    for (int i = 0; i < fused.n; i++) free(fused.t[i].data);
 }
 
 int main(int argc, char **argv) {
@@ -302,6 +483,7 @@ int main(int argc, char **argv) {
         CHECK(!x && rc != 0 && strstr(err, "not aligned"), "unpadded header: '%s'", x ? "(loaded)" : err);
         free(x);
     }
+    glm_section(argv[1]);
     for (int i = 0; i < 3; i++) free(lg[i]);
     for (int c = 0; c < 3; c++)
         for (int i = 0; i < cs[c]->n; i++) free(cs[c]->t[i].data);

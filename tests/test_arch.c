@@ -117,10 +117,15 @@ static const char *device(void) {
     return d && *d ? d : "cpu";
 }
 
-/* logits of every position of a fixed prompt */
+static float *run_on(const char *dev, const char *dir, int32_t n_tok, char *err, size_t errlen, int *rc);
 static float *run(const char *dir, int32_t n_tok, char *err, size_t errlen, int *rc) {
+    return run_on(device(), dir, n_tok, err, errlen, rc);
+}
+
+/* logits of every position of a fixed prompt */
+static float *run_on(const char *dev, const char *dir, int32_t n_tok, char *err, size_t errlen, int *rc) {
     moet_model_options mo = moet_model_default_options();
-    mo.device = device();
+    mo.device = dev;
     moet_model *m = NULL;
     if ((*rc = moet_model_load(dir, &mo, &m, err, errlen))) return NULL;
     moet_session_options so = moet_session_default_options();
@@ -262,6 +267,19 @@ static void glm_section(const char *tokdir) {
     CHECK(finite && spread > 1e-3, "glm: logits not finite or all alike (spread %g)", spread);
     CHECK(!memcmp(lp, lf, sizeof(float) * (size_t)T * V), "glm: the fused layout's logits differ from per-expert");
     fprintf(stderr, "glm4moe: per-expert and fused layouts, %d positions: identical logits, spread %.3g\n", T, spread);
+    if (strcmp(device(), "cpu") != 0) { /* the device against the CPU reference (the partial RoPE, biases, sigmoid
+                                          * router, shared expert through its kernels) */
+        float *lc = run_on("cpu", dp, T, err, sizeof err, &rc);
+        REQUIRE(lc, "glm on the cpu: %s", err);
+        double md = 0, mr = 0;
+        for (size_t i = 0; i < (size_t)T * V; i++) {
+            md = fmax(md, fabs((double)lp[i] - lc[i]));
+            mr = fmax(mr, fabs((double)lc[i]));
+        }
+        fprintf(stderr, "glm4moe: %s vs cpu: max |diff| / max |logit| = %.3g\n", device(), md / mr);
+        CHECK(md / mr < 1e-5, "glm: %s differs from the cpu by %.3g", device(), md / mr);
+        free(lc);
+    }
     { /* a W2 pack: the router's groups, scale and bias and the shared expert survive it */
         char path[600];
         snprintf(path, sizeof path, "%s/glm.pack", g_dir);

@@ -66,6 +66,10 @@ if [ "${BENCH:-1}" = 1 ]; then
   for shape in ${SHAPES:-qwen3-30b-a3b qwen3-235b-a22b}; do
     TAIL=4 run bench_$shape $bin/moet bench --synthetic $shape --device cuda -p 512 -n 128 --reps 3 -b ${BATCHES:-4,16,64} --json "$out/bench-$shape.json"
   done
+  # GLM-4.5-Air's shape: the sigmoid router (its own routing launch), a shared expert, q/k/v biases, half-rotated
+  # heads (the attention's composed path), a dense first layer
+  TAIL=4 run bench_glm_air $bin/moet bench --synthetic glm-4.5-air --device cuda -p 512 -n 128 --reps 3 \
+    --json "$out/bench-glm-4.5-air.json"
   TAIL=4 run bench_mini_a $bin/moet bench -m models/moe-mini-a --device cuda -p 512 -n 128 --reps 3 --json "$out/bench-moe-mini-a.json"
   # the attention projections and lm_head as Q8_0 (a pack's --dense q8_0): at batch 1 ~2.4 of a 30b token's ~3.0 GB
   # are these BF16 weights (W2 made the experts the small part), so Q8_0 takes a decode step to ~1.8 GB

@@ -171,6 +171,8 @@ int cmd_bench(int argc, char **argv) {
             for (int k = 0; k < 4; k++) tok_bytes += (double)dw[k]->row_bytes * dw[k]->rows;
             if (L->is_moe) {
                 tok_bytes += (double)L->router.row_bytes * L->router.rows;
+                if (L->sh_gate.data) /* the shared expert */
+                    tok_bytes += (double)L->sh_gate.row_bytes * L->sh_gate.rows * 2 + (double)L->sh_down.row_bytes * L->sh_down.rows;
                 tok_bytes += (double)hp->n_experts_used * ((double)L->exp_gate[0].row_bytes * L->exp_gate[0].rows * 2 +
                                                            (double)L->exp_down[0].row_bytes * L->exp_down[0].rows);
                 if (L->dres_gate && gate < 0) /* the delta on: every step reads the residuals too */

@@ -22,7 +22,7 @@ void cli_usage(FILE *f) {
             "                               [--save-logits F | --kld-base F] [--json]\n"
             "  bench       speed:           moet bench [-m DIR | --synthetic SHAPE] [-p 512] [-n 128] [-t 1,2]\n"
             "                               [--experts w2] [--gate TAU] [--json FILE]   (SHAPE: qwen3-30b-a3b,\n"
-            "                               qwen3-235b-a22b)\n"
+            "                               qwen3-235b-a22b, glm-4.5-air)\n"
             "  inspect     model summary:   moet inspect [-m DIR]\n"
             "  quantize    write a pack:    moet quantize -m HF_DIR -o OUT.gguf [--experts w2] [--calib TEXT]\n"
             "  serve       OpenAI API:      moet serve [-m DIR] [--host 127.0.0.1] [--port 8000] [--api-key KEY]\n"

@@ -35,7 +35,7 @@ struct moet_model {
 /* A model of a real architecture's shape with random weights, built in backend memory (no file): for benchmarks.
  * With opt->expert_slots > 0 on a device backend, the routed experts (and residuals) are built in host memory
  * instead and the device holds that many in its expert cache: the cache's fetches and replays, measured.
- * shape: "qwen3-30b-a3b", "qwen3-235b-a22b" or "mini" (a tiny one for tests); expert_type a MOET_TYPE_*. delta (W2
+ * shape: "qwen3-30b-a3b", "qwen3-235b-a22b", "glm-4.5-air" or "mini" (a tiny one for tests); expert_type a MOET_TYPE_*. delta (W2
  * experts only): random NVFP4 residuals beside them as well (the layers' dres_*, a delta pack's form). proj_type:
  * the attention projections and lm_head, MOET_TYPE_BF16 or MOET_TYPE_Q8_0 (a pack's --dense q8_0; the embedding
  * and the router stay BF16). */

@@ -3,7 +3,8 @@
  * generated there, so a 235B-shaped model is ready in seconds with no file and no host copy).
  *
  * The weights are pseudo-random (backend fill_random: the CPU and CUDA backends generate the same values), the
- * layer plan is the architecture's own (Qwen3-MoE: q/k norm, GQA, every layer MoE), and the routed experts use the
+ * layer plan is the architecture's own (Qwen3-MoE: q/k norm, GQA, every layer MoE; GLM-4.5-Air: a dense first
+ * layer, q/k/v biases, half-rotated heads, the sigmoid router and a shared expert), and the routed experts use the
  * requested type with the same per-matrix parameters a pack would carry (W2: rotated, beta, scale base). Speed
  * depends on shapes, bytes and routing spread, not on the values; random routers spread tokens over experts about
  * as evenly as trained ones do at batch 1 (each token reads k distinct experts either way).
@@ -20,12 +21,17 @@
 typedef struct {
     const char *name;
     int32_t layers, hidden, heads, kv_heads, head_dim, experts, used, expert_ffn, vocab;
+    /* GLM-4.5 (glm: 1): the first dense layers and their FFN, the shared expert's width, a half-rotated head, q/k/v
+     * biases, no q/k norm, the sigmoid router (with a choice bias) */
+    int32_t glm, first_dense, dense_ffn, shared_ffn;
 } shape_def;
 
 static const shape_def k_shapes[] = {
-    {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768, 151936},
-    {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536, 151936},
-    {"mini", 2, 256, 4, 2, 64, 16, 4, 256, 512},
+    {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768, 151936, 0, 0, 0, 0},
+    {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536, 151936, 0, 0, 0, 0},
+    {"glm-4.5-air", 46, 4096, 96, 8, 128, 128, 8, 1408, 151552, 1, 1, 10944, 1408},
+    {"mini", 2, 256, 4, 2, 64, 16, 4, 256, 512, 0, 0, 0, 0},
+    {"glm-mini", 3, 256, 4, 2, 64, 16, 4, 256, 512, 1, 1, 512, 256},
 };
 
 static void *buf(moet_model *m, size_t bytes) {
@@ -83,7 +89,9 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
     const shape_def *sd = NULL;
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
         if (!strcmp(shape, k_shapes[i].name)) sd = &k_shapes[i];
-    if (!sd) return moet_err(err, errlen, MOET_EINVAL, "unknown synthetic shape '%s' (qwen3-30b-a3b, qwen3-235b-a22b, mini)", shape);
+    if (!sd)
+        return moet_err(err, errlen, MOET_EINVAL, "unknown synthetic shape '%s' (qwen3-30b-a3b, qwen3-235b-a22b, "
+                        "glm-4.5-air, mini, glm-mini)", shape);
     if (delta && expert_type != MOET_TYPE_W2) return moet_err(err, errlen, MOET_EINVAL, "a delta goes with W2 experts");
     if (proj_type != MOET_TYPE_BF16 && proj_type != MOET_TYPE_Q8_0)
         return moet_err(err, errlen, MOET_EINVAL, "dense projections: bf16 or q8_0");
@@ -105,7 +113,9 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
         const uint64_t pr = moet_type_row_bytes(proj_type, H);
         const uint64_t dense_b = (uint64_t)sd->vocab * (uint64_t)H * 2 + (uint64_t)sd->vocab * pr +
                                  (uint64_t)sd->layers * ((uint64_t)(Dq + 2 * Dkv) * pr + (uint64_t)H * moet_type_row_bytes(proj_type, Dq) +
-                                                         (uint64_t)sd->experts * (uint64_t)H * 2);
+                                                         (uint64_t)sd->experts * (uint64_t)H * 2 +
+                                                         3 * (uint64_t)sd->shared_ffn * pr) +
+                                 (uint64_t)sd->first_dense * 3 * (uint64_t)sd->dense_ffn * pr;
 #define PAD256(b) (((uint64_t)(b) + 255) / 256 * 256)
         uint64_t slot = 2 * PAD256(moet_type_row_bytes(expert_type, H) * (uint64_t)F) + PAD256(moet_type_row_bytes(expert_type, F) * (uint64_t)H);
         if (delta)
@@ -126,26 +136,28 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
         return moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend");
     }
     moet_hparams *hp = &m->hp;
-    snprintf(hp->architecture, sizeof hp->architecture, "Qwen3MoeForCausalLM");
+    snprintf(hp->architecture, sizeof hp->architecture, sd->glm ? "Glm4MoeForCausalLM" : "Qwen3MoeForCausalLM");
     hp->vocab = sd->vocab;
     hp->hidden = sd->hidden;
     hp->n_layers = sd->layers;
     hp->n_heads = sd->heads;
     hp->n_kv_heads = sd->kv_heads;
     hp->head_dim = sd->head_dim;
-    hp->dense_ffn = sd->expert_ffn;
+    hp->dense_ffn = sd->glm ? sd->dense_ffn : sd->expert_ffn;
     hp->expert_ffn = sd->expert_ffn;
     hp->n_experts = sd->experts;
     hp->n_experts_used = sd->used;
     hp->norm_topk = 1;
-    hp->router_scoring = MOET_ROUTER_SOFTMAX;
+    hp->router_scoring = sd->glm ? MOET_ROUTER_SIGMOID : MOET_ROUTER_SOFTMAX;
     hp->n_group = hp->topk_group = 1;
     hp->route_scale = 1.0f;
+    hp->shared_ffn = sd->shared_ffn;
     hp->rms_eps = 1e-6f;
     hp->rope_theta = 1e6;
-    hp->rope_dim = sd->head_dim;
+    hp->rope_dim = sd->glm ? sd->head_dim / 2 : sd->head_dim;
     hp->max_pos = 40960;
-    hp->qk_norm = 1;
+    hp->qk_norm = !sd->glm;
+    hp->attn_bias = sd->glm;
     hp->bos_id = -1;
     hp->layer_moe = calloc((size_t)sd->layers, 1);
     m->layers = calloc((size_t)sd->layers, sizeof(moet_layer));
@@ -153,7 +165,10 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
     const int64_t H = sd->hidden, Dq = (int64_t)sd->heads * sd->head_dim, Dkv = (int64_t)sd->kv_heads * sd->head_dim,
                   F = sd->expert_ffn, E = sd->experts;
     const float *ones_h = host_vec(m, H, 1.0f), *ones_d = host_vec(m, sd->head_dim, 1.0f);
-    if (!ones_h || !ones_d) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto fail; }
+    /* GLM: small q/k/v biases and a choice bias (any values: speed does not depend on them) */
+    const float *bias_q = sd->glm ? host_vec(m, Dq, 0.01f) : ones_h, *bias_kv = sd->glm ? host_vec(m, Dkv, 0.01f) : ones_h,
+                *bias_e = sd->glm ? host_vec(m, E, 0.001f) : ones_h;
+    if (!ones_h || !ones_d || !bias_q || !bias_kv || !bias_e) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto fail; }
     uint64_t seed = 1000;
     if (dense(m, &m->tok_embd, MOET_TYPE_BF16, sd->vocab, H, seed++) || dense(m, &m->output, proj_type, sd->vocab, H, seed++))
         goto oom;
@@ -162,14 +177,33 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
     const size_t per_expert = rb_gu * (size_t)F * 2 + rb_dn * (size_t)H;
     for (int l = 0; l < sd->layers; l++) {
         moet_layer *L = &m->layers[l];
-        hp->layer_moe[l] = 1;
-        L->is_moe = 1;
+        hp->layer_moe[l] = l >= sd->first_dense;
+        L->is_moe = hp->layer_moe[l];
         if (dense(m, &L->wq, proj_type, Dq, H, seed++) || dense(m, &L->wk, proj_type, Dkv, H, seed++) ||
-            dense(m, &L->wv, proj_type, Dkv, H, seed++) || dense(m, &L->wo, proj_type, H, Dq, seed++) ||
-            dense(m, &L->router, MOET_TYPE_BF16, E, H, seed++))
+            dense(m, &L->wv, proj_type, Dkv, H, seed++) || dense(m, &L->wo, proj_type, H, Dq, seed++))
             goto oom;
         L->attn_norm = L->ffn_norm = ones_h;
-        L->q_norm = L->k_norm = ones_d;
+        if (sd->glm) {
+            L->bq = bias_q;
+            L->bk = L->bv = bias_kv;
+        } else {
+            L->q_norm = L->k_norm = ones_d;
+        }
+        if (!L->is_moe) { /* GLM's first layers: a dense SwiGLU MLP */
+            if (dense(m, &L->gate, proj_type, sd->dense_ffn, H, seed++) ||
+                dense(m, &L->up, proj_type, sd->dense_ffn, H, seed++) ||
+                dense(m, &L->down, proj_type, H, sd->dense_ffn, seed++))
+                goto oom;
+            continue;
+        }
+        if (dense(m, &L->router, MOET_TYPE_BF16, E, H, seed++)) goto oom;
+        if (sd->glm) {
+            L->router_bias = bias_e;
+            if (dense(m, &L->sh_gate, proj_type, sd->shared_ffn, H, seed++) ||
+                dense(m, &L->sh_up, proj_type, sd->shared_ffn, H, seed++) ||
+                dense(m, &L->sh_down, proj_type, H, sd->shared_ffn, seed++))
+                goto oom;
+        }
         L->exp_gate = calloc((size_t)E * 3, sizeof(moet_weight));
         if (!L->exp_gate) goto oom;
         L->exp_up = L->exp_gate + E;

@@ -151,7 +151,7 @@ static float *run_on(const char *dev, const char *dir, int32_t n_tok, char *err,
  * experts, 2 kept, x 2.5), a shared expert, q/k/v biases, q/k norm, half of each head rotated. Written per expert
  * and fused (the same logits bit for bit); a W2 pack of it must keep the router's hyperparameters, the bias and the
  * shared expert (its logits = the in-memory W2 model's); bad router groups are refused by name. */
-enum { GE = 8, GK = 2, GL = 3, GFD = 48 };
+enum { GE = 8, GK = 2, GL = 3, GFD = 96 }; /* widths multiples of 32, as the CUDA kernels take them */
 
 static const char *glm_config(int n_group, int topk_group) {
     static char c[2048];

@@ -20,12 +20,14 @@ run logits_a_cuda $bin/test_logits models/moe-mini-a .carry/shared/reference_fp3
 TAIL=3 run batch_cuda $bin/test_batch models/moe-mini-a
 TAIL=3 run kv_cuda $bin/test_kv models/moe-mini-a
 run logits_b_cuda $bin/test_logits tests/models/moe-mini-b tests/models/moe-mini-b/reference_fp32.safetensors 40 0
+# Mixtral (no q/k norm) and GLM-4.5 (sigmoid router, shared expert, partial RoPE, biases) against transformers
+run logits_mixtral_cuda $bin/test_logits tests/models/mixtral-mini tests/models/mixtral-mini/reference_fp32.safetensors 40 0
+run logits_glm_cuda $bin/test_logits tests/models/glm4moe-mini tests/models/glm4moe-mini/reference_fp32.safetensors 40 0
 # (the FP4 delta end to end: tests/test_delta.sh runs in CI on the CPU; on the GPU its model, moe-mini-b, is not in
 # the tiled layout the delta kernels need (widths multiples of 128), so test_ops's tiled delta shapes check them)
 # the expert cache on the GPU: 40 of moe-mini-a's 256 experts in device slots (fp32 kernels), then a W2 pack with
 # its delta (tiled slots, residuals beside them), each bit-identical to the resident model
-# Mixtral (no q/k norm) on the GPU: its three tensor layouts and a W2 pack (its transformers fixture, once committed,
-# runs as logits_mixtral_mini through ctest, not here)
+# Mixtral and GLM-4.5 on the GPU: their tensor layouts and W2 packs, GLM against the CPU
 MOET_DEVICE=cuda TAIL=4 run arch_cuda $bin/test_arch models/moe-mini-a
 TAIL=6 run ecache_cuda $bin/test_ecache models/moe-mini-a cuda
 # (moe-mini-a's W2 pack is not tiled either: no delta pack for it here)

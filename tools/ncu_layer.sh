@@ -10,7 +10,7 @@ out=${OUT:-gpu-out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 shape=${1:-qwen3-30b-a3b}
 # only the step's kernels (profiling the synthetic model's set-up kernels as well takes many minutes)
-timeout ${NCU_TIMEOUT:-240} ncu --graph-profiling node ${NCU_EXTRA:-} -k 'regex:k_(mv16|att|tc_|gb_|get|moe|rms|add|rope|mul|kv_|swiglu|norm|argmax|sample|top)' --clock-control none --cache-control none --csv \
+timeout ${NCU_TIMEOUT:-240} ncu --graph-profiling node ${NCU_EXTRA:-} -k 'regex:k_(mv16|att|tc_|gb_|get|moe|rms|add|rope|mul|kv_|swiglu|norm|argmax|sample|top|route)' --clock-control none --cache-control none --csv \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread \
     .carry/bin/moet bench --synthetic "$shape" --device cuda ${BENCH_ARGS:--p 0 -n 3 --reps 1} > "$out/ncu-layer-$shape.csv" 2>/dev/null
 python3 - "$out/ncu-layer-$shape.csv" "${ALL:-0}" <<'PY'

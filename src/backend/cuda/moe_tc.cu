@@ -602,17 +602,14 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * (moe-mini-a, width 256: a 512-thread CTA's barriers cost more than the 2 elements a thread they save) */
     const int rnw = H >= 1024 ? TC_RT_W : 4;
     /* Who routes. The router's last CTA (ticket) meant a fence, an atomic and one CTA re-reading every logit on the
-     * layer's critical path (~40% of the router's stall samples at the 30b shape), so where gate/up's grid is one
-     * wave (the CTAs its launch bounds promise an SM, times the SMs) each gate/up CTA routes its own token from the
-     * logits instead: one short chain, in parallel. A grid of two waves would route again in the second (30b with
-     * the delta, 2 CTAs an SM: 0.945x the decode speed between two runs on an H100), so there the router routes.
+     * layer's critical path (~40% of the router's stall samples at the 30b shape), so each gate/up CTA routes its
+     * own token from the logits instead: one short chain, in parallel (30b decode 1.07x on an H100). Stop 25 kept
+     * the router routing where gate/up's grid takes two waves (each wave routes again); the A/B in one binary (stop
+     * 26, H100) says otherwise: 30b with the delta (two waves) 217.1 vs 209.3 t/s, 235b (768 CTAs) 71.3 vs 70.6.
      * MOET_ROUTE_GU=0 / =1 force either; gate/up also needs E logits and their softmax beside its staging. */
     const char *rg = getenv("MOET_ROUTE_GU");
-    const int64_t gu_wave = (int64_t)c->prop.multiProcessorCount * TC_GU_CTAS(dtab != NULL);
     const int sig = a->scoring == MOET_ROUTER_SIGMOID; /* routed by its own launch after the router's logits */
-    const int route_gu = !sig && E <= TC_GU_MAX_E &&
-                         (rg && (rg[0] == '0' || rg[0] == '1') ? rg[0] == '1' /* forced */
-                                                               : (F / 16) * T * K <= gu_wave);
+    const int route_gu = !sig && E <= TC_GU_MAX_E && !(rg && rg[0] == '0');
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \

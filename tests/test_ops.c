@@ -596,7 +596,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < T * Dq; i++) qa[i] = gauss() * 2;
         for (int i = 0; i < T * Dk; i++) { ka[i] = gauss() * 2; va[i] = gauss(); rv[i] = va[i]; }
         for (int i = 0; i < hd; i++) { qn[i] = 1 + 0.3f * gauss(); kn[i] = 1 + 0.3f * gauss(); }
-        for (int with_norm = 0; with_norm < 2; with_norm++) {
+        for (int var = 0; var < 4; var++) { /* with / without norms; the whole head rotated, then half (GLM-4.5) */
+            const int with_norm = var & 1, rd = var < 2 ? hd : hd / 2;
             for (int qk = 0; qk < 2; qk++) {
                 const float *src = qk ? ka : qa, *nw = qk ? kn : qn;
                 double *dst = qk ? rk : rq;
@@ -609,10 +610,11 @@ int main(int argc, char **argv) {
                         const double inv = with_norm ? 1 / sqrt(ss / hd + 1e-6) : 1;
                         for (int i = 0; i < hd; i++) v[i] = with_norm ? nw[i] * r[i] * inv : r[i];
                         double *out = dst + ((int64_t)t * heads + h) * hd;
-                        for (int i = 0; i < hd / 2; i++) {
-                            double ang = (double)((float)pos[t] * (float)(1.0 / pow(theta, 2.0 * i / hd)));
-                            out[i] = v[i] * cos(ang) - v[i + hd / 2] * sin(ang);
-                            out[i + hd / 2] = v[i + hd / 2] * cos(ang) + v[i] * sin(ang);
+                        for (int i = rd; i < hd; i++) out[i] = v[i];
+                        for (int i = 0; i < rd / 2; i++) {
+                            double ang = (double)((float)pos[t] * (float)(1.0 / pow(theta, 2.0 * i / rd)));
+                            out[i] = v[i] * cos(ang) - v[i + rd / 2] * sin(ang);
+                            out[i + rd / 2] = v[i + rd / 2] * cos(ang) + v[i] * sin(ang);
                         }
                     }
             }
@@ -621,11 +623,13 @@ int main(int argc, char **argv) {
             float *kc = test_kv_pool(&kl, NULL, ctx, Dk), *vc = test_kv_pool(&kl, NULL, ctx, Dk);
             int32_t *pd = dev(pos, sizeof pos);
             const moet_kv_ref kr = test_kv_ref(&kl, kc, vc);
-            op->attn_prep(be, qd, kd, vd, T, nh, nkv, hd, with_norm ? qn : NULL, with_norm ? kn : NULL, 1e-6f, hd, theta,
+            op->attn_prep(be, qd, kd, vd, T, nh, nkv, hd, with_norm ? qn : NULL, with_norm ? kn : NULL, 1e-6f, rd, theta,
                           pd, &kr);
-            const char *vn = with_norm ? "qk-norm" : "no norm";
+            const char *vn = var == 0 ? "no norm" : var == 1 ? "qk-norm" : var == 2 ? "no norm rot/2" : "qk-norm rot/2";
             pull(o, qd, (size_t)(T * Dq));
-            report("attn_prep", with_norm ? "q qk-norm" : "q no norm", nmse(o, rq, (size_t)(T * Dq)), 1e-12);
+            char qv[48];
+            snprintf(qv, sizeof qv, "q %s", vn);
+            report("attn_prep", qv, nmse(o, rq, (size_t)(T * Dq)), 1e-12);
             float *back = malloc(sizeof(float) * T * Dk);
             for (int cache = 0; cache < 2; cache++) {
                 test_kv_pull(o, cache ? vc : kc, &kl, ctx, Dk);
@@ -1059,6 +1063,16 @@ int main(int argc, char **argv) {
             pull(o, od, (size_t)(T * H));
             snprintf(mv, sizeof mv, "w2 sigmoid decode n=1 %dx%d", H, F);
             report("moe", mv, nmse(o, rs2, (size_t)(T * H)), 1e-10);
+            if (is_cuda) { /* routed by its own launch (MOET_ROUTE_GU=0) against routing in gate/up, bit for bit */
+                float *o4 = malloc(sizeof(float) * T * H);
+                setenv("MOET_ROUTE_GU", "0", 1);
+                moe_tokenwise(be, &sa, xd, od, T, H);
+                unsetenv("MOET_ROUTE_GU");
+                pull(o4, od, (size_t)(T * H));
+                CHECK(!memcmp(o, o4, sizeof(float) * T * H), "moe %dx%d sigmoid n=1: its own routing launch differs "
+                      "from routing in gate/up", H, F);
+                free(o4);
+            }
             op->forget(be, bias);
             free(rs2);
         }

@@ -102,24 +102,26 @@ extern "C" void cu_kv_store(moet_backend *be, float *pool, const int32_t *blocks
  * (T = head_dim / 2 rounded up to warps): n_heads q heads, then n_kv k heads, then n_kv v heads. q and k heads:
  * per-head RMSNorm (double sums, as k_rms_norm) when a norm weight is given, then rotate-half RoPE with k_rope's
  * arithmetic, in place; k heads are also written to the cache row pos[t], v heads only copied there. Thread i of a
- * head's group owns elements i and i + head_dim / 2 (rot_dim == head_dim: the launcher checks). The token's RoPE
+ * head's group owns elements i and i + head_dim / 2 (with rot_dim < head_dim, GLM-4.5's partial rotary, also the
+ * pair i, i + rot_dim / 2 once the normed head is back in its row). The token's RoPE
  * cos / sin (double-precision pow, cos, sin: the costly part) are computed once into shared memory for all its
  * heads, not once a head (a CTA a (head, token) took 30 us at 512 tokens of qwen3-30b-a3b). */
 #define AP_THREADS 256
 __global__ void __launch_bounds__(AP_THREADS)
-k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
+k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t rot_dim,
             const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
             const int32_t *pos, moet_kv_ref kv) {
     __shared__ double part[AP_THREADS / 32];
-    __shared__ float cs[2][AP_THREADS]; /* cos, sin of element i < head_dim / 2 (head_dim <= 2 AP_THREADS) */
+    __shared__ float cs[2][AP_THREADS]; /* cos, sin of element i < rot_dim / 2 (head_dim <= 2 AP_THREADS) */
     const int t = blockIdx.x, half = head_dim / 2, T = ((half + 31) / 32) * 32, slots = AP_THREADS / T;
+    const int rh = rot_dim / 2, partial = rot_dim != head_dim;
     const int slot = threadIdx.x / T, i = threadIdx.x % T, nhw = T / 32;
     const int64_t kvd = (int64_t)n_kv * head_dim;
     cu_pdl_trigger();
     cu_pdl_wait();
     const int32_t p = pos[t];
     const int64_t prow = moet_kv_row(kv.blocks, kv.shift, p); /* the token's row in the pools */
-    for (int j = threadIdx.x; j < half; j += blockDim.x) cu_rope_cs(theta, j, head_dim, p, &cs[0][j], &cs[1][j]);
+    for (int j = threadIdx.x; j < rh; j += blockDim.x) cu_rope_cs(theta, j, rot_dim, p, &cs[0][j], &cs[1][j]);
     __syncthreads();
     const int nh = n_heads + 2 * n_kv;
     for (int h0 = 0; h0 < nh; h0 += slots) { /* every thread runs every pass (the barriers) */
@@ -149,6 +151,24 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
                 b = nw[i + half] * (b * inv);
             }
         }
+        if (partial) { /* rotate-half within the first rot_dim elements (pairs i, i + rot_dim / 2), the rest pass:
+                        * the normed head back to its row, then the pairs, then the k row to the cache; the barriers
+                        * uniform over the CTA as above */
+            if (qk && i < half) { row[i] = a; row[i + half] = b; }
+            __syncthreads();
+            if (qk && i < rh) {
+                const float x0 = row[i], x1 = row[i + rh], co = cs[0][i], si = cs[1][i];
+                row[i] = x0 * co - x1 * si;
+                row[i + rh] = x1 * co + x0 * si;
+            }
+            __syncthreads();
+            if (qk && !is_q && i < half) {
+                float *cr = kv.k + prow * kvd + (int64_t)(hh - n_heads) * head_dim;
+                cr[i] = row[i];
+                cr[i + half] = row[i + half];
+            }
+            continue;
+        }
         if (!qk || i >= half) continue;
         const float co = cs[0][i], si = cs[1][i];
         const float ra = a * co - b * si, rb = b * co + a * si;
@@ -170,7 +190,7 @@ extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *
     const float *qn = NULL, *kn = NULL;
     if (q_norm && !(qn = (const float *)cu_weight(c, q_norm, (size_t)head_dim * sizeof(float)))) return;
     if (k_norm && !(kn = (const float *)cu_weight(c, k_norm, (size_t)head_dim * sizeof(float)))) return;
-    if (rot_dim != head_dim || head_dim > 2 * AP_THREADS || head_dim % 2) { /* the composition */
+    if (rot_dim > head_dim || rot_dim < 2 || rot_dim % 2 || head_dim > 2 * AP_THREADS || head_dim % 2) { /* the composition */
         if (q_norm) cu_rms_norm(be, q, q_norm, n_tok * n_heads, head_dim, eps, q);
         if (k_norm) cu_rms_norm(be, k, k_norm, n_tok * n_kv, head_dim, eps, k);
         cu_rope(be, q, n_tok, n_heads, head_dim, rot_dim, theta, pos);
@@ -179,8 +199,8 @@ extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *
         cu_kv_store(be, kv->v, kv->blocks, kv->shift, v, pos, n_tok, (int64_t)n_kv * head_dim);
         return;
     }
-    cu_launch_pdl(c, k_attn_prep, dim3((unsigned)n_tok), dim3(AP_THREADS), 0, q, k, v, n_heads, n_kv, head_dim, qn, kn,
-                  eps, theta, pos, *kv);
+    cu_launch_pdl(c, k_attn_prep, dim3((unsigned)n_tok), dim3(AP_THREADS), 0, q, k, v, n_heads, n_kv, head_dim, rot_dim,
+                  qn, kn, eps, theta, pos, *kv);
     CU_LAUNCHED(c, "k_attn_prep");
 }
 

@@ -458,17 +458,26 @@ k_route_sigmoid(const float *__restrict__ logits, int64_t T, int32_t E, int32_t 
     cu_pdl_trigger();
 }
 
+int cu_route_sig_of(cu_backend *c, const moet_moe_args *a, cu_route_sig *rs) {
+    const int32_t E = a->n_experts;
+    *rs = (cu_route_sig){NULL, 1, 1, a->scoring == MOET_ROUTER_SIGMOID, a->route_scale};
+    if (!rs->on) return 1;
+    if (a->router_bias && !(rs->bias = (const float *)cu_weight(c, a->router_bias, (size_t)E * sizeof(float)))) return 0;
+    rs->G = a->n_group > 0 ? a->n_group : 1;
+    rs->TG = a->topk_group > 0 ? a->topk_group : rs->G;
+    if (rs->G > 32 || E % rs->G || (rs->G > 1 && E / rs->G < 2) || rs->TG > rs->G) {
+        cu_fail(c, cudaErrorInvalidValue, "moe: sigmoid router groups outside the kernel's limits", __FILE__, __LINE__);
+        return 0;
+    }
+    return 1;
+}
+
 void cu_moe_route_sigmoid(cu_backend *c, const moet_moe_args *a, const float *logits, int64_t T) {
     const int32_t E = a->n_experts, K = a->n_used;
-    const float *bias = NULL;
-    if (a->router_bias && !(bias = (const float *)cu_weight(c, a->router_bias, (size_t)E * sizeof(float)))) return;
-    const int32_t G = a->n_group > 0 ? a->n_group : 1, TG = a->topk_group > 0 ? a->topk_group : G;
-    if (G > 32 || E % G || (G > 1 && E / G < 2) || TG > G) {
-        cu_fail(c, cudaErrorInvalidValue, "moe: sigmoid router groups outside the kernel's limits", __FILE__, __LINE__);
-        return;
-    }
+    cu_route_sig rs;
+    if (!cu_route_sig_of(c, a, &rs)) return;
     cu_launch_pdl(c, k_route_sigmoid, dim3((unsigned)((T + RS_WARPS - 1) / RS_WARPS)), dim3(RS_WARPS * 32),
-                  (size_t)RS_WARPS * E * sizeof(float), logits, T, E, K, bias, G, TG, a->norm_topk, a->route_scale,
+                  (size_t)RS_WARPS * E * sizeof(float), logits, T, E, K, rs.bias, rs.G, rs.TG, a->norm_topk, rs.scale,
                   a->topk_ids, a->topk_w);
     CU_LAUNCHED(c, "k_route_sigmoid");
 }

@@ -111,6 +111,16 @@ __device__ __forceinline__ void moe_route_sig_warp(const float *__restrict__ lg,
     __syncwarp();
 }
 
+/* The sigmoid router's parameters as a kernel argument (on = 0: the softmax router). */
+typedef struct {
+    const float *bias; /* device memory, or NULL */
+    int32_t G, TG, on;
+    float scale;
+} cu_route_sig;
+
+/* moe.cu: the device copy of a's sigmoid router parameters (bias mirrored); 0 on error (c->err set). */
+int cu_route_sig_of(cu_backend *c, const moet_moe_args *a, cu_route_sig *rs);
+
 /* moe.cu: MOET_ROUTER_SIGMOID's own launch, a warp a token: logits [T][E] -> topk_ids / topk_w, which the expert
  * kernels then read instead of routing themselves (their logits argument NULL). */
 void cu_moe_route_sigmoid(cu_backend *c, const moet_moe_args *a, const float *logits, int64_t T);

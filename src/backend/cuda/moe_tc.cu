@@ -101,7 +101,8 @@ template <int M, int DL>
 __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(DL))
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
-             const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w) {
+             const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w,
+             cu_route_sig rs) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int slot = blockIdx.y, tok = slot / K;
@@ -121,7 +122,8 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         float *lg = (float *)((__half *)(red + (size_t)nw * 32) + (size_t)nw * 2 * b), *p = lg + E;
         for (int i = threadIdx.x; i < E; i += blockDim.x) lg[i] = __ldcg(rlogits + (int64_t)tok * E + i);
         __syncthreads();
-        tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts);
+        if (!rs.on) tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts);
+        else if (warp == 0) moe_route_sig_warp(lg, rs.bias, E, K, rs.G, rs.TG, norm_topk, rs.scale, p, rids, rwts);
         __syncthreads();
         e = rids[slot - tok * K];
         if (blockIdx.x == 0 && threadIdx.x == 0) { /* the routing k_tc_down and the expert cache read */
@@ -608,8 +610,10 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * 26, H100) says otherwise: 30b with the delta (two waves) 217.1 vs 209.3 t/s, 235b (768 CTAs) 71.3 vs 70.6.
      * MOET_ROUTE_GU=0 / =1 force either; gate/up also needs E logits and their softmax beside its staging. */
     const char *rg = getenv("MOET_ROUTE_GU");
-    const int sig = a->scoring == MOET_ROUTER_SIGMOID; /* routed by its own launch after the router's logits */
-    const int route_gu = !sig && E <= TC_GU_MAX_E && !(rg && rg[0] == '0');
+    cu_route_sig rs; /* the sigmoid router routes in gate/up too, by one warp (moe_route_sig_warp) */
+    if (!cu_route_sig_of(c, a, &rs)) return;
+    const int sig = rs.on;
+    const int route_gu = E <= TC_GU_MAX_E && !(rg && rg[0] == '0');
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
@@ -623,7 +627,7 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     }
 #undef TC_ROUTER_GO
     if (CU_LAUNCHED(c, "k_tc_router")) return;
-    if (sig) {
+    if (sig && !route_gu) { /* (MOET_ROUTE_GU=0) its own launch */
         cu_moe_route_sigmoid(c, a, logits, T);
         if (c->err[0]) return;
     }
@@ -636,11 +640,11 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (dtab)
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w)
+                           a->norm_topk, a->topk_w, rs)
     else
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 0, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w)
+                           a->norm_topk, a->topk_w, rs)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     if (dtab)
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,

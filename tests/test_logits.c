@@ -82,8 +82,10 @@ int main(int argc, char **argv) {
             REQUIRE(moet_session_eval(s1, ids + t, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
             memcpy(inc + (size_t)t * V, moet_session_logits(s1, NULL), (size_t)V * sizeof(float));
         }
+        /* prefill and decode take different kernels on a GPU (tensor-core GEMMs and attention vs GEMVs), each within
+         * ~1.6e-6 of transformers: Mixtral's mini on CUDA differs from itself by 1.07e-6 (an H100, stop 26) */
         double ei = rel_err(inc, lg, (size_t)T * V);
-        CHECK(ei <= 1e-6, "window %d: incremental vs prefill relative difference %.3g", w, ei);
+        CHECK(ei <= 2e-6, "window %d: incremental vs prefill relative difference %.3g", w, ei);
         moet_session_truncate(s2, 0, NULL, 0);
         REQUIRE(moet_session_eval(s2, ids, T, MOET_LOGITS_ALL, err, sizeof err) == 0, "%s", err);
         double ec = rel_err(moet_session_logits(s2, NULL), lg, (size_t)T * V);

@@ -797,8 +797,9 @@ int main(int argc, char **argv) {
     /* attn_fused (backends that have it): one decode token, against attn_prep then attention on the same backend,
      * bit for bit (output, q, both cache rows), with and without q/k norms, at head_dim 128 and 64 */
     if (op->attn_fused) {
-        for (int variant = 0; variant < 4; variant++) {
-            const int with_norm = variant & 1, hd = variant & 2 ? 64 : 128, nh = 8, nkv = 2, ctx = 80;
+        for (int variant = 0; variant < 6; variant++) { /* 4, 5: half the head rotated (GLM-4.5) */
+            const int with_norm = variant & 1, hd = (variant & 2) && variant < 4 ? 64 : 128, nh = 8, nkv = 2, ctx = 80;
+            const int rot = variant >= 4 ? hd / 2 : hd;
             const int32_t p = variant & 2 ? 0 : 57;
             const int64_t Dq = (int64_t)nh * hd, Dk = (int64_t)nkv * hd;
             float *qa = malloc(sizeof(float) * Dq), *ka = malloc(sizeof(float) * Dk), *va = malloc(sizeof(float) * Dk);
@@ -824,9 +825,9 @@ int main(int argc, char **argv) {
                                      .scale = 1.0f / sqrtf((float)hd), .out = od[f], .scratch = scr};
                 const float *qnn = with_norm ? qn : NULL, *knn = with_norm ? kn : NULL;
                 if (f) {
-                    op->attn_fused(be, qd[f], kd[f], vd[f], qnn, knn, 1e-6f, hd, 1e6, &aa);
+                    op->attn_fused(be, qd[f], kd[f], vd[f], qnn, knn, 1e-6f, rot, 1e6, &aa);
                 } else {
-                    op->attn_prep(be, qd[f], kd[f], vd[f], 1, nh, nkv, hd, qnn, knn, 1e-6f, hd, 1e6, pd, &kr);
+                    op->attn_prep(be, qd[f], kd[f], vd[f], 1, nh, nkv, hd, qnn, knn, 1e-6f, rot, 1e6, pd, &kr);
                     op->attention(be, &aa);
                 }
             }
@@ -843,7 +844,8 @@ int main(int argc, char **argv) {
                 }
                 for (size_t i = 0; i < cmp[c].n; i++) rd[i] = r1[i];
                 char vname[48];
-                snprintf(vname, sizeof vname, "%s d%d %s", cmp[c].name, hd, with_norm ? "norm" : "-");
+                snprintf(vname, sizeof vname, "%s d%d%s %s", cmp[c].name, hd, rot < hd ? " rot/2" : "",
+                         with_norm ? "norm" : "-");
                 report("attn_fused", vname, nmse(r2, rd, cmp[c].n), 0);
                 CHECK(!memcmp(r1, r2, cmp[c].n * sizeof(float)), "attn_fused %s: not bit-identical to the composition",
                       vname);
@@ -1063,9 +1065,9 @@ int main(int argc, char **argv) {
             pull(o, od, (size_t)(T * H));
             snprintf(mv, sizeof mv, "w2 sigmoid decode n=1 %dx%d", H, F);
             report("moe", mv, nmse(o, rs2, (size_t)(T * H)), 1e-10);
-            if (is_cuda) { /* routed by its own launch (MOET_ROUTE_GU=0) against routing in gate/up, bit for bit */
+            if (is_cuda) { /* routed in gate/up (MOET_ROUTE_GU=1) against its own launch (the default), bit for bit */
                 float *o4 = malloc(sizeof(float) * T * H);
-                setenv("MOET_ROUTE_GU", "0", 1);
+                setenv("MOET_ROUTE_GU", "1", 1);
                 moe_tokenwise(be, &sa, xd, od, T, H);
                 unsetenv("MOET_ROUTE_GU");
                 pull(o4, od, (size_t)(T * H));

@@ -149,9 +149,10 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
  * prep kernel's thread count, the same per-warp partial sums added in the same order), the first q head of each
  * group writes k, v to the cache row pos (every CTA writes its q in place), and the attention reads
  * keys 0 .. pos - 1 from the cache and key pos from its own shared rows: the same floats the composition reads, so
- * the output is bit-identical to attn_prep then attention, one launch and one dependent round trip fewer. */
+ * the output is bit-identical to attn_prep then attention, one launch and one dependent round trip fewer. A partial
+ * rotary head (rot_dim < head_dim) goes through shared memory as k_attn_prep's partial path does. */
 __global__ void __launch_bounds__(AT_WARPS * 32)
-k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
+k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t rot_dim,
               const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
               const int32_t *pos, moet_kv_ref kv, const moet_kv_ref *rows, float scale,
               float *__restrict__ out) {
@@ -189,14 +190,33 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         if (leader) kv.v[prow * kvd + (int64_t)kvh * head_dim + j] = x;
     }
     __syncthreads();
-    if (role < 2 && i < half) {
-        if (nw) {
-            double tot = 0;
-            for (int w = 0; w < T / 32; w++) tot += part[role][w];
-            const float inv = (float)(1.0 / sqrt(tot / (double)head_dim + (double)eps));
-            a = nw[i] * (a * inv);
-            b = nw[i + half] * (b * inv);
+    if (role < 2 && i < half && nw) {
+        double tot = 0;
+        for (int w = 0; w < T / 32; w++) tot += part[role][w];
+        const float inv = (float)(1.0 / sqrt(tot / (double)head_dim + (double)eps));
+        a = nw[i] * (a * inv);
+        b = nw[i + half] * (b * inv);
+    }
+    if (rot_dim != head_dim) { /* partial rotary (GLM-4.5): as k_attn_prep's partial path, in shared memory */
+        const int rh = rot_dim / 2;
+        float *dst = role == 0 ? sq : sk;
+        if (role < 2 && i < half) { dst[i] = a; dst[i + half] = b; }
+        __syncthreads();
+        if (role < 2 && i < rh) {
+            float co, si;
+            cu_rope_cs(theta, i, rot_dim, p, &co, &si);
+            const float x0 = dst[i], x1 = dst[i + rh];
+            dst[i] = x0 * co - x1 * si;
+            dst[i + rh] = x1 * co + x0 * si;
         }
+        __syncthreads();
+        if (role == 0 && i < half) { row[i] = dst[i]; row[i + half] = dst[i + half]; }
+        if (role == 1 && leader && i < half) {
+            float *cr = kv.k + prow * kvd + (int64_t)kvh * head_dim;
+            cr[i] = dst[i];
+            cr[i + half] = dst[i + half];
+        }
+    } else if (role < 2 && i < half) {
         float co, si;
         cu_rope_cs(theta, i, head_dim, p, &co, &si);
         const float ra = a * co - b * si, rb = b * co + a * si;
@@ -227,7 +247,7 @@ static int at_norms(cu_backend *c, const float *q_norm, const float *k_norm, int
 /* Whether k_attn_decode takes rows of this shape: the rows fit the fused kernel (2 x the prep's threads <= the CTA). */
 static int at_decode_ok(const moet_attn_args *a, int32_t rot_dim) {
     const int hd = a->head_dim;
-    return rot_dim == hd && !(hd % 2) && hd <= AT_MAX_D * 32 && a->n_kv > 0 && !(a->n_heads % a->n_kv) &&
+    return rot_dim >= 2 && rot_dim <= hd && !(rot_dim % 2) && !(hd % 2) && hd <= AT_MAX_D * 32 && a->n_kv > 0 && !(a->n_heads % a->n_kv) &&
            2 * (((hd / 2 + 31) / 32) * 32) <= AT_WARPS * 32;
 }
 
@@ -242,7 +262,7 @@ extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return 0;
     const moet_kv_ref none = {NULL, NULL, NULL, 0, 0};
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads, (unsigned)a->n_tok), dim3(AT_WARPS * 32), 0, q, k, v,
-                  a->n_heads, a->n_kv, hd, qn, kn, eps, theta, a->pos, none, rows, a->scale, a->out);
+                  a->n_heads, a->n_kv, hd, rot_dim, qn, kn, eps, theta, a->pos, none, rows, a->scale, a->out);
     CU_LAUNCHED(c, "k_attn_decode (rows)");
     return 0;
 }
@@ -263,6 +283,6 @@ extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float 
     const float *qn, *kn;
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return;
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv,
-                  hd, qn, kn, eps, theta, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, a->out);
+                  hd, rot_dim, qn, kn, eps, theta, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, a->out);
     CU_LAUNCHED(c, "k_attn_decode");
 }

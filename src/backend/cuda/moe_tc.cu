@@ -610,10 +610,14 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * 26, H100) says otherwise: 30b with the delta (two waves) 217.1 vs 209.3 t/s, 235b (768 CTAs) 71.3 vs 70.6.
      * MOET_ROUTE_GU=0 / =1 force either; gate/up also needs E logits and their softmax beside its staging. */
     const char *rg = getenv("MOET_ROUTE_GU");
-    cu_route_sig rs; /* the sigmoid router routes in gate/up too, by one warp (moe_route_sig_warp) */
+    /* The sigmoid router: its own launch (k_route_sigmoid) by default. Routing in gate/up (MOET_ROUTE_GU=1) is one
+     * warp's serial chain in every CTA (moe_route_sig_warp: K picks of shuffle rounds), not tc_route_warps' parallel
+     * ranks: at GLM-4.5-Air's shape gate/up took 48 us instead of 38 and decode ran at 95.7 vs 96.9 t/s (an H100,
+     * stop 26, one binary). A rank-based sigmoid router (the group mask first) would be needed to win there. */
+    cu_route_sig rs;
     if (!cu_route_sig_of(c, a, &rs)) return;
     const int sig = rs.on;
-    const int route_gu = E <= TC_GU_MAX_E && !(rg && rg[0] == '0');
+    const int route_gu = E <= TC_GU_MAX_E && (sig ? rg && rg[0] == '1' : !(rg && rg[0] == '0'));
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
@@ -627,7 +631,7 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     }
 #undef TC_ROUTER_GO
     if (CU_LAUNCHED(c, "k_tc_router")) return;
-    if (sig && !route_gu) { /* (MOET_ROUTE_GU=0) its own launch */
+    if (sig && !route_gu) { /* its own launch */
         cu_moe_route_sigmoid(c, a, logits, T);
         if (c->err[0]) return;
     }

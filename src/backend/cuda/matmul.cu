@@ -580,7 +580,8 @@ extern "C" void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const flo
 }
 
 /* Pre-norm + projections: one k_mv16(p) launch over all matrices when they are of one type (BF16, F16, or Q8_0 in
- * the q8t layout) and width; otherwise the composition (rms_norm, then mul_mat each). */
+ * the q8t layout) and width; otherwise the composition (rms_norm, then mul_mat each). norm_w NULL (internal callers
+ * only: cu_mlp): no pre-norm, the products of x. */
 extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n,
                                 int64_t dim, float *h, int32_t nw, const moet_weight *const *w, float *const *y) {
     cu_backend *c = cu_of(be);
@@ -607,13 +608,13 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
         set.r0[i + 1] = set.r0[i] + w[i]->rows;
     }
     if (!fused) {
-        cu_rms_norm(be, x, norm_w, n, dim, eps, h);
-        for (int32_t i = 0; i < nw; i++) cu_mul_mat(be, w[i], h, n, y[i]);
+        if (norm_w) cu_rms_norm(be, x, norm_w, n, dim, eps, h);
+        for (int32_t i = 0; i < nw; i++) cu_mul_mat(be, w[i], norm_w ? h : x, n, y[i]);
         return;
     }
     set.n = nw;
-    const float *nwd = (const float *)cu_weight(c, norm_w, (size_t)dim * sizeof(float));
-    if (!nwd) return;
+    const float *nwd = NULL; /* norm_w NULL (cu_mlp's gate and up): the products of x alone, one launch */
+    if (norm_w && !(nwd = (const float *)cu_weight(c, norm_w, (size_t)dim * sizeof(float)))) return;
     mv16_launch(c, &set, q8 ? CU_TYPE_Q8T : w[0]->type, dim, x, n, mv16_chunk(dim, n), nwd, eps, h, 0);
 }
 

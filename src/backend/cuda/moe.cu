@@ -642,13 +642,15 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
     }
 }
 
-/* Dense SwiGLU MLP: gate and up products, the gating, the down product (three matmul launches + one elementwise). */
+/* Dense SwiGLU MLP: gate and up products (one launch where they take one GEMV kernel: cu_norm_mul_mat without a
+ * norm; decode, GLM-4.5's shared expert), the gating, the down product. */
 extern "C" void cu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
                        const float *x, int64_t n, float *scratch, float *y) {
     cu_backend *c = cu_of(be);
     float *g = scratch, *u = scratch + (size_t)n * gate->rows;
-    cu_mul_mat(be, gate, x, n, g);
-    cu_mul_mat(be, up, x, n, u);
+    const moet_weight *gu[2] = {gate, up};
+    float *const gy[2] = {g, u};
+    cu_norm_mul_mat(be, x, NULL, 0.f, n, gate->cols, NULL, 2, gu, gy);
     cu_swiglu(c, g, u, n * gate->rows);
     cu_mul_mat(be, down, g, n, y);
 }

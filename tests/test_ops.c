@@ -584,6 +584,49 @@ int main(int argc, char **argv) {
         op->forget(be, g);
         free(xa); free(g); free(hh); free(hr); free(hf); free(yb); free(refb);
     }
+    /* mlp (dense SwiGLU: dense layers, GLM-4.5's shared expert), bf16, against the float64 composition: one token
+     * (CUDA: gate and up in one GEMV launch), a few, and a prefill chunk (tensor cores) */
+    {
+        const int D = 256, F = 384;
+        float *Wm[3], *dq[3];
+        void *blk[3];
+        moet_weight w[3];
+        for (int k = 0; k < 3; k++) {
+            const int64_t rows = k == 2 ? D : F, cols = k == 2 ? F : D;
+            Wm[k] = malloc(sizeof(float) * rows * cols);
+            dq[k] = malloc(sizeof(float) * rows * cols);
+            for (int64_t i = 0; i < rows * cols; i++) Wm[k][i] = gauss() * 0.1f;
+            blk[k] = make_weight(MOET_QF_BF16, Wm[k], rows, cols, &w[k], dq[k]);
+        }
+        static const int ns[3] = {1, 3, 40};
+        for (int ni = 0; ni < 3; ni++) {
+            const int nn = ns[ni];
+            float *xa = malloc(sizeof(float) * nn * D), *o = malloc(sizeof(float) * nn * D);
+            double *g = malloc(sizeof(double) * nn * F), *u = malloc(sizeof(double) * nn * F);
+            double *mref = malloc(sizeof(double) * nn * D), *a = malloc(sizeof(double) * F);
+            for (int i = 0; i < nn * D; i++) xa[i] = gauss();
+            ref_mul_mat(dq[0], xa, F, D, nn, g);
+            ref_mul_mat(dq[1], xa, F, D, nn, u);
+            for (int t = 0; t < nn; t++) {
+                for (int f = 0; f < F; f++) a[f] = g[t * F + f] / (1 + exp(-g[t * F + f])) * u[t * F + f];
+                for (int r = 0; r < D; r++) {
+                    double sum = 0;
+                    for (int f = 0; f < F; f++) sum += (double)dq[2][r * F + f] * a[f];
+                    mref[t * D + r] = sum;
+                }
+            }
+            float *xd = dev(xa, sizeof(float) * nn * D), *yd = dev_poisoned((size_t)(nn * D));
+            float *scr = op->alloc(be, sizeof(float) * 2 * (size_t)nn * F);
+            op->mlp(be, &w[0], &w[1], &w[2], xd, nn, scr, yd);
+            pull(o, yd, (size_t)(nn * D));
+            char v[32];
+            snprintf(v, sizeof v, "bf16 %dx%d n=%d", D, F, nn);
+            report("mlp", v, nmse(o, mref, (size_t)(nn * D)), 1e-10);
+            drop(xd); drop(yd); op->release(be, scr);
+            free(xa); free(o); free(g); free(u); free(mref); free(a);
+        }
+        for (int k = 0; k < 3; k++) { op->forget(be, blk[k]); free(blk[k]); free(dq[k]); free(Wm[k]); }
+    }
     /* attn_prep: per-head q/k norm, RoPE, KV write, against the float64 composition; with and without norms */
     {
         const int T = 3, nh = 4, nkv = 2, hd = 64, ctx = 1001;

@@ -205,9 +205,9 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         if (role < 2 && i < rh) {
             float co, si;
             cu_rope_cs(theta, i, rot_dim, p, &co, &si);
-            const float x0 = dst[i], x1 = dst[i + rh];
-            dst[i] = x0 * co - x1 * si;
-            dst[i + rh] = x1 * co + x0 * si;
+            const float x0 = dst[i], x1 = dst[i + rh]; /* no FMA contraction: k_attn_prep's partial path, bit for bit */
+            dst[i] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
+            dst[i + rh] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si));
         }
         __syncthreads();
         if (role == 0 && i < half) { row[i] = dst[i]; row[i + half] = dst[i + half]; }

@@ -158,8 +158,10 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
             __syncthreads();
             if (qk && i < rh) {
                 const float x0 = row[i], x1 = row[i + rh], co = cs[0][i], si = cs[1][i];
-                row[i] = x0 * co - x1 * si;
-                row[i + rh] = x1 * co + x0 * si;
+                /* rounded products and sum, no FMA contraction: k_attn_decode's partial path gives the same floats
+                 * whatever either compiles to (its tests compare them bit for bit) */
+                row[i] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
+                row[i + rh] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si));
             }
             __syncthreads();
             if (qk && !is_q && i < half) {

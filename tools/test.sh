@@ -17,8 +17,8 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
   ctest --test-dir build-asan --output-on-failure -j"$j"
 # Parser fuzzing, bounded: each libFuzzer target runs from the committed seed corpus for FUZZ_SECONDS.
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOET_FUZZ=ON -DMOET_CUDA=OFF >/dev/null
-cmake --build build-fuzz -j"$j" --target fuzz_safetensors fuzz_tokenizer fuzz_gguf fuzz_jinja fuzz_request
-for t in safetensors tokenizer gguf jinja request; do
+cmake --build build-fuzz -j"$j" --target fuzz_safetensors fuzz_tokenizer fuzz_gguf fuzz_jinja fuzz_request fuzz_config
+for t in safetensors tokenizer gguf jinja request config; do
   mkdir -p "build-fuzz/corpus-$t"
   "build-fuzz/fuzz/fuzz_$t" -max_total_time="${FUZZ_SECONDS:-30}" -max_len=4096 -print_final_stats=1 \
     "build-fuzz/corpus-$t" "fuzz/corpus/$t" 2>&1 | tail -4

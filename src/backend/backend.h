@@ -86,6 +86,7 @@ typedef struct {
     const moet_weight *next_router;
     const float *next_norm_w;
     const moet_weight *next_gate;
+    const float *next_router_bias; /* MOET_ROUTER_SIGMOID: the next layer's choice bias (host memory, or NULL) */
 } moet_moe_args;
 
 typedef struct {

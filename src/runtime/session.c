@@ -346,6 +346,7 @@ static void forward_chunk(void *vctx) {
                     ma.next_router = &N->router;
                     ma.next_norm_w = N->ffn_norm;
                     ma.next_gate = dexp ? N->dexp_gate : N->exp_gate;
+                    ma.next_router_bias = N->router_bias;
                     break;
                 }
             op->moe(be, &ma);

@@ -20,6 +20,8 @@
 #include "quant/synth.h"
 #include "quant/types.h"
 
+#define MOET_ROUTE_GUESS_MAX 64 /* the prefetch guess of the sigmoid router: picks a token at most */
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MOET_NO_CLONES)
 #define MOET_SIMD_CLONES __attribute__((target_clones("avx2,fma", "default")))
 #else
@@ -556,6 +558,15 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
         cpu_mul_mat(be, a->next_router, xg, T, logits);
         for (int64_t t = 0; t < T; t++) {
             float *p = logits + (size_t)t * E;
+            if (a->scoring == MOET_ROUTER_SIGMOID) { /* the guess is the next router's own choice (bias, groups) */
+                int32_t gid[MOET_ROUTE_GUESS_MAX];
+                float gw[MOET_ROUTE_GUESS_MAX];
+                if (K > MOET_ROUTE_GUESS_MAX) continue;
+                moet_route_sigmoid_ref(p, a->next_router_bias, E, K, a->n_group, a->topk_group, a->norm_topk,
+                                       a->route_scale, (float *)(cnt + 2 * (size_t)E + 1), gid, gw);
+                for (int32_t j = 0; j < K; j++) moet_ecache_hint(&cpu(be)->ec, nl, gid[j], NULL, NULL);
+                continue;
+            }
             for (int32_t j = 0; j < K; j++) {
                 int32_t best = 0;
                 for (int32_t e = 1; e < E; e++) best = p[e] > p[best] ? e : best;

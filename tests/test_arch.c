@@ -240,6 +240,10 @@ static void glm_section(const char *tokdir) {
         snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l);
         add(&fused, n, 3, GE, H, F, dn);
     }
+    /* a multi-token-prediction layer past num_hidden_layers, as GLM-4.5's checkpoints carry: not used, not packed */
+    for (int i = 0; i < 2 * H * H; i++) buf[i] = rnd(0.1f);
+    snprintf(n, sizeof n, "model.layers.%d.eh_proj.weight", GL);
+    add(&per, n, 2, H, 2 * H, 0, buf);
     for (int i = 0; i < per.n; i++)
         if (!strstr(per.t[i].name, ".mlp.experts.")) {
             const tensor *t = &per.t[i];
@@ -289,6 +293,13 @@ static void glm_section(const char *tokdir) {
         REQUIRE(moet_model_load(dp, &mo, &m, err, sizeof err) == 0, "%s", err);
         moet_pack_options po = {.q = moet_matq_default_options(MOET_QF_W2), .calib = NULL, .n_threads = 2};
         REQUIRE(moet_pack_write(m, dp, path, &po, err, sizeof err) == 0, "pack: %s", err);
+        moet_gguf g;
+        REQUIRE(moet_gguf_open(path, &g, err, sizeof err) == 0, "read: %s", err);
+        CHECK(!moet_gguf_find_tensor(&g, "model.layers.3.eh_proj.weight") &&
+              moet_gguf_find_tensor(&g, "model.layers.1.mlp.gate.e_score_correction_bias") &&
+              moet_gguf_find_tensor(&g, "model.layers.2.mlp.shared_experts.down_proj.weight"),
+              "glm pack: the unused MTP tensor was packed, or the router bias / shared expert was not");
+        moet_gguf_close(&g);
         REQUIRE(moet_model_load(path, &mo, &pm, err, sizeof err) == 0, "load pack: %s", err);
         CHECK(pm->hp.router_scoring == MOET_ROUTER_SIGMOID && pm->hp.n_group == 4 && pm->hp.topk_group == 2 &&
               pm->hp.route_scale == 2.5f && pm->hp.shared_ffn == F && pm->hp.rope_dim == HD / 2 &&

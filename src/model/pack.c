@@ -245,9 +245,13 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
             ex_starts[n_ex++] = (uintptr_t)L->exp_down[e].data;
         }
     qsort(ex_starts, n_ex, sizeof *ex_starts, cmp_uptr);
+    size_t n_unbound = 0;
     for (size_t i = 0; i < m->st.n_tensors; i++) {
         const moet_st_tensor *t = &m->st.tensors[i];
         if (strstr(t->name, ".mlp.experts.") || holds_expert(ex_starts, n_ex, (uintptr_t)t->data, t->nbytes)) continue;
+        /* what the architecture does not bind (GLM-4.5's and DeepSeek-V3's multi-token-prediction layers, buffers
+         * of old checkpoints) is not needed to load the pack either: left out */
+        if (m->st_used && !m->st_used[i]) { n_unbound++; continue; }
         int ty = t->dtype == MOET_ST_F32 ? MOET_TYPE_F32 : t->dtype == MOET_ST_F16 ? MOET_TYPE_F16
                  : t->dtype == MOET_ST_BF16 ? MOET_TYPE_BF16 : -1;
         if (ty < 0 || t->ndim < 1 || t->ndim > 4) {
@@ -267,6 +271,7 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
         }
         moet_gguf_writer_tensor(w, t->name, ty, t->ndim, ne, t->data, t->nbytes, 32);
     }
+    if (n_unbound) MOET_LOGI("pack: %zu tensors the architecture does not use left out", n_unbound);
     /* Experts: one 4 KiB-aligned record each (gate, up, down back to back), then the layer's qparams. */
     int32_t ty = moet_qformat_type(bfmt);
     for (int64_t t = 0; t < x.n_tasks; t++) {

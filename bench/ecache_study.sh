@@ -17,7 +17,7 @@ DEV=${DEV:-../shared/data/dev.txt}; CTX=${CTX:-256}; CHUNKS=${CHUNKS:-4}
 COMMIT=$(git describe --always --dirty --abbrev=12)  # before this run writes its own output file
 rows=()
 for model in "$@"; do
-  E=$(python3 -c "import json; c=json.load(open('$model/config.json')); print(c['num_hidden_layers'] * c.get('num_experts', c.get('num_local_experts', 0)))")
+  E=$(python3 -c "import json; c=json.load(open('$model/config.json')); print((c['num_hidden_layers'] - c.get('first_k_dense_replace', 0)) * c.get('num_experts', c.get('num_local_experts', c.get('n_routed_experts', 0))))")
   for pct in 25 50 75; do
     n=$((E * pct / 100))
     for mode in ${MODES:-pinned:lfu+admit pinned:lfu pinned:lru mapped:lru}; do

@@ -85,6 +85,12 @@ typedef struct {
     const char *device;        /* what computes: "NVIDIA H200 (sm_90, ...)", "cpu, 2 threads" */
     int32_t has_delta;         /* base + delta experts are loaded (a delta pack, or experts requantized with one) */
     int64_t expert_slots;      /* the expert cache's slots (0: every expert resident) */
+    const char *router;        /* "softmax" (Qwen3-MoE, Mixtral) or "sigmoid" (a choice bias, group-limited: GLM-4.5) */
+    int32_t norm_topk;         /* the top-k weights renormalised */
+    int32_t n_group, topk_group; /* the sigmoid router's expert groups and how many a token keeps */
+    float route_scale;         /* the weights' factor (routed_scaling_factor) */
+    int32_t shared_ffn;        /* the always-on shared expert's FFN width (0: none) */
+    int32_t rope_dim;          /* the dims of a head RoPE rotates (head_dim, or fewer: partial rotary) */
 } moet_model_info;
 
 void moet_model_info_get(const moet_model *m, moet_model_info *info);

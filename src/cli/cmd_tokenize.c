@@ -71,6 +71,14 @@ int cmd_inspect(int argc, char **argv) {
            f.architecture, (long long)f.n_params, (long long)f.weight_bytes, f.vocab_size, f.hidden_size, f.n_layers,
            f.n_heads, f.n_kv_heads, f.head_dim, f.n_experts, f.n_experts_used, f.expert_ffn, f.dense_ffn,
            f.max_positions);
+    if (f.n_experts > 0) {
+        printf("router         %s%s", f.router, f.norm_topk ? ", top-k renormalised" : "");
+        if (!strcmp(f.router, "sigmoid"))
+            printf(", %d groups (keep %d), x %g", f.n_group, f.topk_group, (double)f.route_scale);
+        printf("\n");
+    }
+    if (f.shared_ffn > 0) printf("shared expert  ffn %d\n", f.shared_ffn);
+    if (f.rope_dim != f.head_dim) printf("rope           %d of %d dims a head\n", f.rope_dim, f.head_dim);
     printf("delta          %s\n", f.has_delta ? "loaded (base + delta experts: --delta on|gate)" : "none");
     moet_model_free(m);
     return 0;

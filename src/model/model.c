@@ -503,6 +503,13 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     info->backend = m->be ? m->be->ops->name : "none";
     info->device = m->be ? m->be->ops->device_name(m->be) : "none";
     info->expert_slots = m->expert_slots;
+    info->router = hp->router_scoring == MOET_ROUTER_SIGMOID ? "sigmoid" : "softmax";
+    info->norm_topk = hp->norm_topk;
+    info->n_group = hp->n_group;
+    info->topk_group = hp->topk_group;
+    info->route_scale = hp->route_scale;
+    info->shared_ffn = hp->shared_ffn;
+    info->rope_dim = hp->rope_dim;
     info->has_delta = 0;
     for (int l = 0; l < m->hp.n_layers && !info->has_delta; l++) info->has_delta = m->layers && (m->layers[l].dexp_gate || m->layers[l].dres_gate);
 }

@@ -72,6 +72,9 @@ if [ "${BENCH:-1}" = 1 ]; then
   # heads (the attention's composed path), a dense first layer
   TAIL=4 run bench_glm_air $bin/moet bench --synthetic glm-4.5-air --device cuda -p 512 -n 128 --reps 3 \
     --json "$out/bench-glm-4.5-air.json"
+  # its sigmoid router in gate/up (one warp a CTA) against its own launch (the default): stop 26 measured 0.988x
+  TAIL=3 run bench_glm_air_route_gu1 env MOET_ROUTE_GU=1 $bin/moet bench --synthetic glm-4.5-air --device cuda -p 0 \
+    -n 128 --reps 2
   TAIL=4 run bench_mini_a $bin/moet bench -m models/moe-mini-a --device cuda -p 512 -n 128 --reps 3 --json "$out/bench-moe-mini-a.json"
   # the attention projections and lm_head as Q8_0 (a pack's --dense q8_0): at batch 1 ~2.4 of a 30b token's ~3.0 GB
   # are these BF16 weights (W2 made the experts the small part), so Q8_0 takes a decode step to ~1.8 GB

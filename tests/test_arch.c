@@ -99,6 +99,46 @@ static void copy_tokenizer(const char *src, const char *dir) {
     fclose(b);
 }
 
+/* The tensors every architecture here shares: the embedding, lm_head and final norm (layer -1), or layer l's two
+ * norms and attention (with per-head q/k norms, with q/k/v biases), random, appended to c. */
+static void add_common(ckpt *c, int l, int qk_norm, int qkv_bias) {
+    static float buf[V * H];
+    char n[128];
+    if (l < 0) {
+        for (int i = 0; i < V * H; i++) buf[i] = rnd(0.5f);
+        add(c, "model.embed_tokens.weight", 2, V, H, 0, buf);
+        for (int i = 0; i < V * H; i++) buf[i] = rnd(0.2f);
+        add(c, "lm_head.weight", 2, V, H, 0, buf);
+        for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
+        add(c, "model.norm.weight", 1, H, 0, 0, buf);
+        return;
+    }
+    static const char *const vec[2] = {"input_layernorm", "post_attention_layernorm"};
+    for (int v = 0; v < 2; v++) {
+        for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
+        snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, vec[v]);
+        add(c, n, 1, H, 0, 0, buf);
+    }
+    static const char *const qk[2] = {"q_norm", "k_norm"};
+    for (int v = 0; qk_norm && v < 2; v++) {
+        for (int i = 0; i < HD; i++) buf[i] = 1.0f + rnd(0.3f);
+        snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, qk[v]);
+        add(c, n, 1, HD, 0, 0, buf);
+    }
+    static const char *const pr[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    const int64_t rows[4] = {NH * HD, NKV * HD, NKV * HD, H}, cols[4] = {H, H, H, NH * HD};
+    for (int p = 0; p < 4; p++) {
+        for (int64_t i = 0; i < rows[p] * cols[p]; i++) buf[i] = rnd(0.3f);
+        snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, pr[p]);
+        add(c, n, 2, rows[p], cols[p], 0, buf);
+        if (qkv_bias && p < 3) { /* q/k/v biases (o_proj has none in GLM) */
+            for (int64_t i = 0; i < rows[p]; i++) buf[i] = rnd(0.3f);
+            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.bias", l, pr[p]);
+            add(c, n, 1, rows[p], 0, 0, buf);
+        }
+    }
+}
+
 static const char *config(int sliding_window) {
     static char c[2048];
     snprintf(c, sizeof c,
@@ -146,6 +186,37 @@ static float *run_on(const char *dev, const char *dir, int32_t n_tok, char *err,
     return out;
 }
 
+/* The same T tokens through a pack pm and through the checkpoint's model m with its experts requantized in memory as
+ * the pack was written (po): max |diff| / max |logit|; with ref (m's logits before requantizing), *w2_vs = the W2
+ * logits' distance from ref on the same scale. */
+static double pack_vs_memory(moet_model *m, moet_model *pm, const moet_pack_options *po, int T, const float *ref,
+                             double *w2_vs) {
+    char err[1024];
+    REQUIRE(moet_model_requant_experts(m, &po->q, NULL, 2, NULL, err, sizeof err) == 0, "%s", err);
+    moet_session_options so = moet_session_default_options();
+    so.n_ctx = 64;
+    so.n_logits = T;
+    moet_session *a, *b;
+    REQUIRE(moet_session_create(pm, &so, &a, err, sizeof err) == 0 && moet_session_create(m, &so, &b, err, sizeof err) == 0,
+            "%s", err);
+    int32_t toks[16];
+    REQUIRE(T <= 16, "test setup");
+    for (int i = 0; i < T; i++) toks[i] = (int32_t)((37 * i + 11) % V);
+    REQUIRE(moet_session_eval(a, toks, T, MOET_LOGITS_ALL, err, sizeof err) == 0 &&
+            moet_session_eval(b, toks, T, MOET_LOGITS_ALL, err, sizeof err) == 0, "%s", err);
+    const float *la = moet_session_logits(a, NULL), *lb = moet_session_logits(b, NULL);
+    double md = 0, mr = 0, mw = 0;
+    for (size_t i = 0; i < (size_t)T * V; i++) {
+        md = fmax(md, fabs((double)la[i] - lb[i]));
+        mr = fmax(mr, fabs((double)lb[i]));
+        if (ref) mw = fmax(mw, fabs((double)lb[i] - ref[i]));
+    }
+    if (w2_vs) *w2_vs = mw / mr;
+    moet_session_free(a);
+    moet_session_free(b);
+    return md / mr;
+}
+
 /* ---- Glm4MoeForCausalLM ---------------------------------------------------------------------------------------
  * A random GLM-4.5-shaped model: layer 0 dense, layers 1-2 MoE with the sigmoid router (a choice bias, 4 groups of 2
  * experts, 2 kept, x 2.5), a shared expert, q/k/v biases, q/k norm, half of each head rotated. Written per expert
@@ -172,38 +243,10 @@ static void glm_section(const char *tokdir) {
     static float buf[V * H];
     ckpt per = {0}, fused = {0};
     char n[128], err[1024];
-    for (int i = 0; i < V * H; i++) buf[i] = rnd(0.5f);
-    add(&per, "model.embed_tokens.weight", 2, V, H, 0, buf);
-    for (int i = 0; i < V * H; i++) buf[i] = rnd(0.2f);
-    add(&per, "lm_head.weight", 2, V, H, 0, buf);
-    for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
-    add(&per, "model.norm.weight", 1, H, 0, 0, buf);
+    add_common(&per, -1, 0, 0);
     static float gw[GE][F * H], uw[GE][F * H], dw[GE][H * F], gu[GE * 2 * F * H], dn[GE * H * F];
     for (int l = 0; l < GL; l++) {
-        static const char *const vec[2] = {"input_layernorm", "post_attention_layernorm"};
-        for (int v = 0; v < 2; v++) {
-            for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
-            snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, vec[v]);
-            add(&per, n, 1, H, 0, 0, buf);
-        }
-        static const char *const qk[2] = {"q_norm", "k_norm"};
-        for (int v = 0; v < 2; v++) {
-            for (int i = 0; i < HD; i++) buf[i] = 1.0f + rnd(0.3f);
-            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, qk[v]);
-            add(&per, n, 1, HD, 0, 0, buf);
-        }
-        static const char *const pr[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-        const int64_t rows[4] = {NH * HD, NKV * HD, NKV * HD, H}, cols[4] = {H, H, H, NH * HD};
-        for (int p = 0; p < 4; p++) {
-            for (int64_t i = 0; i < rows[p] * cols[p]; i++) buf[i] = rnd(0.3f);
-            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, pr[p]);
-            add(&per, n, 2, rows[p], cols[p], 0, buf);
-            if (p < 3) { /* q/k/v biases; o_proj has none in GLM */
-                for (int64_t i = 0; i < rows[p]; i++) buf[i] = rnd(0.3f);
-                snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.bias", l, pr[p]);
-                add(&per, n, 1, rows[p], 0, 0, buf);
-            }
-        }
+        add_common(&per, l, 1, 1);
         static const char *const ck[3] = {"gate_proj", "up_proj", "down_proj"};
         if (l == 0) { /* first_k_dense_replace = 1 */
             for (int k = 0; k < 3; k++) {
@@ -307,29 +350,11 @@ static void glm_section(const char *tokdir) {
               "glm pack: hyperparameters or tensors lost (scoring %d, groups %d/%d, scale %g, shared %d, rope %d)",
               pm->hp.router_scoring, pm->hp.n_group, pm->hp.topk_group, pm->hp.route_scale, pm->hp.shared_ffn,
               pm->hp.rope_dim);
-        REQUIRE(moet_model_requant_experts(m, &po.q, NULL, 2, NULL, err, sizeof err) == 0, "%s", err);
-        moet_session_options so = moet_session_default_options();
-        so.n_ctx = 64;
-        so.n_logits = T;
-        moet_session *a, *b;
-        REQUIRE(moet_session_create(pm, &so, &a, err, sizeof err) == 0 && moet_session_create(m, &so, &b, err, sizeof err) == 0,
-                "%s", err);
-        int32_t toks[16];
-        for (int i = 0; i < T; i++) toks[i] = (int32_t)((37 * i + 11) % V);
-        REQUIRE(moet_session_eval(a, toks, T, MOET_LOGITS_ALL, err, sizeof err) == 0 &&
-                moet_session_eval(b, toks, T, MOET_LOGITS_ALL, err, sizeof err) == 0, "%s", err);
-        const float *la = moet_session_logits(a, NULL), *lb = moet_session_logits(b, NULL);
-        double md = 0, mr = 0, mw = 0;
-        for (size_t i = 0; i < (size_t)T * V; i++) {
-            md = fmax(md, fabs((double)la[i] - lb[i]));
-            mr = fmax(mr, fabs((double)lb[i]));
-            mw = fmax(mw, fabs((double)lb[i] - lp[i]));
-        }
-        fprintf(stderr, "glm4moe: W2 pack vs in-memory W2: max |diff| / max |logit| = %.3g (W2 vs bf16: %.3g)\n",
-                md / mr, mw / mr);
-        CHECK(md / mr < 1e-5, "glm: the pack's logits differ from the in-memory W2 model's by %.3g", md / mr);
-        CHECK(mw / mr > 1e-4, "glm: W2 experts gave the logits of the unquantized ones (%.3g)", mw / mr);
-        moet_session_free(a); moet_session_free(b);
+        double mw;
+        const double d = pack_vs_memory(m, pm, &po, T, lp, &mw);
+        fprintf(stderr, "glm4moe: W2 pack vs in-memory W2: max |diff| / max |logit| = %.3g (W2 vs bf16: %.3g)\n", d, mw);
+        CHECK(d < 1e-5, "glm: the pack's logits differ from the in-memory W2 model's by %.3g", d);
+        CHECK(mw > 1e-4, "glm: W2 experts gave the logits of the unquantized ones (%.3g)", mw);
         moet_model_free(pm); moet_model_free(m);
     }
     { /* refusals: groups that do not divide the experts; no group kept */
@@ -358,27 +383,10 @@ int main(int argc, char **argv) {
     /* the random model, tensor by tensor, in the hub layout; the other two layouts from the same values */
     ckpt hub = {0}, fused = {0}, canon = {0};
     char n[128];
-    for (int i = 0; i < V * H; i++) buf[i] = rnd(0.5f);
-    add(&hub, "model.embed_tokens.weight", 2, V, H, 0, buf);
-    for (int i = 0; i < V * H; i++) buf[i] = rnd(0.2f);
-    add(&hub, "lm_head.weight", 2, V, H, 0, buf);
-    for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
-    add(&hub, "model.norm.weight", 1, H, 0, 0, buf);
+    add_common(&hub, -1, 0, 0);
     static float gw[E][F * H], uw[E][F * H], dw[E][H * F];
     for (int l = 0; l < L; l++) {
-        static const char *const vec[2] = {"input_layernorm", "post_attention_layernorm"};
-        for (int v = 0; v < 2; v++) {
-            for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
-            snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, vec[v]);
-            add(&hub, n, 1, H, 0, 0, buf);
-        }
-        static const char *const pr[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
-        const int64_t rows[4] = {NH * HD, NKV * HD, NKV * HD, H}, cols[4] = {H, H, H, NH * HD};
-        for (int p = 0; p < 4; p++) {
-            for (int64_t i = 0; i < rows[p] * cols[p]; i++) buf[i] = rnd(0.3f);
-            snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, pr[p]);
-            add(&hub, n, 2, rows[p], cols[p], 0, buf);
-        }
+        add_common(&hub, l, 0, 0);
         for (int i = 0; i < E * H; i++) buf[i] = rnd(1.0f);
         snprintf(n, sizeof n, "model.layers.%d.block_sparse_moe.gate.weight", l);
         add(&hub, n, 2, E, H, 0, buf);
@@ -461,26 +469,9 @@ int main(int argc, char **argv) {
               "or an expert");
         moet_gguf_close(&g);
         REQUIRE(moet_model_load(path, &mo, &pm, err, sizeof err) == 0, "load pack: %s", err);
-        REQUIRE(moet_model_requant_experts(m, &po.q, NULL, 2, NULL, err, sizeof err) == 0, "%s", err);
-        moet_session_options so = moet_session_default_options();
-        so.n_ctx = 64;
-        so.n_logits = T;
-        moet_session *a, *b;
-        REQUIRE(moet_session_create(pm, &so, &a, err, sizeof err) == 0 && moet_session_create(m, &so, &b, err, sizeof err) == 0,
-                "%s", err);
-        int32_t toks[T];
-        for (int i = 0; i < T; i++) toks[i] = (int32_t)((37 * i + 11) % V);
-        REQUIRE(moet_session_eval(a, toks, T, MOET_LOGITS_ALL, err, sizeof err) == 0 &&
-                moet_session_eval(b, toks, T, MOET_LOGITS_ALL, err, sizeof err) == 0, "%s", err);
-        const float *la = moet_session_logits(a, NULL), *lb = moet_session_logits(b, NULL);
-        double md = 0, mr = 0;
-        for (size_t i = 0; i < (size_t)T * V; i++) {
-            md = fmax(md, fabs((double)la[i] - lb[i]));
-            mr = fmax(mr, fabs((double)lb[i]));
-        }
-        fprintf(stderr, "mixtral: W2 pack vs in-memory W2: max |diff| / max |logit| = %.3g\n", md / mr);
-        CHECK(md / mr < 1e-5, "the pack's logits differ from the in-memory W2 model's by %.3g", md / mr);
-        moet_session_free(a); moet_session_free(b);
+        const double d = pack_vs_memory(m, pm, &po, T, NULL, NULL);
+        fprintf(stderr, "mixtral: W2 pack vs in-memory W2: max |diff| / max |logit| = %.3g\n", d);
+        CHECK(d < 1e-5, "the pack's logits differ from the in-memory W2 model's by %.3g", d);
         moet_model_free(pm); moet_model_free(m);
     }
     /* refusals: a sliding window shorter than the context; a missing expert tensor names itself */

@@ -72,34 +72,17 @@ static int glm_parse_config(const json_t *cfg, moet_hparams *hp, char *err, size
 
 static int glm_bind(moet_model *m, char *err, size_t errlen) {
     const moet_hparams *hp = &m->hp;
-    const int64_t H = hp->hidden;
-    static const char *const k_names[1][3] = {
-        {"mlp.experts.%lld.gate_proj.weight", "mlp.experts.%lld.up_proj.weight", "mlp.experts.%lld.down_proj.weight"}};
     char n[256];
     TRY(moet_hf_bind_model(m, err, errlen));
     for (int il = 0; il < hp->n_layers; il++) {
         moet_layer *L = &m->layers[il];
-#define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, il), n)
-        TRY(moet_hf_bind_attention(m, il, err, errlen));
-        L->is_moe = hp->layer_moe[il];
-        if (!L->is_moe) {
-            const int64_t F = hp->dense_ffn;
-            TRY(moet_bind_matrix(m, NAME("mlp.gate_proj.weight"), F, H, &L->gate, err, errlen));
-            TRY(moet_bind_matrix(m, NAME("mlp.up_proj.weight"), F, H, &L->up, err, errlen));
-            TRY(moet_bind_matrix(m, NAME("mlp.down_proj.weight"), H, F, &L->down, err, errlen));
-            continue;
-        }
-        TRY(moet_bind_matrix(m, NAME("mlp.gate.weight"), hp->n_experts, H, &L->router, err, errlen));
-        if (moet_has_tensor(m, NAME("mlp.gate.e_score_correction_bias")))
-            TRY(moet_bind_vector(m, n, hp->n_experts, &L->router_bias, err, errlen));
-        if (hp->shared_ffn > 0) {
-            const int64_t F = hp->shared_ffn;
-            TRY(moet_bind_matrix(m, NAME("mlp.shared_experts.gate_proj.weight"), F, H, &L->sh_gate, err, errlen));
-            TRY(moet_bind_matrix(m, NAME("mlp.shared_experts.up_proj.weight"), F, H, &L->sh_up, err, errlen));
-            TRY(moet_bind_matrix(m, NAME("mlp.shared_experts.down_proj.weight"), H, F, &L->sh_down, err, errlen));
-        }
-        TRY(moet_hf_bind_experts(m, il, k_names, 1, "mlp.experts", err, errlen));
-#undef NAME
+        TRY(moet_hf_bind_moe_layer(m, il, err, errlen)); /* attention, then the dense MLP or router + experts */
+        if (!L->is_moe) continue;
+        snprintf(n, sizeof n, "model.layers.%d.mlp.gate.e_score_correction_bias", il);
+        if (moet_has_tensor(m, n)) TRY(moet_bind_vector(m, n, hp->n_experts, &L->router_bias, err, errlen));
+        if (hp->shared_ffn > 0)
+            TRY(moet_hf_bind_mlp(m, il, "mlp.shared_experts", hp->shared_ffn, &L->sh_gate, &L->sh_up, &L->sh_down,
+                                 err, errlen));
     }
     return MOET_OK;
 }

@@ -117,6 +117,19 @@ int moet_hf_bind_attention(moet_model *m, int il, char *err, size_t errlen) {
     return MOET_OK;
 }
 
+int moet_hf_bind_mlp(moet_model *m, int il, const char *prefix, int64_t F, moet_weight *gate, moet_weight *up,
+                     moet_weight *down, char *err, size_t errlen) {
+    const int64_t H = m->hp.hidden;
+    static const char *const kn[3] = {"gate_proj", "up_proj", "down_proj"};
+    moet_weight *const ws[3] = {gate, up, down};
+    char n[256];
+    for (int k = 0; k < 3; k++) {
+        snprintf(n, sizeof n, "model.layers.%d.%s.%s.weight", il, prefix, kn[k]);
+        TRY(moet_bind_matrix(m, n, k == 2 ? H : F, k == 2 ? F : H, ws[k], err, errlen));
+    }
+    return MOET_OK;
+}
+
 int moet_hf_bind_experts(moet_model *m, int il, const char *const (*names)[3], int n_layouts, const char *fused,
                          char *err, size_t errlen) {
     const moet_hparams *hp = &m->hp;
@@ -157,4 +170,18 @@ int moet_hf_bind_experts(moet_model *m, int il, const char *const (*names)[3], i
             TRY(moet_bind_matrix(m, n, rows[k], cols[k], &ws[k][e], err, errlen));
         }
     return MOET_OK;
+}
+
+int moet_hf_bind_moe_layer(moet_model *m, int il, char *err, size_t errlen) {
+    const moet_hparams *hp = &m->hp;
+    moet_layer *L = &m->layers[il];
+    static const char *const k_names[1][3] = {
+        {"mlp.experts.%lld.gate_proj.weight", "mlp.experts.%lld.up_proj.weight", "mlp.experts.%lld.down_proj.weight"}};
+    char n[256];
+    TRY(moet_hf_bind_attention(m, il, err, errlen));
+    L->is_moe = hp->layer_moe[il];
+    if (!L->is_moe) return moet_hf_bind_mlp(m, il, "mlp", hp->dense_ffn, &L->gate, &L->up, &L->down, err, errlen);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", il);
+    TRY(moet_bind_matrix(m, n, hp->n_experts, hp->hidden, &L->router, err, errlen));
+    return moet_hf_bind_experts(m, il, k_names, 1, "mlp.experts", err, errlen);
 }

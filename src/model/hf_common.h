@@ -24,6 +24,17 @@ int moet_hf_bind_model(moet_model *m, char *err, size_t errlen);
  * biases, and o_proj's where the checkpoint has one), and with hp->qk_norm self_attn.{q,k}_norm. */
 int moet_hf_bind_attention(moet_model *m, int il, char *err, size_t errlen);
 
+/* Layer il's dense SwiGLU MLP under model.layers.N.<prefix>.{gate,up,down}_proj.weight, F wide (a dense layer's
+ * "mlp", GLM-4.5's "mlp.shared_experts"). */
+int moet_hf_bind_mlp(moet_model *m, int il, const char *prefix, int64_t F, moet_weight *gate, moet_weight *up,
+                     moet_weight *down, char *err, size_t errlen);
+
+/* Layer il as the Qwen-style MoE decoders lay it out (Qwen3-MoE, GLM-4.5): its attention (moet_hf_bind_attention),
+ * then either the dense MLP "mlp" (hp->layer_moe[il] == 0, dense_ffn wide) or the router mlp.gate and the routed
+ * experts under mlp.experts (per expert as save_pretrained and moet packs write them, or transformers 5's fused
+ * pair). */
+int moet_hf_bind_moe_layer(moet_model *m, int il, char *err, size_t errlen);
+
 /* Layer il's routed experts (L->exp_*, n_experts of expert_ffn), from the first layout present:
  *   per expert   model.layers.N.<names[k] with the expert's index>, k = gate, up, down (each layout's own names),
  *                tried for each of the n_layouts name triples in turn;

@@ -72,29 +72,8 @@ static int q3_parse_config(const json_t *cfg, moet_hparams *hp, char *err, size_
 }
 
 static int q3_bind(moet_model *m, char *err, size_t errlen) {
-    const moet_hparams *hp = &m->hp;
-    const int64_t H = hp->hidden;
-    /* per expert as save_pretrained writes them (and moet packs store every architecture's experts) */
-    static const char *const k_names[1][3] = {
-        {"mlp.experts.%lld.gate_proj.weight", "mlp.experts.%lld.up_proj.weight", "mlp.experts.%lld.down_proj.weight"}};
-    char n[256];
     TRY(moet_hf_bind_model(m, err, errlen));
-    for (int il = 0; il < hp->n_layers; il++) {
-        moet_layer *L = &m->layers[il];
-#define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, il), n)
-        TRY(moet_hf_bind_attention(m, il, err, errlen));
-        L->is_moe = hp->layer_moe[il];
-        if (!L->is_moe) {
-            const int64_t F = hp->dense_ffn;
-            TRY(moet_bind_matrix(m, NAME("mlp.gate_proj.weight"), F, H, &L->gate, err, errlen));
-            TRY(moet_bind_matrix(m, NAME("mlp.up_proj.weight"), F, H, &L->up, err, errlen));
-            TRY(moet_bind_matrix(m, NAME("mlp.down_proj.weight"), H, F, &L->down, err, errlen));
-            continue;
-        }
-        TRY(moet_bind_matrix(m, NAME("mlp.gate.weight"), hp->n_experts, H, &L->router, err, errlen));
-        TRY(moet_hf_bind_experts(m, il, k_names, 1, "mlp.experts", err, errlen));
-#undef NAME
-    }
+    for (int il = 0; il < m->hp.n_layers; il++) TRY(moet_hf_bind_moe_layer(m, il, err, errlen));
     return MOET_OK;
 }
 

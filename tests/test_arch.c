@@ -139,6 +139,22 @@ static void add_common(ckpt *c, int l, int qk_norm, int qkv_bias) {
     }
 }
 
+/* Layer l's ne experts (gate, up, down: ne matrices each, back to back) as transformers 5's fused pair. */
+static void add_fused(ckpt *c, int l, int ne, const float *gw, const float *uw, const float *dw) {
+    static float gu[16 * 2 * F * H], dn[16 * H * F];
+    REQUIRE(ne <= 16, "test setup");
+    char n[128];
+    for (int e = 0; e < ne; e++) {
+        memcpy(gu + (size_t)e * 2 * F * H, gw + (size_t)e * F * H, sizeof(float) * F * H);
+        memcpy(gu + (size_t)e * 2 * F * H + F * H, uw + (size_t)e * F * H, sizeof(float) * F * H);
+        memcpy(dn + (size_t)e * H * F, dw + (size_t)e * H * F, sizeof(float) * H * F);
+    }
+    snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    add(c, n, 3, ne, 2 * F, H, gu);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l);
+    add(c, n, 3, ne, H, F, dn);
+}
+
 static const char *config(int sliding_window) {
     static char c[2048];
     snprintf(c, sizeof c,
@@ -244,7 +260,7 @@ static void glm_section(const char *tokdir) {
     ckpt per = {0}, fused = {0};
     char n[128], err[1024];
     add_common(&per, -1, 0, 0);
-    static float gw[GE][F * H], uw[GE][F * H], dw[GE][H * F], gu[GE * 2 * F * H], dn[GE * H * F];
+    static float gw[GE][F * H], uw[GE][F * H], dw[GE][H * F];
     for (int l = 0; l < GL; l++) {
         add_common(&per, l, 1, 1);
         static const char *const ck[3] = {"gate_proj", "up_proj", "down_proj"};
@@ -274,14 +290,8 @@ static void glm_section(const char *tokdir) {
                 snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, ck[k]);
                 add(&per, n, 2, k == 2 ? H : F, k == 2 ? F : H, 0, m3[k]);
             }
-            memcpy(gu + (size_t)e * 2 * F * H, gw[e], sizeof gw[e]);
-            memcpy(gu + (size_t)e * 2 * F * H + F * H, uw[e], sizeof uw[e]);
-            memcpy(dn + (size_t)e * H * F, dw[e], sizeof dw[e]);
         }
-        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l);
-        add(&fused, n, 3, GE, 2 * F, H, gu);
-        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l);
-        add(&fused, n, 3, GE, H, F, dn);
+        add_fused(&fused, l, GE, gw[0], uw[0], dw[0]);
     }
     /* a multi-token-prediction layer past num_hidden_layers, as GLM-4.5's checkpoints carry: not used, not packed */
     for (int i = 0; i < 2 * H * H; i++) buf[i] = rnd(0.1f);
@@ -404,16 +414,7 @@ int main(int argc, char **argv) {
                 add(&canon, n, 2, k == 2 ? H : F, k == 2 ? F : H, 0, m3[k]);
             }
         }
-        static float gu[E * 2 * F * H], dn[E * H * F];
-        for (int e = 0; e < E; e++) {
-            memcpy(gu + (size_t)e * 2 * F * H, gw[e], sizeof gw[e]);
-            memcpy(gu + (size_t)e * 2 * F * H + F * H, uw[e], sizeof uw[e]);
-            memcpy(dn + (size_t)e * H * F, dw[e], sizeof dw[e]);
-        }
-        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l);
-        add(&fused, n, 3, E, 2 * F, H, gu);
-        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l);
-        add(&fused, n, 3, E, H, F, dn);
+        add_fused(&fused, l, E, gw[0], uw[0], dw[0]);
     }
     /* the shared tensors (everything but the MoE block's) into the other two */
     for (int i = 0; i < hub.n; i++)

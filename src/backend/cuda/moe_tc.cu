@@ -607,13 +607,13 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * layer's critical path (~40% of the router's stall samples at the 30b shape), so each gate/up CTA routes its
      * own token from the logits instead: one short chain, in parallel (30b decode 1.07x on an H100). Stop 25 kept
      * the router routing where gate/up's grid takes two waves (each wave routes again); the A/B in one binary (stop
-     * 26, H100) says otherwise: 30b with the delta (two waves) 217.1 vs 209.3 t/s, 235b (768 CTAs) 71.3 vs 70.6.
+     * 26, H100) says otherwise: 30b with the delta (two waves) 1.037x the decode speed, 235b (768 CTAs) 1.010x.
      * MOET_ROUTE_GU=0 / =1 force either; gate/up also needs E logits and their softmax beside its staging. */
     const char *rg = getenv("MOET_ROUTE_GU");
     /* The sigmoid router: its own launch (k_route_sigmoid) by default. Routing in gate/up (MOET_ROUTE_GU=1) is one
      * warp's serial chain in every CTA (moe_route_sig_warp: K picks of shuffle rounds), not tc_route_warps' parallel
-     * ranks: at GLM-4.5-Air's shape gate/up took 48 us instead of 38 and decode ran at 95.7 vs 96.9 t/s (an H100,
-     * stop 26, one binary). A rank-based sigmoid router (the group mask first) would be needed to win there. */
+     * ranks: at GLM-4.5-Air's shape gate/up took 1.27x its time and decode ran at 0.988x (an H100, stop 26, one
+     * binary). A rank-based sigmoid router (the group mask first) would be needed to win there. */
     cu_route_sig rs;
     if (!cu_route_sig_of(c, a, &rs)) return;
     const int sig = rs.on;

@@ -4,7 +4,9 @@
  * mlp.experts.gate_up_proj / down_proj, and the per-expert gate/up/down_proj names moet packs store) must load and
  * give the same logits bit for bit, finite and not all alike; and its config's refusals name what they refuse.
  * The numbers against transformers come from tools/make_fixtures.py --only-mixtral (logits_mixtral_mini).
- * Then the same for Glm4MoeForCausalLM (glm_section: two layouts, a W2 pack, refusals).
+ * Then the same for Glm4MoeForCausalLM (glm_section: two layouts, a W2 pack, refusals), and DeepseekV3ForCausalLM
+ * (ds_section: MLA with and without the q bottleneck, YaRN, a W2 pack, refusals; logits_deepseek_mini has the
+ * numbers against transformers).
  *
  * usage: test_arch TOKENIZER_DIR (a model directory whose tokenizer.json has a vocabulary of 4096); MOET_DEVICE picks
  * the device (default cpu)
@@ -385,6 +387,176 @@ static void glm_section(const char *tokdir) {
     for (int i = 0; i < fused.n; i++) free(fused.t[i].data);
 }
 
+/* ---- DeepseekV3ForCausalLM -----------------------------------------------------------------------------------
+ * A random DeepSeek-V3-shaped model: MLA (q bottleneck DQ or q_proj, latent DKV, DN + DR dims a q/k head with the
+ * rope pairs interleaved, DV a v head), YaRN x4 with an attention factor, layer 0 dense, layers 1-2 GLM's MoE block.
+ * It must load and give finite, varied logits (and the CPU's on a device); without the q bottleneck too; a W2 pack
+ * must keep MLA's and YaRN's hyperparameters and equal the in-memory W2 model; FP8 checkpoints and softmax scoring
+ * are refused by name. */
+enum { DQ = 32, DKV = 32, DN = 16, DR = 8, DV = 16 };
+
+static const char *ds_config(int q_lora, const char *extra) {
+    static char c[3072];
+    char ql[16];
+    snprintf(ql, sizeof ql, "%d", DQ);
+    snprintf(c, sizeof c,
+             "{\"architectures\": [\"DeepseekV3ForCausalLM\"], \"model_type\": \"deepseek_v3\", \"vocab_size\": %d, "
+             "\"hidden_size\": %d, \"intermediate_size\": %d, \"moe_intermediate_size\": %d, \"num_hidden_layers\": %d, "
+             "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"hidden_act\": \"silu\", "
+             "\"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-05, \"q_lora_rank\": %s, \"kv_lora_rank\": %d, "
+             "\"qk_nope_head_dim\": %d, \"qk_rope_head_dim\": %d, \"v_head_dim\": %d, \"rope_interleave\": true, "
+             "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 128, "
+             "\"beta_fast\": 32, \"beta_slow\": 1, \"mscale\": 1.0, \"mscale_all_dim\": 0.8}, \"rope_theta\": 10000, "
+             "\"n_routed_experts\": %d, \"num_experts_per_tok\": %d, \"n_shared_experts\": 1, "
+             "\"routed_scaling_factor\": 2.5, \"n_group\": 4, \"topk_group\": 2, \"first_k_dense_replace\": 1, "
+             "\"norm_topk_prob\": true, \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", "
+             "\"tie_word_embeddings\": false, \"bos_token_id\": 1, \"eos_token_id\": 2%s}",
+             V, H, GFD, F, GL, NH, NH, q_lora ? ql : "null", DKV, DN, DR, DV, GE, GK, extra);
+    return c;
+}
+
+static void ds_section(const char *tokdir) {
+    static float buf[V * H];
+    static ckpt c[2]; /* with the q bottleneck, with q_proj */
+    memset(c, 0, sizeof c); /* with the q bottleneck, with q_proj */
+    char n[128], err[1024];
+    static const char *const ck[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int v = 0; v < 2; v++) add_common(&c[v], -1, 0, 0);
+    for (int l = 0; l < GL; l++) {
+        for (int v = 0; v < 2; v++) { /* the norms, then MLA's projections */
+            static const char *const vec[2] = {"input_layernorm", "post_attention_layernorm"};
+            for (int k = 0; k < 2; k++) {
+                for (int i = 0; i < H; i++) buf[i] = 1.0f + rnd(0.3f);
+                snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, vec[k]);
+                add(&c[v], n, 1, H, 0, 0, buf);
+            }
+            const int64_t qd = NH * (DN + DR);
+            struct { const char *nm; int64_t r, cc; int vec; } pr[7] = {
+                {v ? "q_proj.weight" : "q_a_proj.weight", v ? qd : DQ, H, 0},
+                {v ? NULL : "q_a_layernorm.weight", DQ, 0, 1},
+                {v ? NULL : "q_b_proj.weight", qd, DQ, 0},
+                {"kv_a_proj_with_mqa.weight", DKV + DR, H, 0},
+                {"kv_a_layernorm.weight", DKV, 0, 1},
+                {"kv_b_proj.weight", NH * (DN + DV), DKV, 0},
+                {"o_proj.weight", H, NH * DV, 0}};
+            for (int p = 0; p < 7; p++) {
+                if (!pr[p].nm) continue;
+                const int64_t cnt = pr[p].vec ? pr[p].r : pr[p].r * pr[p].cc;
+                for (int64_t i = 0; i < cnt; i++) buf[i] = pr[p].vec ? 1.0f + rnd(0.3f) : rnd(0.3f);
+                snprintf(n, sizeof n, "model.layers.%d.self_attn.%s", l, pr[p].nm);
+                add(&c[v], n, pr[p].vec ? 1 : 2, pr[p].r, pr[p].cc, 0, buf);
+            }
+        }
+        if (l == 0) {
+            for (int k = 0; k < 3; k++) {
+                for (int i = 0; i < GFD * H; i++) buf[i] = rnd(0.3f);
+                snprintf(n, sizeof n, "model.layers.0.mlp.%s.weight", ck[k]);
+                for (int v = 0; v < 2; v++) add(&c[v], n, 2, k == 2 ? H : GFD, k == 2 ? GFD : H, 0, buf);
+            }
+            continue;
+        }
+        for (int i = 0; i < GE * H; i++) buf[i] = rnd(1.0f);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", l);
+        for (int v = 0; v < 2; v++) add(&c[v], n, 2, GE, H, 0, buf);
+        for (int i = 0; i < GE; i++) buf[i] = rnd(0.3f);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
+        for (int v = 0; v < 2; v++) add(&c[v], n, 1, GE, 0, 0, buf);
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < F * H; i++) buf[i] = rnd(0.3f);
+            snprintf(n, sizeof n, "model.layers.%d.mlp.shared_experts.%s.weight", l, ck[k]);
+            for (int v = 0; v < 2; v++) add(&c[v], n, 2, k == 2 ? H : F, k == 2 ? F : H, 0, buf);
+        }
+        for (int e = 0; e < GE; e++)
+            for (int k = 0; k < 3; k++) {
+                for (int i = 0; i < F * H; i++) buf[i] = rnd(0.3f);
+                snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, ck[k]);
+                for (int v = 0; v < 2; v++) add(&c[v], n, 2, k == 2 ? H : F, k == 2 ? F : H, 0, buf);
+            }
+    }
+    const int T = 7;
+    char d[2][512];
+    float *lg[2];
+    int rc;
+    for (int v = 0; v < 2; v++) {
+        snprintf(d[v], sizeof d[v], "%s/ds%d", g_dir, v);
+        write_ckpt(d[v], &c[v], ds_config(!v, ""));
+        copy_tokenizer(tokdir, d[v]);
+        lg[v] = run(d[v], T, err, sizeof err, &rc);
+        REQUIRE(lg[v], "deepseek %d: load: %s", v, err);
+        int finite = 1;
+        double spread = 0;
+        for (size_t i = 0; i < (size_t)T * V; i++) {
+            finite &= isfinite(lg[v][i]);
+            spread = fmax(spread, fabs((double)lg[v][i] - lg[v][i % V]));
+        }
+        CHECK(finite && spread > 1e-3, "deepseek %d: logits not finite or all alike (spread %g)", v, spread);
+        fprintf(stderr, "deepseek_v3 (%s): %d positions, logits spread %.3g\n", v ? "q_proj" : "q bottleneck", T, spread);
+        if (strcmp(device(), "cpu") != 0) { /* MLA's layout ops, the YaRN table, the head width 24 on the device */
+            float *lc = run_on("cpu", d[v], T, err, sizeof err, &rc);
+            REQUIRE(lc, "deepseek on the cpu: %s", err);
+            double md = 0, mr = 0;
+            for (size_t i = 0; i < (size_t)T * V; i++) {
+                md = fmax(md, fabs((double)lg[v][i] - lc[i]));
+                mr = fmax(mr, fabs((double)lc[i]));
+            }
+            fprintf(stderr, "deepseek_v3: %s vs cpu: max |diff| / max |logit| = %.3g\n", device(), md / mr);
+            CHECK(md / mr < 1e-5, "deepseek: %s differs from the cpu by %.3g", device(), md / mr);
+            free(lc);
+        }
+    }
+    { /* a W2 pack keeps MLA's widths, the interleave, YaRN's table and the softmax scale */
+        char path[600];
+        snprintf(path, sizeof path, "%s/ds.pack", g_dir);
+        moet_model_options mo = moet_model_default_options();
+        mo.device = device();
+        moet_model *m, *pm;
+        REQUIRE(moet_model_load(d[0], &mo, &m, err, sizeof err) == 0, "%s", err);
+        moet_pack_options po = {.q = moet_matq_default_options(MOET_QF_W2), .calib = NULL, .n_threads = 2};
+        REQUIRE(moet_pack_write(m, d[0], path, &po, err, sizeof err) == 0, "pack: %s", err);
+        REQUIRE(moet_model_load(path, &mo, &pm, err, sizeof err) == 0, "load pack: %s", err);
+        const moet_hparams *a = &m->hp, *b = &pm->hp;
+        CHECK(b->q_lora_rank == DQ && b->kv_lora_rank == DKV && b->qk_nope_dim == DN && b->v_head_dim == DV &&
+              b->rope_dim == DR && b->head_dim == DN + DR && b->rope_interleave == 1 && b->n_kv_heads == NH &&
+              b->rope_type == a->rope_type && b->attn_scale == a->attn_scale && b->mla_eps == a->mla_eps &&
+              !memcmp(&b->rope, &a->rope, sizeof a->rope) && a->rope.attn_factor != 1.0f &&
+              a->attn_scale != (float)(1.0 / sqrt((double)(DN + DR))),
+              "deepseek pack: MLA / YaRN hyperparameters lost (q %d kv %d nope %d v %d rope %d interleave %d, "
+              "attn factor %g / %g, scale %g / %g)", b->q_lora_rank, b->kv_lora_rank, b->qk_nope_dim, b->v_head_dim,
+              b->rope_dim, b->rope_interleave, b->rope.attn_factor, a->rope.attn_factor, b->attn_scale, a->attn_scale);
+        double mw;
+        const double dd = pack_vs_memory(m, pm, &po, T, lg[0], &mw);
+        fprintf(stderr, "deepseek_v3: W2 pack vs in-memory W2: max |diff| / max |logit| = %.3g (W2 vs bf16: %.3g)\n",
+                dd, mw);
+        CHECK(dd < 1e-5, "deepseek: the pack's logits differ from the in-memory W2 model's by %.3g", dd);
+        CHECK(mw > 1e-4, "deepseek: W2 experts gave the logits of the unquantized ones (%.3g)", mw);
+        moet_model_free(pm); moet_model_free(m);
+    }
+    { /* refusals: an FP8 checkpoint, softmax scoring */
+        static const char *const extra[2] = {", \"quantization_config\": {\"quant_method\": \"fp8\"}",
+                                             ", \"scoring_func\": \"softmax\""};
+        static const char *const want[2] = {"quantization_config", "scoring_func"};
+        for (int i = 0; i < 2; i++) {
+            char dd[512], cfg[4096];
+            snprintf(dd, sizeof dd, "%s/ds_bad%d", g_dir, i);
+            snprintf(cfg, sizeof cfg, "%s", ds_config(1, i == 0 ? extra[0] : ""));
+            if (i == 1) { /* the second spelling of scoring_func wins in jansson: replace the first */
+                char *p = strstr(cfg, "\"scoring_func\": \"sigmoid\"");
+                REQUIRE(p, "test setup");
+                memcpy(p, "\"scoring_func\": \"softmax\"", strlen("\"scoring_func\": \"softmax\""));
+            }
+            write_ckpt(dd, &c[0], cfg);
+            copy_tokenizer(tokdir, dd);
+            float *x = run(dd, T, err, sizeof err, &rc);
+            CHECK(!x && rc != 0 && strstr(err, want[i]), "deepseek refusal %d: '%s'", i, x ? "(loaded)" : err);
+            free(x);
+        }
+    }
+    for (int v = 0; v < 2; v++) {
+        free(lg[v]);
+        for (int i = 0; i < c[v].n; i++) free(c[v].t[i].data);
+    }
+}
+
 int main(int argc, char **argv) {
     REQUIRE(argc == 2, "usage: test_arch TOKENIZER_DIR");
     snprintf(g_dir, sizeof g_dir, "/tmp/moet_test_arch_XXXXXX");
@@ -505,6 +677,7 @@ int main(int argc, char **argv) {
         free(x);
     }
     glm_section(argv[1]);
+    ds_section(argv[1]);
     for (int i = 0; i < 3; i++) free(lg[i]);
     for (int c = 0; c < 3; c++)
         for (int i = 0; i < cs[c]->n; i++) free(cs[c]->t[i].data);

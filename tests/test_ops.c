@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "backend/topk_key.h"
 #include "core/util.h"
+#include "model/rope.h"
 #include "quant/formats.h"
 #include "quant/matq.h"
 #include "quant/types.h"
@@ -57,6 +58,27 @@ static double row_maxrel(const float *out, const double *ref, size_t rows, size_
 
 static const char *g_be_name = "cpu";
 static double g_tol_scale = 1; /* the CUDA backend sums in another order and uses hardware exp/sqrt */
+
+/* The default RoPE table of dim rotated dims (model/rope.c), or YaRN's with the given factor (pre-training context
+ * 64, betas 32 / 1, attention factor af). */
+static moet_rope test_rope(int dim, double theta, double yarn_factor, double af) {
+    moet_hparams hp;
+    memset(&hp, 0, sizeof hp);
+    hp.rope_dim = dim;
+    hp.rope_theta = theta;
+    if (yarn_factor > 0) {
+        hp.rope_type = MOET_ROPE_YARN;
+        hp.rope_factor = (float)yarn_factor;
+        hp.rope_orig_max_pos = 64;
+        hp.rope_beta_fast = 32;
+        hp.rope_beta_slow = 1;
+        hp.rope_truncate = 1;
+        hp.rope_attn_factor = (float)af;
+    }
+    char err[128];
+    if (moet_rope_init(&hp, err, sizeof err)) { fprintf(stderr, "test_rope: %s\n", err); exit(1); }
+    return hp.rope;
+}
 
 static void report(const char *op, const char *variant, double v, double tol) {
     tol *= g_tol_scale;
@@ -470,9 +492,32 @@ int main(int argc, char **argv) {
                 }
         float *ad = dev(a, sizeof(float) * T * nh * hd);
         int32_t *pd = dev(pos, sizeof pos);
-        op->rope(be, ad, T, nh, hd, hd, theta, pd);
+        const moet_rope rp = test_rope(hd, theta, 0, 1);
+        op->rope(be, ad, T, nh, hd, &rp, pd);
         pull(o, ad, (size_t)(T * nh * hd));
         report("rope", "neox theta1e6", nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
+        { /* YaRN (factor 8, attention factor 1.2): the blended table and the cos / sin factor, on a fresh copy */
+            const moet_rope ry = test_rope(hd, theta, 8.0, 1.2);
+            double *ry_ref = malloc(sizeof(double) * T * nh * hd);
+            int blended = 0;
+            for (int i = 0; i < hd / 2; i++) blended += ry.inv_freq[i] != rp.inv_freq[i];
+            CHECK(blended > 0 && blended < hd / 2, "yarn: some frequencies blended, not all (%d of %d)", blended, hd / 2);
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < nh; h++)
+                    for (int i = 0; i < hd / 2; i++) {
+                        double ang = (double)((float)pos[t] * ry.inv_freq[i]);
+                        double c = (double)((float)cos(ang) * 1.2f), sn = (double)((float)sin(ang) * 1.2f);
+                        double u = a[(t * nh + h) * hd + i], v = a[(t * nh + h) * hd + i + hd / 2];
+                        ry_ref[(t * nh + h) * hd + i] = u * c - v * sn;
+                        ry_ref[(t * nh + h) * hd + i + hd / 2] = v * c + u * sn;
+                    }
+            float *yd = dev(a, sizeof(float) * T * nh * hd);
+            op->rope(be, yd, T, nh, hd, &ry, pd);
+            pull(o, yd, (size_t)(T * nh * hd));
+            report("rope", "yarn x8 af1.2", nmse(o, ry_ref, (size_t)(T * nh * hd)), 1e-12);
+            drop(yd);
+            free(ry_ref);
+        }
         const int64_t Dk = nh * hd;
         test_kv kl = test_kv_make(1001, 3);
         float *cache = test_kv_pool(&kl, NULL, 1001, Dk);
@@ -666,7 +711,8 @@ int main(int argc, char **argv) {
             float *kc = test_kv_pool(&kl, NULL, ctx, Dk), *vc = test_kv_pool(&kl, NULL, ctx, Dk);
             int32_t *pd = dev(pos, sizeof pos);
             const moet_kv_ref kr = test_kv_ref(&kl, kc, vc);
-            op->attn_prep(be, qd, kd, vd, T, nh, nkv, hd, with_norm ? qn : NULL, with_norm ? kn : NULL, 1e-6f, rd, theta,
+            const moet_rope rp = test_rope(rd, theta, 0, 1);
+            op->attn_prep(be, qd, kd, vd, T, nh, nkv, hd, with_norm ? qn : NULL, with_norm ? kn : NULL, 1e-6f, &rp,
                           pd, &kr);
             const char *vn = var == 0 ? "no norm" : var == 1 ? "qk-norm" : var == 2 ? "no norm rot/2" : "qk-norm rot/2";
             pull(o, qd, (size_t)(T * Dq));
@@ -688,6 +734,52 @@ int main(int argc, char **argv) {
         op->forget(be, qn);
         op->forget(be, kn);
         free(qa); free(ka); free(va); free(qn); free(kn); free(o); free(rq); free(rk); free(rv);
+    }
+    /* mla_prep and heads_narrow (MLA's layout ops): exact copies, against the layout written out here */
+    if (op->mla_prep && op->heads_narrow) {
+        const int n = 3, nh = 4, nope = 16, rope = 8, vd = 12, hd = nope + rope;
+        float *q = malloc(sizeof(float) * n * nh * hd), *kvb = malloc(sizeof(float) * n * nh * (nope + vd));
+        float *kpe = malloc(sizeof(float) * n * rope), *o = malloc(sizeof(float) * n * nh * hd);
+        double *rq = malloc(sizeof(double) * n * nh * hd), *rk = malloc(sizeof(double) * n * nh * hd),
+               *rv = malloc(sizeof(double) * n * nh * hd), *rn = malloc(sizeof(double) * n * nh * vd);
+        for (int i = 0; i < n * nh * hd; i++) q[i] = gauss();
+        for (int i = 0; i < n * nh * (nope + vd); i++) kvb[i] = gauss();
+        for (int i = 0; i < n * rope; i++) kpe[i] = gauss();
+        for (int il = 0; il < 2; il++) {
+            for (int t = 0; t < n; t++)
+                for (int h = 0; h < nh; h++) {
+                    const float *qh = q + (t * nh + h) * hd, *src = kvb + (t * nh + h) * (nope + vd), *kp = kpe + t * rope;
+                    double *oq = rq + (t * nh + h) * hd, *ok = rk + (t * nh + h) * hd, *ov = rv + (t * nh + h) * hd;
+                    for (int i = 0; i < rope; i++) { /* de-interleaved: evens first, then odds */
+                        const int s = il ? (i < rope / 2 ? 2 * i : 2 * (i - rope / 2) + 1) : i;
+                        oq[i] = qh[nope + s];
+                        ok[i] = kp[s];
+                    }
+                    for (int i = 0; i < nope; i++) { oq[rope + i] = qh[i]; ok[rope + i] = src[i]; }
+                    for (int i = 0; i < hd; i++) ov[i] = i < vd ? src[nope + i] : 0.0;
+                    for (int i = 0; i < vd; i++) rn[(t * nh + h) * vd + i] = ov[i];
+                }
+            float *qd = dev(q, sizeof(float) * n * nh * hd), *kvd = dev(kvb, sizeof(float) * n * nh * (nope + vd));
+            float *kpd = dev(kpe, sizeof(float) * n * rope), *kd = dev_poisoned((size_t)(n * nh * hd));
+            float *vdd = dev_poisoned((size_t)(n * nh * hd)), *nd = dev_poisoned((size_t)(n * nh * vd));
+            op->mla_prep(be, qd, kvd, kpd, n, nh, nope, rope, vd, il, kd, vdd);
+            op->heads_narrow(be, vdd, n, nh, hd, vd, nd);
+            const char *vn = il ? "interleaved" : "rotate-half";
+            char w[48];
+            pull(o, qd, (size_t)(n * nh * hd));
+            snprintf(w, sizeof w, "q %s", vn);
+            report("mla_prep", w, nmse(o, rq, (size_t)(n * nh * hd)), 0);
+            pull(o, kd, (size_t)(n * nh * hd));
+            snprintf(w, sizeof w, "k %s", vn);
+            report("mla_prep", w, nmse(o, rk, (size_t)(n * nh * hd)), 0);
+            pull(o, vdd, (size_t)(n * nh * hd));
+            snprintf(w, sizeof w, "v %s", vn);
+            report("mla_prep", w, nmse(o, rv, (size_t)(n * nh * hd)), 0);
+            pull(o, nd, (size_t)(n * nh * vd));
+            report("heads_narrow", vn, nmse(o, rn, (size_t)(n * nh * vd)), 0);
+            drop(qd); drop(kvd); drop(kpd); drop(kd); drop(vdd); drop(nd);
+        }
+        free(q); free(kvb); free(kpe); free(o); free(rq); free(rk); free(rv); free(rn);
     }
     /* attention (causal, GQA) against the textbook softmax(q k^T / sqrt(d)) v: a short chunk at head_dim 32 (CUDA:
      * the CUDA-core kernel), and chunks at head_dim 64 / 128 that take the CUDA tensor-core kernel (attn_tc.cu) with
@@ -840,9 +932,12 @@ int main(int argc, char **argv) {
     /* attn_fused (backends that have it): one decode token, against attn_prep then attention on the same backend,
      * bit for bit (output, q, both cache rows), with and without q/k norms, at head_dim 128 and 64 */
     if (op->attn_fused) {
-        for (int variant = 0; variant < 6; variant++) { /* 4, 5: half the head rotated (GLM-4.5) */
-            const int with_norm = variant & 1, hd = (variant & 2) && variant < 4 ? 64 : 128, nh = 8, nkv = 2, ctx = 80;
-            const int rot = variant >= 4 ? hd / 2 : hd;
+        /* 4, 5: half the head rotated (GLM-4.5); 6, 7: MLA's shape (DeepSeek-V3: a 192-wide head, its first 64 dims
+         * rotated, a head a kv head) with a YaRN table and attention factor */
+        for (int variant = 0; variant < 8; variant++) {
+            const int mla = variant >= 6, with_norm = variant & 1;
+            const int hd = mla ? 192 : (variant & 2) && variant < 4 ? 64 : 128, nh = mla ? 4 : 8, nkv = mla ? 4 : 2, ctx = 80;
+            const int rot = mla ? 64 : variant >= 4 ? hd / 2 : hd;
             const int32_t p = variant & 2 ? 0 : 57;
             const int64_t Dq = (int64_t)nh * hd, Dk = (int64_t)nkv * hd;
             float *qa = malloc(sizeof(float) * Dq), *ka = malloc(sizeof(float) * Dk), *va = malloc(sizeof(float) * Dk);
@@ -867,10 +962,11 @@ int main(int argc, char **argv) {
                                      .n_heads = nh, .n_kv = nkv, .head_dim = hd, .n_ctx = ctx,
                                      .scale = 1.0f / sqrtf((float)hd), .out = od[f], .scratch = scr};
                 const float *qnn = with_norm ? qn : NULL, *knn = with_norm ? kn : NULL;
+                const moet_rope rp = mla ? test_rope(rot, 1e4, 40.0, 1.1) : test_rope(rot, 1e6, 0, 1);
                 if (f) {
-                    op->attn_fused(be, qd[f], kd[f], vd[f], qnn, knn, 1e-6f, rot, 1e6, &aa);
+                    op->attn_fused(be, qd[f], kd[f], vd[f], qnn, knn, 1e-6f, &rp, &aa);
                 } else {
-                    op->attn_prep(be, qd[f], kd[f], vd[f], 1, nh, nkv, hd, qnn, knn, 1e-6f, rot, 1e6, pd, &kr);
+                    op->attn_prep(be, qd[f], kd[f], vd[f], 1, nh, nkv, hd, qnn, knn, 1e-6f, &rp, pd, &kr);
                     op->attention(be, &aa);
                 }
             }
@@ -887,7 +983,7 @@ int main(int argc, char **argv) {
                 }
                 for (size_t i = 0; i < cmp[c].n; i++) rd[i] = r1[i];
                 char vname[48];
-                snprintf(vname, sizeof vname, "%s d%d%s %s", cmp[c].name, hd, rot < hd ? " rot/2" : "",
+                snprintf(vname, sizeof vname, "%s d%d%s %s", cmp[c].name, hd, mla ? " rot64 yarn" : rot < hd ? " rot/2" : "",
                          with_norm ? "norm" : "-");
                 report("attn_fused", vname, nmse(r2, rd, cmp[c].n), 0);
                 CHECK(!memcmp(r1, r2, cmp[c].n * sizeof(float)), "attn_fused %s: not bit-identical to the composition",
@@ -908,6 +1004,7 @@ int main(int argc, char **argv) {
         const int nh = 8, nkv = 2, hd = 128, ctx = 80, NR = 3;
         const int64_t Dq = (int64_t)nh * hd, Dk = (int64_t)nkv * hd;
         const int32_t ps[3] = {0, 41, 79};
+        const moet_rope rp_rows = test_rope(hd, 1e6, 0, 1);
         float *qa = malloc(sizeof(float) * NR * Dq), *ka = malloc(sizeof(float) * NR * Dk), *va = malloc(sizeof(float) * NR * Dk);
         float *c0 = malloc(sizeof(float) * ctx * Dk), *qn = malloc(sizeof(float) * hd), *kn = malloc(sizeof(float) * hd);
         float *r1 = malloc(sizeof(float) * ctx * Dk), *r2 = malloc(sizeof(float) * ctx * Dk);
@@ -940,7 +1037,7 @@ int main(int argc, char **argv) {
             moet_attn_args aa = {.q = qd[0] + r * Dq, .kv = kr, .pos = pd + r,
                                  .n_tok = 1, .n_heads = nh, .n_kv = nkv, .head_dim = hd, .n_ctx = ctx,
                                  .scale = 1.0f / sqrtf((float)hd), .out = od[0] + r * Dq, .scratch = scr};
-            op->attn_prep(be, qd[0] + r * Dq, kd[0] + r * Dk, vd[0] + r * Dk, 1, nh, nkv, hd, qn, kn, 1e-6f, hd, 1e6,
+            op->attn_prep(be, qd[0] + r * Dq, kd[0] + r * Dk, vd[0] + r * Dk, 1, nh, nkv, hd, qn, kn, 1e-6f, &rp_rows,
                           pd + r, &kr);
             op->attention(be, &aa);
             tab[r] = test_kv_ref(&kl[r], kcd[1][r], vcd[1][r]);
@@ -948,7 +1045,7 @@ int main(int argc, char **argv) {
         moet_kv_ref *tabd = dev(tab, sizeof tab);
         moet_attn_args ab = {.q = qd[1], .pos = pd, .n_tok = NR, .n_heads = nh, .n_kv = nkv, .head_dim = hd,
                              .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = od[1], .scratch = scr};
-        CHECK(op->attn_rows(be, qd[1], kd[1], vd[1], qn, kn, 1e-6f, hd, 1e6, tabd, &ab) == 0,
+        CHECK(op->attn_rows(be, qd[1], kd[1], vd[1], qn, kn, 1e-6f, &rp_rows, tabd, &ab) == 0,
               "attn_rows declined head_dim 128, 8 / 2 heads");
         for (int c = 0; c < 2 + 2 * NR; c++) {
             const float *a0 = c == 0 ? od[0] : c == 1 ? qd[0] : c % 2 ? vcd[0][(c - 2) / 2] : kcd[0][(c - 2) / 2];

@@ -14,6 +14,9 @@ Writes into OUTDIR:
   mixtral-mini/             a small MixtralForCausalLM (random init, bf16 on disk, moe-mini-a's tokenizer): the same
                             files as moe-mini-b (--only-mixtral writes just this one, and glm4moe-mini)
   glm4moe-mini/             a small Glm4MoeForCausalLM, the same way (--only-glm4moe writes just this one)
+  deepseek-mini/            a small DeepseekV3ForCausalLM (MLA with a q bottleneck, interleaved rope dims, YaRN with
+                            an attention factor != 1), the same way but only windows 0-1, 24 tokens each (the tree
+                            must fit a device call's 64 MiB); --only-deepseek writes just this one
   dev_ids.i32               the whole dev text tokenized (little-endian int32), if --dev is given
   ppl_ref.json              transformers' fp32 perplexity of moe-mini-a on dev windows (ctx 512, 16 chunks)
 """
@@ -150,6 +153,42 @@ def make_model_glm4moe(out, windows):
     save_with_reference(model, os.path.join(out, "glm4moe-mini"), windows)
 
 
+def make_model_deepseek(out, windows):
+    """DeepSeek-V3's MLA (q through a rank-48 bottleneck, latent kv of rank 32, 16 rope dims interleaved, v 24 wide
+    of a 48-wide q/k head), YaRN x4 from a 128-token pre-training context with mscale 1 / mscale_all_dim 0.8 (an
+    attention factor != 1 and a scaled softmax), the sigmoid group router (4 groups, 2 kept), a shared expert, one
+    dense first layer; rms_norm_eps 1e-5, so that the bottleneck norms' own epsilon (1e-6 in transformers) shows."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    import inspect
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as mdv3
+    src = inspect.getsource(mdv3.DeepseekV3Attention.__init__)
+    print("DeepseekV3Attention.__init__ (norm eps, scaling):", flush=True)
+    for line in src.splitlines():
+        if "RMSNorm" in line or "scaling" in line or "mscale" in line or "rope" in line:
+            print("   ", line.strip(), flush=True)
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8}
+    torch.manual_seed(97531)
+    cfg = DeepseekV3Config(
+        vocab_size=4096, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=16,
+        routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16, v_head_dim=24,
+        qk_nope_head_dim=32, n_group=4, topk_group=2, num_experts_per_tok=4, first_k_dense_replace=1,
+        norm_topk_prob=True, hidden_act="silu", max_position_embeddings=512, initializer_range=0.1,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, rope_interleave=True, attention_bias=False,
+        rope_parameters=rope, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )
+    model = DeepseekV3ForCausalLM(cfg)
+    print("deepseek rotary: attention_scaling", model.model.rotary_emb.attention_scaling,
+          "inv_freq", model.model.rotary_emb.inv_freq.tolist(), "attn scaling", model.model.layers[0].self_attn.scaling,
+          flush=True)
+    with torch.no_grad():  # a choice bias that changes picks (zeros at init)
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(0.2 * torch.randn_like(b))
+    save_with_reference(model, os.path.join(out, "deepseek-mini"), [w[:24] for w in windows[:2]])
+
+
 def save_with_reference(model, d, windows):
     """bf16 checkpoint + moe-mini-a's tokenizer in d, and transformers' fp32 logits and greedy ids of what was written."""
     name = os.path.basename(d)
@@ -254,6 +293,7 @@ def main():
     ap.add_argument("--only-tokenizers", action="store_true")
     ap.add_argument("--only-mixtral", action="store_true")
     ap.add_argument("--only-glm4moe", action="store_true")
+    ap.add_argument("--only-deepseek", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
@@ -275,6 +315,9 @@ def main():
         windows = [[(7 * i + 13 * j) % 4000 + 3 for j in range(40)] for i in range(4)]
     if a.only_glm4moe:
         make_model_glm4moe(a.out, windows)
+        return
+    if a.only_deepseek:
+        make_model_deepseek(a.out, windows)
         return
     if not a.only_mixtral:
         make_model_b(a.out, tok, windows)

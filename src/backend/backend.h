@@ -40,6 +40,19 @@ typedef struct {
     int32_t rotated;
 } moet_weight;
 
+/* The rotary embedding of a model's attention (rope, attn_prep, attn_fused, attn_rows): rotate-half (NeoX/HF form)
+ * over the first `dim` dims of each head, the rest passing. Pair i (elements i and i + dim/2) of a token at position
+ * p turns by angle = f32(p) * inv_freq[i] (an f32 product); cos and sin of it are rounded to f32, then multiplied by
+ * attn_factor in f32 (exact when it is 1), as transformers' rotary embeddings compute them. inv_freq is the model's
+ * (model/rope.c: the default (f32)(1 / theta^(2i/dim)), or YaRN's blend); a backend may copy the struct by value into
+ * its kernels' arguments, so it holds the table, not a pointer. */
+#define MOET_ROPE_MAX_FREQ 128 /* dim <= 256 */
+typedef struct {
+    int32_t dim;
+    float attn_factor;
+    float inv_freq[MOET_ROPE_MAX_FREQ];
+} moet_rope;
+
 /* Router scoring (moet_moe_args.scoring): SOFTMAX over all experts, top-k (Qwen3-MoE, Mixtral); SIGMOID with a
  * bias for the choice and group-limited top-k (DeepSeek-V3, GLM-4.5: route_ref.h is its reference). */
 enum { MOET_ROUTER_SOFTMAX = 0, MOET_ROUTER_SIGMOID = 1 };
@@ -144,28 +157,41 @@ typedef struct {
                          float *h, int32_t nw, const moet_weight *const *w, float *const *y);
     /* y[i] = x[i] / rms(x[i]) * w, for n rows of dim; y may equal x. */
     void (*rms_norm)(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y);
-    /* Rotary embedding, rotate-half (NeoX/HF) form, in place on n_tok rows of n_heads × head_dim, token t at
-     * position pos[t] (backend memory). Angles as transformers computes them: inv_freq[i] = (f32)(1 / theta^(2i/rot_dim)),
-     * angle = f32(pos) * inv_freq[i] in f32, cos and sin of it rounded to f32. */
-    void (*rope)(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
-                 double theta, const int32_t *pos);
+    /* Rotary embedding (moet_rope), in place on n_tok rows of n_heads × head_dim, token t at position pos[t]
+     * (backend memory). */
+    void (*rope)(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, const moet_rope *rp,
+                 const int32_t *pos);
     /* The KV cache write: pool row moet_kv_row(blocks, shift, pos[t]) = src row t, for n_tok rows of dim floats. */
     void (*kv_store)(moet_backend *be, float *pool, const int32_t *blocks, int32_t shift, const float *src,
                      const int32_t *pos, int64_t n_tok, int64_t dim);
     /* The attention inputs, fused: per-head rms_norm of q (q_norm) and k (k_norm; either NULL: none) over head_dim,
-     * RoPE of both (rot_dim, theta, positions pos[t]), in place; then k and v row t go to position pos[t] of kv.
+     * RoPE of both (rp, positions pos[t]), in place; then k and v row t go to position pos[t] of kv.
      * Exactly rms_norm, rope and kv_store (kv->k, then kv->v) in that order. */
     void (*attn_prep)(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
                       int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
-                      int32_t rot_dim, double theta, const int32_t *pos, const moet_kv_ref *kv);
+                      const moet_rope *rp, const int32_t *pos, const moet_kv_ref *kv);
     void (*attention)(moet_backend *be, const moet_attn_args *a);
+    /* MLA (DeepSeek-V3, Kimi-K2) attention inputs in the form attn_prep takes, for n tokens of nh heads, hd = rope +
+     * nope dims a q/k head:
+     *   q  [n][nh][nope + rope] in place -> [n][nh][hd], the head's rope dims first: [q_pe', q_nope];
+     *   k  [n][nh][hd] = [kpe', k_nope], from kpe [n][rope] (the one rotary key every head shares);
+     *   v  [n][nh][hd] = [v, 0 .. 0] (hd - vd zeros: v padded to the q/k head dim, vd <= hd),
+     * where kvb [n][nh][nope + vd] holds each head's k_nope then v (kv_b_proj's output), and x' is x de-interleaved
+     * (x0, x2, .., x1, x3, ..) when interleave, else x as it is. A rotate-half RoPE over the first `rope` dims is then
+     * transformers' rotation of the rope dims (apply_rotary_pos_emb_interleave when interleaved), and moving them
+     * first changes no q . k. Copies only: every backend gives the same bits. */
+    void (*mla_prep)(moet_backend *be, float *q, const float *kvb, const float *kpe, int64_t n, int32_t nh,
+                     int32_t nope, int32_t rope, int32_t vd, int32_t interleave, float *k, float *v);
+    /* y [n][nh][w] = the first w of each head of x [n][nh][xd] (w <= xd; MLA's attention output, v padded to the q/k
+     * head dim, back to v_head_dim for o_proj). y must not overlap x. */
+    void (*heads_narrow)(moet_backend *be, const float *x, int64_t n, int32_t nh, int32_t xd, int32_t w, float *y);
     /* Optional (NULL: the caller composes). attn_prep(q, k, v, a->n_tok, a->n_heads, a->n_kv, a->head_dim, q_norm,
-     * k_norm, eps, rot_dim, theta, a->pos, &a->kv) then attention(a), where a->q == q: exactly that composition,
+     * k_norm, eps, rp, a->pos, &a->kv) then attention(a), where a->q == q: exactly that composition,
      * except that k's contents afterwards are unspecified (the cache holds the rotated keys). A backend may run it
      * as one kernel (the CUDA backend does for one token: each decode kernel costs a few microseconds of latency
      * however little it moves). */
     void (*attn_fused)(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                       float eps, int32_t rot_dim, double theta, const moet_attn_args *a);
+                       float eps, const moet_rope *rp, const moet_attn_args *a);
     size_t (*attn_scratch_bytes)(moet_backend *be, int32_t n_ctx);
     /* Dense SwiGLU MLP: y = down(silu(gate x) * up x); scratch: 2 * n * ffn floats. */
     void (*mlp)(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
@@ -179,9 +205,9 @@ typedef struct {
      * memory (n moet_kv_ref: each row's pools and block table): what differs between steps is in backend memory,
      * so one recorded step serves every set of n sequences. Returns 0 when done (errors: status), nonzero when it
      * declines the shape before doing anything (the caller then composes per row); whether it declines depends
-     * only on the shape (heads, head_dim, rot_dim). Optional: NULL means always declined. */
+     * only on the shape (heads, head_dim, rp->dim). Optional: NULL means always declined. */
     int (*attn_rows)(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                     float eps, int32_t rot_dim, double theta, const moet_kv_ref *rows, const moet_attn_args *a);
+                     float eps, const moet_rope *rp, const moet_kv_ref *rows, const moet_attn_args *a);
     /* Sampling candidates: the k largest of each of n rows of `vocab` floats (logits, row r at x + r vocab), in the
      * order of topk_key.h (larger first, equal values by lower index, NaN last): ids[r k + i] and vals[r k + i] =
      * x[r][ids[r k + i]] (backend memory). 1 <= k <= MOET_TOPK_MAX, k <= vocab; scratch: topk_scratch_bytes(n,

@@ -16,7 +16,7 @@
  * mlp.shared_experts.{gate,up,down}_proj; dense layers mlp.{gate,up,down}_proj. The multi-token-prediction layers
  * past num_hidden_layers (num_nextn_predict_layers) are not used (transformers skips them as well).
  *
- * Not supported (refused by name): n_group > 32, E not a multiple of n_group, rope scaling.
+ * Not supported (refused by name): n_group > 32, E not a multiple of n_group, rope scaling other than YaRN.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,56 +33,17 @@
 
 static int glm_parse_config(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen) {
     TRY(moet_hf_parse_common(cfg, 0.5, hp, err, errlen)); /* Glm4MoeConfig's partial_rotary_factor default */
-    TRY(moet_cfg_int(cfg, "intermediate_size", false, 0, 0, 1 << 20, &hp->dense_ffn, err, errlen));
-    TRY(moet_cfg_int(cfg, "moe_intermediate_size", true, 0, 1, 1 << 20, &hp->expert_ffn, err, errlen));
-    static const char *const k_nexp[] = {"n_routed_experts", "num_experts", "num_local_experts", NULL};
-    const char *kexp = moet_cfg_pick(cfg, k_nexp);
-    if (!kexp) return moet_err(err, errlen, MOET_EFORMAT, "missing key 'n_routed_experts'");
-    TRY(moet_cfg_int(cfg, kexp, true, 0, 1, 4096, &hp->n_experts, err, errlen));
-    TRY(moet_cfg_int(cfg, "num_experts_per_tok", true, 0, 1, hp->n_experts, &hp->n_experts_used, err, errlen));
-    int32_t n_shared = 0, first_dense = 0;
-    TRY(moet_cfg_int(cfg, "n_shared_experts", false, 1, 0, 64, &n_shared, err, errlen));
-    TRY(moet_cfg_int(cfg, "first_k_dense_replace", false, 1, 0, hp->n_layers, &first_dense, err, errlen));
-    TRY(moet_cfg_int(cfg, "n_group", false, 1, 1, MOET_ROUTE_MAX_GROUPS, &hp->n_group, err, errlen));
-    TRY(moet_cfg_int(cfg, "topk_group", false, 1, 1, hp->n_group, &hp->topk_group, err, errlen));
-    if (hp->n_experts % hp->n_group || (hp->n_group > 1 && hp->n_experts / hp->n_group < 2))
-        return moet_err(err, errlen, MOET_EFORMAT, "n_routed_experts %d is not a multiple of n_group %d with at least "
-                        "two experts a group", hp->n_experts, hp->n_group);
-    /* group-limited routing must leave K experts to pick from (transformers would pick masked ones at score 0) */
-    if ((int64_t)hp->topk_group * (hp->n_experts / hp->n_group) < hp->n_experts_used)
-        return moet_err(err, errlen, MOET_EFORMAT, "topk_group %d of n_group %d hold fewer than num_experts_per_tok %d "
-                        "experts", hp->topk_group, hp->n_group, hp->n_experts_used);
-    double scale = 1.0;
-    TRY(moet_cfg_num(cfg, "routed_scaling_factor", false, 1.0, 0.0, 1e6, &scale, err, errlen));
-    hp->route_scale = (float)scale;
-    TRY(moet_cfg_bool(cfg, "norm_topk_prob", true, &hp->norm_topk, err, errlen));
     TRY(moet_cfg_bool(cfg, "use_qk_norm", false, &hp->qk_norm, err, errlen));
-    if ((int64_t)hp->expert_ffn * n_shared > (1 << 20))
-        return moet_err(err, errlen, MOET_EFORMAT, "shared expert width too large");
-    hp->shared_ffn = hp->expert_ffn * n_shared;
-    hp->router_scoring = MOET_ROUTER_SIGMOID;
-    hp->layer_moe = malloc((size_t)hp->n_layers);
-    if (!hp->layer_moe) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
-    for (int i = 0; i < hp->n_layers; i++) hp->layer_moe[i] = i >= first_dense;
-    if (first_dense > 0 && hp->dense_ffn <= 0)
-        return moet_err(err, errlen, MOET_EFORMAT, "intermediate_size must be positive for the first_k_dense_replace "
-                        "= %d dense layers", first_dense);
-    return MOET_OK;
+    /* Glm4MoeConfig's defaults */
+    const moet_hf_sigmoid_defaults d = {.n_shared = 1, .first_dense = 1, .n_group = 1, .topk_group = 1, .scale = 1.0};
+    return moet_hf_parse_sigmoid_moe(cfg, &d, hp, err, errlen);
 }
 
 static int glm_bind(moet_model *m, char *err, size_t errlen) {
-    const moet_hparams *hp = &m->hp;
-    char n[256];
     TRY(moet_hf_bind_model(m, err, errlen));
-    for (int il = 0; il < hp->n_layers; il++) {
-        moet_layer *L = &m->layers[il];
+    for (int il = 0; il < m->hp.n_layers; il++) {
         TRY(moet_hf_bind_moe_layer(m, il, err, errlen)); /* attention, then the dense MLP or router + experts */
-        if (!L->is_moe) continue;
-        snprintf(n, sizeof n, "model.layers.%d.mlp.gate.e_score_correction_bias", il);
-        if (moet_has_tensor(m, n)) TRY(moet_bind_vector(m, n, hp->n_experts, &L->router_bias, err, errlen));
-        if (hp->shared_ffn > 0)
-            TRY(moet_hf_bind_mlp(m, il, "mlp.shared_experts", hp->shared_ffn, &L->sh_gate, &L->sh_up, &L->sh_down,
-                                 err, errlen));
+        TRY(moet_hf_bind_sigmoid_extras(m, il, err, errlen));
     }
     return MOET_OK;
 }

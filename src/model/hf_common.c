@@ -5,36 +5,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/route_ref.h"
 #include "core/util.h"
 #include "format/hf_config.h"
 #include "model/hf_common.h"
+#include "model/rope.h"
 
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
 
+/* partial rotary (GLM-4.5: 0.5): the first int(head_dim x factor) dims of a head rotate (rotate-half within them), the
+ * rest pass; transformers 5 reads it from rope_parameters, older configs spell it at the top. Then the frequencies
+ * (model/rope.c: default or YaRN). */
 static int parse_rope(const json_t *cfg, double prf_default, moet_hparams *hp, char *err, size_t errlen) {
     const json_t *rp = json_object_get(cfg, "rope_parameters");
-    const json_t *rs = json_object_get(cfg, "rope_scaling");
-    const char *type = NULL;
-    hp->rope_theta = 0;
-    if (rp && json_is_object(rp)) {
-        TRY(moet_cfg_num(rp, "rope_theta", false, 0, 1.0, 1e12, &hp->rope_theta, err, errlen));
-        TRY(moet_cfg_str(rp, "rope_type", &type, err, errlen));
-        if (!type) TRY(moet_cfg_str(rp, "type", &type, err, errlen));
-    } else if (rp && !json_is_null(rp)) {
-        return moet_err(err, errlen, MOET_EFORMAT, "key 'rope_parameters' must be an object");
-    }
-    if (hp->rope_theta == 0) TRY(moet_cfg_num(cfg, "rope_theta", false, 10000.0, 1.0, 1e12, &hp->rope_theta, err, errlen));
-    if (rs && json_is_object(rs) && !type) {
-        TRY(moet_cfg_str(rs, "rope_type", &type, err, errlen));
-        if (!type) TRY(moet_cfg_str(rs, "type", &type, err, errlen));
-        if (!type) type = "?";
-    } else if (rs && !json_is_null(rs) && !json_is_object(rs)) {
-        return moet_err(err, errlen, MOET_EFORMAT, "key 'rope_scaling' must be an object or null");
-    }
-    if (type && strcmp(type, "default") != 0)
-        return moet_err(err, errlen, MOET_EUNSUP, "rope type '%s' is not supported (supported: default)", type);
-    /* partial rotary (GLM-4.5: 0.5): the first int(head_dim x factor) dims of a head rotate (rotate-half within
-     * them), the rest pass; transformers 5 reads it from rope_parameters, older configs spell it at the top */
     double prf = 1.0;
     const json_t *pk = rp && json_is_object(rp) && json_object_get(rp, "partial_rotary_factor") ? rp : cfg;
     TRY(moet_cfg_num(pk, "partial_rotary_factor", false, prf_default, 0.0, 1.0, &prf, err, errlen));
@@ -42,7 +25,7 @@ static int parse_rope(const json_t *cfg, double prf_default, moet_hparams *hp, c
     if (hp->rope_dim < 2 || hp->rope_dim % 2)
         return moet_err(err, errlen, MOET_EUNSUP, "partial_rotary_factor %g gives %d rotated dims of head_dim %d (an "
                         "even count >= 2 is supported)", prf, hp->rope_dim, hp->head_dim);
-    return MOET_OK;
+    return moet_rope_parse(cfg, hp, err, errlen);
 }
 
 int moet_hf_parse_common(const json_t *cfg, double prf_default, moet_hparams *hp, char *err, size_t errlen) {
@@ -173,15 +156,71 @@ int moet_hf_bind_experts(moet_model *m, int il, const char *const (*names)[3], i
 }
 
 int moet_hf_bind_moe_layer(moet_model *m, int il, char *err, size_t errlen) {
+    TRY(moet_hf_bind_attention(m, il, err, errlen));
+    return moet_hf_bind_moe_ffn(m, il, err, errlen);
+}
+
+int moet_hf_bind_sigmoid_extras(moet_model *m, int il, char *err, size_t errlen) {
+    const moet_hparams *hp = &m->hp;
+    moet_layer *L = &m->layers[il];
+    char n[256];
+    if (!L->is_moe) return MOET_OK;
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate.e_score_correction_bias", il);
+    if (moet_has_tensor(m, n)) TRY(moet_bind_vector(m, n, hp->n_experts, &L->router_bias, err, errlen));
+    if (hp->shared_ffn > 0)
+        TRY(moet_hf_bind_mlp(m, il, "mlp.shared_experts", hp->shared_ffn, &L->sh_gate, &L->sh_up, &L->sh_down, err,
+                             errlen));
+    return MOET_OK;
+}
+
+int moet_hf_bind_moe_ffn(moet_model *m, int il, char *err, size_t errlen) {
     const moet_hparams *hp = &m->hp;
     moet_layer *L = &m->layers[il];
     static const char *const k_names[1][3] = {
         {"mlp.experts.%lld.gate_proj.weight", "mlp.experts.%lld.up_proj.weight", "mlp.experts.%lld.down_proj.weight"}};
     char n[256];
-    TRY(moet_hf_bind_attention(m, il, err, errlen));
     L->is_moe = hp->layer_moe[il];
     if (!L->is_moe) return moet_hf_bind_mlp(m, il, "mlp", hp->dense_ffn, &L->gate, &L->up, &L->down, err, errlen);
     snprintf(n, sizeof n, "model.layers.%d.mlp.gate.weight", il);
     TRY(moet_bind_matrix(m, n, hp->n_experts, hp->hidden, &L->router, err, errlen));
     return moet_hf_bind_experts(m, il, k_names, 1, "mlp.experts", err, errlen);
+}
+
+int moet_hf_parse_sigmoid_moe(const json_t *cfg, const moet_hf_sigmoid_defaults *d, moet_hparams *hp, char *err,
+                              size_t errlen) {
+    TRY(moet_cfg_int(cfg, "intermediate_size", false, 0, 0, 1 << 20, &hp->dense_ffn, err, errlen));
+    TRY(moet_cfg_int(cfg, "moe_intermediate_size", true, 0, 1, 1 << 20, &hp->expert_ffn, err, errlen));
+    static const char *const k_nexp[] = {"n_routed_experts", "num_experts", "num_local_experts", NULL};
+    const char *kexp = moet_cfg_pick(cfg, k_nexp);
+    if (!kexp) return moet_err(err, errlen, MOET_EFORMAT, "missing key 'n_routed_experts'");
+    TRY(moet_cfg_int(cfg, kexp, true, 0, 1, 4096, &hp->n_experts, err, errlen));
+    TRY(moet_cfg_int(cfg, "num_experts_per_tok", true, 0, 1, hp->n_experts, &hp->n_experts_used, err, errlen));
+    int32_t n_shared = 0, first_dense = 0;
+    TRY(moet_cfg_int(cfg, "n_shared_experts", false, d->n_shared, 0, 64, &n_shared, err, errlen));
+    TRY(moet_cfg_int(cfg, "first_k_dense_replace", false, d->first_dense, 0, hp->n_layers, &first_dense, err, errlen));
+    TRY(moet_cfg_int(cfg, "n_group", false, d->n_group, 1, MOET_ROUTE_MAX_GROUPS, &hp->n_group, err, errlen));
+    TRY(moet_cfg_int(cfg, "topk_group", false, d->topk_group < hp->n_group ? d->topk_group : hp->n_group, 1,
+                     hp->n_group, &hp->topk_group, err, errlen));
+    if (hp->n_experts % hp->n_group || (hp->n_group > 1 && hp->n_experts / hp->n_group < 2))
+        return moet_err(err, errlen, MOET_EFORMAT, "n_routed_experts %d is not a multiple of n_group %d with at least "
+                        "two experts a group", hp->n_experts, hp->n_group);
+    /* group-limited routing must leave K experts to pick from (transformers would pick masked ones at score 0) */
+    if ((int64_t)hp->topk_group * (hp->n_experts / hp->n_group) < hp->n_experts_used)
+        return moet_err(err, errlen, MOET_EFORMAT, "topk_group %d of n_group %d hold fewer than num_experts_per_tok %d "
+                        "experts", hp->topk_group, hp->n_group, hp->n_experts_used);
+    double scale = 1.0;
+    TRY(moet_cfg_num(cfg, "routed_scaling_factor", false, d->scale, 0.0, 1e6, &scale, err, errlen));
+    hp->route_scale = (float)scale;
+    TRY(moet_cfg_bool(cfg, "norm_topk_prob", true, &hp->norm_topk, err, errlen));
+    if ((int64_t)hp->expert_ffn * n_shared > (1 << 20))
+        return moet_err(err, errlen, MOET_EFORMAT, "shared expert width too large");
+    hp->shared_ffn = hp->expert_ffn * n_shared;
+    hp->router_scoring = MOET_ROUTER_SIGMOID;
+    hp->layer_moe = malloc((size_t)hp->n_layers);
+    if (!hp->layer_moe) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    for (int i = 0; i < hp->n_layers; i++) hp->layer_moe[i] = i >= first_dense;
+    if (first_dense > 0 && hp->dense_ffn <= 0)
+        return moet_err(err, errlen, MOET_EFORMAT, "intermediate_size must be positive for the first_k_dense_replace "
+                        "= %d dense layers", first_dense);
+    return MOET_OK;
 }

@@ -25,6 +25,20 @@ typedef struct {
     float rms_eps;
     double rope_theta;
     int32_t rope_dim;         /* rotated dims per head (== head_dim for Qwen3) */
+    /* RoPE scaling (model/rope.c): MOET_ROPE_DEFAULT, or MOET_ROPE_YARN with its factor, the pre-training context
+     * (original_max_position_embeddings), beta_fast / beta_slow and whether the ramp's ends are truncated */
+    int32_t rope_type;
+    float rope_factor, rope_beta_fast, rope_beta_slow;
+    int32_t rope_orig_max_pos, rope_truncate;
+    float rope_attn_factor;   /* cos and sin multiplied by it (YaRN's attention factor, resolved); 1 */
+    float attn_scale;         /* the attention's softmax scale (0: 1 / sqrt(head_dim)) */
+    moet_rope rope;           /* derived from the above by moet_rope_init: what the ops take */
+    /* MLA (DeepSeek-V3, Kimi-K2; kv_lora_rank > 0): queries through a rank-q_lora_rank bottleneck with its RMSNorm
+     * (0: q_proj directly), keys and values through one of kv_lora_rank; a q/k head is qk_nope_dim + rope_dim =
+     * head_dim wide (the rope dims first once mla_prep has moved them), a v head v_head_dim; rope_interleave: the
+     * checkpoint's rope dims are pairs (x0, x1), (x2, x3), .. (mla_prep de-interleaves them). n_kv_heads = n_heads. */
+    int32_t q_lora_rank, kv_lora_rank, qk_nope_dim, v_head_dim, rope_interleave;
+    float mla_eps;            /* q_a_layernorm's and kv_a_layernorm's epsilon */
     int32_t max_pos;
     int32_t tie_embeddings;
     int32_t attn_bias;
@@ -49,6 +63,11 @@ typedef struct {
     moet_weight *dexp_gate, *dexp_up, *dexp_down; /* base + delta ("on" weights, f32: in-memory requant), or NULL */
     moet_weight *dres_gate, *dres_up, *dres_down; /* a delta pack's NVFP4 residuals: "on" = exp_* + dres_*, or NULL */
     moet_weight gate, up, down;              /* dense MLP */
+    /* MLA (hp.kv_lora_rank > 0): wq is q_b_proj (or q_proj without a q bottleneck), wk / wv are unused */
+    moet_weight q_a;                         /* q_a_proj [q_lora_rank x hidden] */
+    moet_weight kv_a, kv_pe;                 /* kv_a_proj_with_mqa's rows [0, kv_lora_rank) and the rope_dim after */
+    moet_weight kv_b;                        /* kv_b_proj [n_heads (qk_nope_dim + v_head_dim) x kv_lora_rank] */
+    const float *q_a_norm, *kv_a_norm;
 } moet_layer;
 
 #endif

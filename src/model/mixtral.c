@@ -10,7 +10,8 @@
  * ones (model.layers.N.mlp.gate, mlp.experts.gate_up_proj / down_proj), and a moet pack's (experts as
  * mlp.experts.E.{gate,up,down}_proj, the router under the checkpoint's own name).
  *
- * Not supported (refused by name): a sliding window shorter than the context (sliding_window), rope scaling.
+ * Not supported (refused by name): a sliding window shorter than the context (sliding_window), rope scaling other
+ * than YaRN.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,6 +14,7 @@
 #include "core/progress.h"
 #include "core/util.h"
 #include "model/delta.h"
+#include "model/rope.h"
 #include "quant/formats.h"
 #include "quant/requant.h"
 #include "quant/types.h"
@@ -32,6 +33,25 @@ static const struct { const char *key; size_t off; int32_t def, lo, hi; } k_hp_i
     {"moet.hp.n_group", offsetof(moet_hparams, n_group), 1, 1, 32},
     {"moet.hp.topk_group", offsetof(moet_hparams, topk_group), 1, 1, 32},
     {"moet.hp.shared_ffn", offsetof(moet_hparams, shared_ffn), 0, 0, 1 << 20},
+    /* since YaRN and MLA (DeepSeek-V3) */
+    {"moet.hp.rope_type", offsetof(moet_hparams, rope_type), MOET_ROPE_DEFAULT, MOET_ROPE_DEFAULT, MOET_ROPE_YARN},
+    {"moet.hp.rope_orig_max_pos", offsetof(moet_hparams, rope_orig_max_pos), 0, 0, 1 << 24},
+    {"moet.hp.rope_truncate", offsetof(moet_hparams, rope_truncate), 1, 0, 1},
+    {"moet.hp.q_lora_rank", offsetof(moet_hparams, q_lora_rank), 0, 0, 1 << 16},
+    {"moet.hp.kv_lora_rank", offsetof(moet_hparams, kv_lora_rank), 0, 0, 1 << 16},
+    {"moet.hp.qk_nope_dim", offsetof(moet_hparams, qk_nope_dim), 0, 0, 1024},
+    {"moet.hp.v_head_dim", offsetof(moet_hparams, v_head_dim), 0, 0, 1024},
+    {"moet.hp.rope_interleave", offsetof(moet_hparams, rope_interleave), 0, 0, 1},
+};
+
+/* Optional f32 hyperparameters (written since YaRN and MLA; older packs take the defaults). */
+static const struct { const char *key; size_t off; float def, lo, hi; } k_hp_f32_opt[] = {
+    {"moet.hp.rope_factor", offsetof(moet_hparams, rope_factor), 0.0f, 0.0f, 1e6f},
+    {"moet.hp.rope_beta_fast", offsetof(moet_hparams, rope_beta_fast), 32.0f, 0.0f, 1e6f},
+    {"moet.hp.rope_beta_slow", offsetof(moet_hparams, rope_beta_slow), 1.0f, 0.0f, 1e6f},
+    {"moet.hp.rope_attn_factor", offsetof(moet_hparams, rope_attn_factor), 1.0f, 0.0f, 1e6f},
+    {"moet.hp.attn_scale", offsetof(moet_hparams, attn_scale), 0.0f, 0.0f, 1e6f},
+    {"moet.hp.mla_eps", offsetof(moet_hparams, mla_eps), 1e-6f, 0.0f, 1.0f},
 };
 
 static const char *matrix_name(char *buf, size_t cap, int l, int64_t e, int k) {
@@ -219,6 +239,8 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     for (size_t i = 0; i < sizeof k_hp_i32_opt / sizeof k_hp_i32_opt[0]; i++)
         moet_gguf_writer_kv_i32(w, k_hp_i32_opt[i].key, *(const int32_t *)((const char *)hp + k_hp_i32_opt[i].off));
     moet_gguf_writer_kv_f32(w, "moet.hp.route_scale", hp->route_scale);
+    for (size_t i = 0; i < sizeof k_hp_f32_opt / sizeof k_hp_f32_opt[0]; i++)
+        moet_gguf_writer_kv_f32(w, k_hp_f32_opt[i].key, *(const float *)((const char *)hp + k_hp_f32_opt[i].off));
     moet_gguf_writer_kv_f32(w, "moet.hp.rms_eps", hp->rms_eps);
     moet_gguf_writer_kv_f32(w, "moet.hp.rope_theta", (float)hp->rope_theta);
     {
@@ -356,6 +378,13 @@ int moet_pack_load(moet_model *m, const char *path, char *err, size_t errlen) {
             return moet_err(err, errlen, MOET_EFORMAT, "%s: bad moet.hp.route_scale", path);
         hp->route_scale = (float)d;
     }
+    for (size_t i = 0; i < sizeof k_hp_f32_opt / sizeof k_hp_f32_opt[0]; i++) {
+        d = k_hp_f32_opt[i].def;
+        if (moet_gguf_find_kv(g, k_hp_f32_opt[i].key) &&
+            (moet_gguf_get_f64(g, k_hp_f32_opt[i].key, &d) || !(d >= k_hp_f32_opt[i].lo && d <= k_hp_f32_opt[i].hi)))
+            return moet_err(err, errlen, MOET_EFORMAT, "%s: bad %s", path, k_hp_f32_opt[i].key);
+        *(float *)((char *)hp + k_hp_f32_opt[i].off) = (float)d;
+    }
     if (moet_gguf_get_f64(g, "moet.hp.rms_eps", &d)) return moet_err(err, errlen, MOET_EFORMAT, "%s: missing moet.hp.rms_eps", path);
     hp->rms_eps = (float)d;
     if (moet_gguf_get_f64(g, "moet.hp.rope_theta", &d)) return moet_err(err, errlen, MOET_EFORMAT, "%s: missing moet.hp.rope_theta", path);
@@ -365,8 +394,11 @@ int moet_pack_load(moet_model *m, const char *path, char *err, size_t errlen) {
         hp->rope_dim < 2 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2 || hp->n_experts < 0 ||
         hp->n_experts_used > hp->n_experts || hp->max_pos < 1 || hp->router_scoring < MOET_ROUTER_SOFTMAX ||
         hp->router_scoring > MOET_ROUTER_SIGMOID || hp->topk_group > hp->n_group ||
-        (hp->n_experts > 0 && hp->n_experts % hp->n_group))
+        (hp->n_experts > 0 && hp->n_experts % hp->n_group) ||
+        (hp->kv_lora_rank > 0 && (hp->head_dim != hp->qk_nope_dim + hp->rope_dim || hp->v_head_dim < 1 ||
+                                  hp->v_head_dim > hp->head_dim || hp->n_kv_heads != hp->n_heads)))
         return moet_err(err, errlen, MOET_EFORMAT, "%s: inconsistent hyperparameters", path);
+    if ((rc = moet_rope_init(hp, err, errlen))) return rc;
     const moet_gguf_kv *lm = moet_gguf_find_kv(g, "moet.hp.layer_moe"), *eo = moet_gguf_find_kv(g, "moet.hp.eos_ids");
     if (!lm || lm->type != MOET_GGUF_ARRAY || lm->arr_type != MOET_GGUF_I32 || lm->arr_n != (uint64_t)hp->n_layers)
         return moet_err(err, errlen, MOET_EFORMAT, "%s: moet.hp.layer_moe must be %d i32", path, hp->n_layers);

@@ -14,6 +14,7 @@
 
 #include "core/util.h"
 #include "model/model.h"
+#include "model/rope.h"
 #include "quant/calib.h"
 #include "quant/formats.h"
 #include "quant/types.h"
@@ -155,6 +156,7 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
     hp->rms_eps = 1e-6f;
     hp->rope_theta = 1e6;
     hp->rope_dim = sd->glm ? sd->head_dim / 2 : sd->head_dim;
+    if ((rc = moet_rope_init(hp, err, errlen))) goto fail;
     hp->max_pos = 40960;
     hp->qk_norm = !sd->glm;
     hp->attn_bias = sd->glm;

@@ -36,6 +36,7 @@ struct moet_session {
     int32_t n_hashed;
     int kv_mixed;                   /* its KV mixes base and delta steps: kept out of the prefix cache */
     float *x, *h, *q, *k, *v, *att, *tmp, *mlp_scr, *moe_scr, *att_scr, *topk_w;
+    float *mla_cq, *mla_ckv, *mla_kpe, *mla_kvb, *mla_o; /* MLA's intermediates (hp.kv_lora_rank > 0), else NULL */
     int32_t *topk_ids;
     int32_t *tok_dev, *pos_dev;     /* backend memory: the chunk's token ids and positions [n_batch] */
     int32_t *pos_host;              /* [n_batch] staging for pos_dev */
@@ -210,6 +211,14 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
     A(s->tok_dev, B);
     A(s->pos_dev, B);
     A(s->mlp_scr, 2 * B * F);
+    if (hp->kv_lora_rank > 0) {
+        const size_t nh = (size_t)hp->n_heads;
+        A(s->mla_cq, B * (size_t)(hp->q_lora_rank > 0 ? hp->q_lora_rank : 1));
+        A(s->mla_ckv, B * (size_t)hp->kv_lora_rank);
+        A(s->mla_kpe, B * (size_t)hp->rope_dim);
+        A(s->mla_kvb, B * nh * (size_t)(hp->qk_nope_dim + hp->v_head_dim));
+        A(s->mla_o, B * nh * (size_t)hp->v_head_dim);
+    }
     A(s->logits_dev, (size_t)o.n_logits * (size_t)hp->vocab);
     if (hp->n_experts > 0) {
         A(s->topk_ids, B * (size_t)hp->n_experts_used);
@@ -260,6 +269,28 @@ typedef struct {
     int cand;                   /* the logit rows' candidates too (s->n_cand of each, to s->cand_dev) */
 } chunk_args;
 
+/* MLA's attention inputs (DeepSeek-V3; hparams.h): the pre-norm with the q bottleneck (or q_proj), the latent kv
+ * and the shared rotary key as one fused projection, the bottlenecks' RMSNorms, q_b_proj and kv_b_proj, then
+ * mla_prep lays q, k and v out as attn_prep takes them (n_kv = n_heads, head_dim = rope + nope, v zero-padded). */
+static void mla_inputs(moet_session *s, const moet_layer *L, int32_t n) {
+    const moet_hparams *hp = &s->m->hp;
+    const moet_backend_ops *op = s->be->ops;
+    moet_backend *be = s->be;
+    const int64_t H = hp->hidden;
+    const int lora = hp->q_lora_rank > 0;
+    const moet_weight *w[3] = {lora ? &L->q_a : &L->wq, &L->kv_a, &L->kv_pe};
+    float *y[3] = {lora ? s->mla_cq : s->q, s->mla_ckv, s->mla_kpe};
+    op->norm_mul_mat(be, s->x, L->attn_norm, hp->rms_eps, n, H, s->h, 3, w, y);
+    if (lora) {
+        op->rms_norm(be, s->mla_cq, L->q_a_norm, n, hp->q_lora_rank, hp->mla_eps, s->mla_cq);
+        op->mul_mat(be, &L->wq, s->mla_cq, n, s->q);
+    }
+    op->rms_norm(be, s->mla_ckv, L->kv_a_norm, n, hp->kv_lora_rank, hp->mla_eps, s->mla_ckv);
+    op->mul_mat(be, &L->kv_b, s->mla_ckv, n, s->mla_kvb);
+    op->mla_prep(be, s->q, s->mla_kvb, s->mla_kpe, n, hp->n_heads, hp->qk_nope_dim, hp->rope_dim, hp->v_head_dim,
+                 hp->rope_interleave, s->k, s->v);
+}
+
 static void forward_chunk(void *vctx) {
     const chunk_args *ca = vctx;
     moet_session *s = ca->s;
@@ -276,21 +307,26 @@ static void forward_chunk(void *vctx) {
      * attention; o_proj added onto the residual stream; the MoE block with its pre-norm and residual add. */
     for (int il = 0; il < hp->n_layers; il++) {
         const moet_layer *L = &m->layers[il];
-        const moet_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
-        float *qkv_y[3] = {s->q, s->k, s->v};
-        op->norm_mul_mat(be, s->x, L->attn_norm, hp->rms_eps, n, H, s->h, 3, qkv_w, qkv_y);
-        if (L->bq) op->add(be, s->q, NULL, L->bq, n, Dq);
-        if (L->bk) op->add(be, s->k, NULL, L->bk, n, Dkv);
-        if (L->bv) op->add(be, s->v, NULL, L->bv, n, Dkv);
+        if (hp->kv_lora_rank > 0) {
+            mla_inputs(s, L, n);
+        } else {
+            const moet_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
+            float *qkv_y[3] = {s->q, s->k, s->v};
+            op->norm_mul_mat(be, s->x, L->attn_norm, hp->rms_eps, n, H, s->h, 3, qkv_w, qkv_y);
+            if (L->bq) op->add(be, s->q, NULL, L->bq, n, Dq);
+            if (L->bk) op->add(be, s->k, NULL, L->bk, n, Dkv);
+            if (L->bv) op->add(be, s->v, NULL, L->bv, n, Dkv);
+        }
+        const float ascale = hp->attn_scale > 0 ? hp->attn_scale : (float)(1.0 / sqrt((double)hd));
         /* the only per-sequence work: a row's keys and values go to its own cache, and it attends over that: all
          * rows in one op where the backend takes them (caches from a table in backend memory), else row by row */
         int rows_done = 0;
         if (ca->rows && ca->kvtab && op->attn_rows) {
             moet_attn_args aa = {.q = s->q, .pos = s->pos_dev, .n_tok = n, .n_heads = (int32_t)nh,
                                  .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd, .n_ctx = s->n_ctx,
-                                 .scale = (float)(1.0 / sqrt((double)hd)), .out = s->att, .scratch = s->att_scr};
-            rows_done = op->attn_rows(be, s->q, s->k, s->v, L->q_norm, L->k_norm, hp->rms_eps, hp->rope_dim,
-                                      hp->rope_theta, ca->kvtab + (size_t)il * (size_t)ca->kv_stride, &aa) == 0;
+                                 .scale = ascale, .out = s->att, .scratch = s->att_scr};
+            rows_done = op->attn_rows(be, s->q, s->k, s->v, L->q_norm, L->k_norm, hp->rms_eps, &hp->rope,
+                                      ca->kvtab + (size_t)il * (size_t)ca->kv_stride, &aa) == 0;
             if (!rows_done && ca->declined) *ca->declined = 1;
         }
         for (int32_t r = 0; !rows_done && r < (ca->rows ? n : 1); r++) {
@@ -298,24 +334,28 @@ static void forward_chunk(void *vctx) {
             const int32_t nr = ca->rows ? 1 : n;
             const moet_kv_ref kv = session_kv_ref(o, il);
             moet_attn_args aa = {.q = s->q + r * Dq, .kv = kv, .pos = s->pos_dev + r, .n_tok = nr,
-                                 .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd, .n_ctx = o->n_ctx, .scale = (float)(1.0 / sqrt((double)hd)),
-                                 .out = s->att + r * Dq, .scratch = s->att_scr};
+                                 .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd, .n_ctx = o->n_ctx,
+                                 .scale = ascale, .out = s->att + r * Dq, .scratch = s->att_scr};
             if (op->attn_fused) {
                 op->attn_fused(be, s->q + r * Dq, s->k + r * Dkv, s->v + r * Dkv, L->q_norm, L->k_norm, hp->rms_eps,
-                               hp->rope_dim, hp->rope_theta, &aa);
+                               &hp->rope, &aa);
             } else {
                 op->attn_prep(be, s->q + r * Dq, s->k + r * Dkv, s->v + r * Dkv, nr, (int32_t)nh, (int32_t)nkv,
-                              (int32_t)hd, L->q_norm, L->k_norm, hp->rms_eps, hp->rope_dim, hp->rope_theta,
-                              s->pos_dev + r, &kv);
+                              (int32_t)hd, L->q_norm, L->k_norm, hp->rms_eps, &hp->rope, s->pos_dev + r, &kv);
                 op->attention(be, &aa);
             }
         }
+        const float *att = s->att;
+        if (hp->kv_lora_rank > 0) { /* MLA: each head's output back from the q/k width to v_head_dim */
+            op->heads_narrow(be, s->att, n, (int32_t)nh, (int32_t)hd, hp->v_head_dim, s->mla_o);
+            att = s->mla_o;
+        }
         if (L->bo) { /* (o + bias) then the residual, in the order of the unfused reference */
-            op->mul_mat(be, &L->wo, s->att, n, s->tmp);
+            op->mul_mat(be, &L->wo, att, n, s->tmp);
             op->add(be, s->tmp, NULL, L->bo, n, H);
             op->add(be, s->x, s->tmp, NULL, n, H);
         } else {
-            op->mul_mat_acc(be, &L->wo, s->att, n, s->x);
+            op->mul_mat_acc(be, &L->wo, att, n, s->x);
         }
         if (L->is_moe) {
             /* delta on: a delta pack's residuals beside the base (fused), else in-memory base + delta (f32) */

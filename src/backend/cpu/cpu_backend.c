@@ -311,18 +311,17 @@ static void cpu_rms_norm(moet_backend *be, const float *x, const float *w, int64
     }
 }
 
-static void cpu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
-                     double theta, const int32_t *pos) {
+static void cpu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim,
+                     const moet_rope *rp, const int32_t *pos) {
     (void)be;
-    const int half = rot_dim / 2;
-    float cs[2 * 256];
+    const int half = rp->dim / 2;
+    float cs[2 * MOET_ROPE_MAX_FREQ];
     for (int64_t t = 0; t < n_tok; t++) {
         const float p = (float)pos[t];
-        for (int i = 0; i < half && i < 256; i++) {
-            float inv_freq = (float)(1.0 / pow(theta, (double)(2 * i) / (double)rot_dim));
-            float ang = p * inv_freq;
-            cs[2 * i] = (float)cos((double)ang);
-            cs[2 * i + 1] = (float)sin((double)ang);
+        for (int i = 0; i < half && i < MOET_ROPE_MAX_FREQ; i++) {
+            float ang = p * rp->inv_freq[i];
+            cs[2 * i] = (float)cos((double)ang) * rp->attn_factor;
+            cs[2 * i + 1] = (float)sin((double)ang) * rp->attn_factor;
         }
         for (int32_t h = 0; h < n_heads; h++) {
             float *v = x + ((size_t)t * n_heads + h) * head_dim;
@@ -338,13 +337,42 @@ static void cpu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads,
 
 static void cpu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
                           int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
-                          int32_t rot_dim, double theta, const int32_t *pos, const moet_kv_ref *kv) {
+                          const moet_rope *rp, const int32_t *pos, const moet_kv_ref *kv) {
     if (q_norm) cpu_rms_norm(be, q, q_norm, n_tok * n_heads, head_dim, eps, q);
     if (k_norm) cpu_rms_norm(be, k, k_norm, n_tok * n_kv, head_dim, eps, k);
-    cpu_rope(be, q, n_tok, n_heads, head_dim, rot_dim, theta, pos);
-    cpu_rope(be, k, n_tok, n_kv, head_dim, rot_dim, theta, pos);
+    cpu_rope(be, q, n_tok, n_heads, head_dim, rp, pos);
+    cpu_rope(be, k, n_tok, n_kv, head_dim, rp, pos);
     cpu_kv_store(be, kv->k, kv->blocks, kv->shift, k, pos, n_tok, (int64_t)n_kv * head_dim);
     cpu_kv_store(be, kv->v, kv->blocks, kv->shift, v, pos, n_tok, (int64_t)n_kv * head_dim);
+}
+
+/* MLA's inputs as attn_prep takes them (backend.h): per token and head, q's rope dims moved first (de-interleaved
+ * when asked), k = [kpe, k_nope], v = [v, zeros]. */
+static void cpu_mla_prep(moet_backend *be, float *q, const float *kvb, const float *kpe, int64_t n, int32_t nh,
+                         int32_t nope, int32_t rope, int32_t vd, int32_t interleave, float *k, float *v) {
+    (void)be;
+    const int32_t hd = nope + rope, half = rope / 2;
+    float pe[2 * MOET_ROPE_MAX_FREQ];
+    for (int64_t t = 0; t < n; t++)
+        for (int32_t h = 0; h < nh; h++) {
+            float *qh = q + ((size_t)t * nh + h) * hd, *kh = k + ((size_t)t * nh + h) * hd, *vh = v + ((size_t)t * nh + h) * hd;
+            const float *src = kvb + ((size_t)t * nh + h) * (size_t)(nope + vd), *kp = kpe + (size_t)t * rope;
+            for (int32_t i = 0; i < rope; i++) pe[i] = qh[nope + i];
+            memmove(qh + rope, qh, (size_t)nope * sizeof *qh);
+            for (int32_t i = 0; i < rope; i++) {
+                const int32_t s = !interleave ? i : i < half ? 2 * i : 2 * (i - half) + 1;
+                qh[i] = pe[s];
+                kh[i] = kp[s];
+            }
+            memcpy(kh + rope, src, (size_t)nope * sizeof *kh);
+            memcpy(vh, src + nope, (size_t)vd * sizeof *vh);
+            for (int32_t i = vd; i < hd; i++) vh[i] = 0.0f;
+        }
+}
+
+static void cpu_heads_narrow(moet_backend *be, const float *x, int64_t n, int32_t nh, int32_t xd, int32_t w, float *y) {
+    (void)be;
+    for (int64_t r = 0; r < n * nh; r++) memmove(y + (size_t)r * w, x + (size_t)r * xd, (size_t)w * sizeof *y);
 }
 
 /* ---- attention ------------------------------------------------------------------------------------------------ */
@@ -597,7 +625,7 @@ static int cpu_status(moet_backend *be, char *err, size_t errlen) { (void)be; (v
 /* Batched decode's attention (backend.h): the per-row composition, each row on its own cache (the table is host
  * memory here, as all CPU backend memory is). */
 static int cpu_attn_rows(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                         float eps, int32_t rot_dim, double theta, const moet_kv_ref *rows, const moet_attn_args *a) {
+                         float eps, const moet_rope *rp, const moet_kv_ref *rows, const moet_attn_args *a) {
     const int64_t dq = (int64_t)a->n_heads * a->head_dim, dk = (int64_t)a->n_kv * a->head_dim;
     for (int64_t r = 0; r < a->n_tok; r++) {
         moet_attn_args ar = *a;
@@ -607,7 +635,7 @@ static int cpu_attn_rows(moet_backend *be, float *q, float *k, const float *v, c
         ar.n_tok = 1;
         ar.kv = rows[r];
         cpu_attn_prep(be, q + r * dq, k + r * dk, v + r * dk, 1, a->n_heads, a->n_kv, a->head_dim, q_norm, k_norm, eps,
-                      rot_dim, theta, a->pos + r, &rows[r]);
+                      rp, a->pos + r, &rows[r]);
         cpu_attention(be, &ar);
     }
     return 0;
@@ -694,6 +722,8 @@ static const moet_backend_ops k_cpu_ops = {
     .rms_norm = cpu_rms_norm,
     .rope = cpu_rope,
     .attention = cpu_attention,
+    .mla_prep = cpu_mla_prep,
+    .heads_narrow = cpu_heads_narrow,
     .attn_scratch_bytes = cpu_attn_scratch_bytes,
     .mlp = cpu_mlp,
     .moe = cpu_moe,

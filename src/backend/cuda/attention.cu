@@ -152,10 +152,11 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
  * the output is bit-identical to attn_prep then attention, one launch and one dependent round trip fewer. A partial
  * rotary head (rot_dim < head_dim) goes through shared memory as k_attn_prep's partial path does. */
 __global__ void __launch_bounds__(AT_WARPS * 32)
-k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t rot_dim,
-              const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
-              const int32_t *pos, moet_kv_ref kv, const moet_kv_ref *rows, float scale,
-              float *__restrict__ out) {
+k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
+              const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps,
+              const __grid_constant__ moet_rope rp, const int32_t *pos, moet_kv_ref kv, const moet_kv_ref *rows,
+              float scale, float *__restrict__ out) {
+    const int rot_dim = rp.dim;
     cu_pdl_trigger();
     cu_pdl_wait();
     { /* row blockIdx.y of a batched step (attn_rows): its q/k/v/out rows, its position, its cache from rows */
@@ -204,7 +205,7 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         __syncthreads();
         if (role < 2 && i < rh) {
             float co, si;
-            cu_rope_cs(theta, i, rot_dim, p, &co, &si);
+            cu_rope_cs(rp, i, p, &co, &si);
             const float x0 = dst[i], x1 = dst[i + rh]; /* no FMA contraction: k_attn_prep's partial path, bit for bit */
             dst[i] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
             dst[i + rh] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si));
@@ -218,7 +219,7 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         }
     } else if (role < 2 && i < half) {
         float co, si;
-        cu_rope_cs(theta, i, head_dim, p, &co, &si);
+        cu_rope_cs(rp, i, p, &co, &si);
         const float ra = a * co - b * si, rb = b * co + a * si;
         float *dst = role == 0 ? sq : sk;
         dst[i] = ra;
@@ -252,37 +253,35 @@ static int at_decode_ok(const moet_attn_args *a, int32_t rot_dim) {
 }
 
 extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v, const float *q_norm,
-                            const float *k_norm, float eps, int32_t rot_dim, double theta, const moet_kv_ref *rows,
+                            const float *k_norm, float eps, const moet_rope *rp, const moet_kv_ref *rows,
                             const moet_attn_args *a) {
     cu_backend *c = cu_of(be);
-    if (!at_decode_ok(a, rot_dim) || a->n_tok < 1 || a->n_tok > 65535 || a->q != q) return 1;
+    if (!at_decode_ok(a, rp->dim) || a->n_tok < 1 || a->n_tok > 65535 || a->q != q) return 1;
     if (c->err[0]) return 0;
     const int hd = a->head_dim;
     const float *qn, *kn;
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return 0;
     const moet_kv_ref none = {NULL, NULL, NULL, 0, 0};
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads, (unsigned)a->n_tok), dim3(AT_WARPS * 32), 0, q, k, v,
-                  a->n_heads, a->n_kv, hd, rot_dim, qn, kn, eps, theta, a->pos, none, rows, a->scale, a->out);
+                  a->n_heads, a->n_kv, hd, qn, kn, eps, *rp, a->pos, none, rows, a->scale, a->out);
     CU_LAUNCHED(c, "k_attn_decode (rows)");
     return 0;
 }
 
 extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float *v, const float *q_norm,
-                              const float *k_norm, float eps, int32_t rot_dim, double theta,
-                              const moet_attn_args *a) {
+                              const float *k_norm, float eps, const moet_rope *rp, const moet_attn_args *a) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || a->n_tok <= 0) return;
     const int hd = a->head_dim;
     /* one token whose rows fit the fused kernel; otherwise the composition */
-    if (a->n_tok != 1 || !at_decode_ok(a, rot_dim) || a->q != q) {
-        cu_attn_prep(be, q, k, v, a->n_tok, a->n_heads, a->n_kv, hd, q_norm, k_norm, eps, rot_dim, theta, a->pos,
-                     &a->kv);
+    if (a->n_tok != 1 || !at_decode_ok(a, rp->dim) || a->q != q) {
+        cu_attn_prep(be, q, k, v, a->n_tok, a->n_heads, a->n_kv, hd, q_norm, k_norm, eps, rp, a->pos, &a->kv);
         cu_attention(be, a);
         return;
     }
     const float *qn, *kn;
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return;
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv,
-                  hd, rot_dim, qn, kn, eps, theta, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, a->out);
+                  hd, qn, kn, eps, *rp, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, a->out);
     CU_LAUNCHED(c, "k_attn_decode");
 }

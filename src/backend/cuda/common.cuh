@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "quant/blocks.h"
 #include "quant/types.h"
 
@@ -194,13 +195,13 @@ __device__ __forceinline__ void cu_prenorm_smem(float *xs, int nt, int cols, con
     __syncthreads();
 }
 
-/* RoPE's cos and sin for pair i of rot_dim at position p, as transformers computes them: inv_freq =
- * (f32)(1 / theta^(2i / rot_dim)), angle = f32(p) * inv_freq in f32, cos and sin of it rounded to f32. */
-__device__ __forceinline__ void cu_rope_cs(double theta, int i, int rot_dim, int32_t p, float *co, float *si) {
-    const float inv_freq = (float)(1.0 / pow(theta, (double)(2 * i) / (double)rot_dim));
-    const float ang = (float)p * inv_freq;
-    *co = (float)cos((double)ang);
-    *si = (float)sin((double)ang);
+/* RoPE's cos and sin for pair i at position p, as transformers computes them (backend.h, moet_rope): angle =
+ * f32(p) * inv_freq[i] in f32, cos and sin of it rounded to f32, times attn_factor in f32. Kernels take the
+ * moet_rope by value as a __grid_constant__ argument, so the table is read from the parameter bank. */
+__device__ __forceinline__ void cu_rope_cs(const moet_rope &rp, int i, int32_t p, float *co, float *si) {
+    const float ang = (float)p * rp.inv_freq[i];
+    *co = (float)cos((double)ang) * rp.attn_factor;
+    *si = (float)sin((double)ang) * rp.attn_factor;
 }
 
 /* cu_decode32's name for a Q8_0 matrix rewritten into the q8t device layout (matmul.cu): never a file type. */

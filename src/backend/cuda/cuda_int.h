@@ -170,12 +170,12 @@ void cu_gemm_release(cu_backend *c);
 void cu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y);
 void cu_add(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim);
 void cu_rms_norm(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y);
-void cu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
-             double theta, const int32_t *pos);
+void cu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, const moet_rope *rp,
+             const int32_t *pos);
 void cu_kv_store(moet_backend *be, float *pool, const int32_t *blocks, int32_t shift, const float *src,
                  const int32_t *pos, int64_t n_tok, int64_t dim);
 void cu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads, int32_t n_kv,
-                  int32_t head_dim, const float *q_norm, const float *k_norm, float eps, int32_t rot_dim, double theta,
+                  int32_t head_dim, const float *q_norm, const float *k_norm, float eps, const moet_rope *rp,
                   const int32_t *pos, const moet_kv_ref *kv);
 void cu_swiglu(cu_backend *c, float *g, const float *u, int64_t n);
 void cu_fill_random(moet_backend *be, void *p, int32_t type, int64_t rows, int64_t cols, float scale, uint64_t seed);
@@ -185,10 +185,13 @@ void cu_topk(moet_backend *be, const float *x, int64_t n, int64_t vocab, int32_t
              float *vals, float *lz);
 size_t cu_topk_scratch_bytes(moet_backend *be, int64_t n, int64_t vocab, int32_t k);
 void cu_attn_fused(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                   float eps, int32_t rot_dim, double theta, const moet_attn_args *a);
+                   float eps, const moet_rope *rp, const moet_attn_args *a);
 size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx);
 int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
-                 float eps, int32_t rot_dim, double theta, const moet_kv_ref *rows, const moet_attn_args *a);
+                 float eps, const moet_rope *rp, const moet_kv_ref *rows, const moet_attn_args *a);
+void cu_mla_prep(moet_backend *be, float *q, const float *kvb, const float *kpe, int64_t n, int32_t nh, int32_t nope,
+                 int32_t rope, int32_t vd, int32_t interleave, float *k, float *v);
+void cu_heads_narrow(moet_backend *be, const float *x, int64_t n, int32_t nh, int32_t xd, int32_t w, float *y);
 void cu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
             const float *x, int64_t n, float *scratch, float *y);
 void cu_moe(moet_backend *be, const moet_moe_args *a);

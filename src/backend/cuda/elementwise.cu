@@ -57,15 +57,15 @@ extern "C" void cu_rms_norm(moet_backend *be, const float *x, const float *w, in
     CU_LAUNCHED(c, "k_rms_norm");
 }
 
-__global__ void k_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim, double theta,
+__global__ void k_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, const __grid_constant__ moet_rope rp,
                        const int32_t *pos) {
-    const int half = rot_dim / 2;
+    const int half = rp.dim / 2;
     const int64_t total = n_tok * n_heads * half;
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += (int64_t)gridDim.x * blockDim.x) {
         const int i = (int)(k % half);
         const int64_t th = k / half, t = th / n_heads;
         float co, si;
-        cu_rope_cs(theta, i, rot_dim, pos[t], &co, &si);
+        cu_rope_cs(rp, i, pos[t], &co, &si);
         float *v = x + th * head_dim;
         const float a = v[i], b = v[i + half];
         v[i] = a * co - b * si;
@@ -73,12 +73,12 @@ __global__ void k_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_di
     }
 }
 
-extern "C" void cu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, int32_t rot_dim,
-                        double theta, const int32_t *pos) {
+extern "C" void cu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim,
+                        const moet_rope *rp, const int32_t *pos) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || n_tok <= 0) return;
-    k_rope<<<grid_for(n_tok * n_heads * (rot_dim / 2), 256), 256, 0, c->stream>>>(x, n_tok, n_heads, head_dim,
-                                                                                  rot_dim, theta, pos);
+    k_rope<<<grid_for(n_tok * n_heads * (rp->dim / 2), 256), 256, 0, c->stream>>>(x, n_tok, n_heads, head_dim, *rp,
+                                                                                  pos);
     CU_LAUNCHED(c, "k_rope");
 }
 
@@ -108,9 +108,10 @@ extern "C" void cu_kv_store(moet_backend *be, float *pool, const int32_t *blocks
  * heads, not once a head (a CTA a (head, token) took 30 us at 512 tokens of qwen3-30b-a3b). */
 #define AP_THREADS 256
 __global__ void __launch_bounds__(AP_THREADS)
-k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim, int32_t rot_dim,
-            const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps, double theta,
-            const int32_t *pos, moet_kv_ref kv) {
+k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
+            const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps,
+            const __grid_constant__ moet_rope rp, const int32_t *pos, moet_kv_ref kv) {
+    const int rot_dim = rp.dim;
     __shared__ double part[AP_THREADS / 32];
     __shared__ float cs[2][AP_THREADS]; /* cos, sin of element i < rot_dim / 2 (head_dim <= 2 AP_THREADS) */
     const int t = blockIdx.x, half = head_dim / 2, T = ((half + 31) / 32) * 32, slots = AP_THREADS / T;
@@ -121,7 +122,7 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
     cu_pdl_wait();
     const int32_t p = pos[t];
     const int64_t prow = moet_kv_row(kv.blocks, kv.shift, p); /* the token's row in the pools */
-    for (int j = threadIdx.x; j < rh; j += blockDim.x) cu_rope_cs(theta, j, rot_dim, p, &cs[0][j], &cs[1][j]);
+    for (int j = threadIdx.x; j < rh; j += blockDim.x) cu_rope_cs(rp, j, p, &cs[0][j], &cs[1][j]);
     __syncthreads();
     const int nh = n_heads + 2 * n_kv;
     for (int h0 = 0; h0 < nh; h0 += slots) { /* every thread runs every pass (the barriers) */
@@ -186,24 +187,72 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
 
 extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
                              int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
-                             int32_t rot_dim, double theta, const int32_t *pos, const moet_kv_ref *kv) {
+                             const moet_rope *rp, const int32_t *pos, const moet_kv_ref *kv) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || n_tok <= 0) return;
     const float *qn = NULL, *kn = NULL;
     if (q_norm && !(qn = (const float *)cu_weight(c, q_norm, (size_t)head_dim * sizeof(float)))) return;
     if (k_norm && !(kn = (const float *)cu_weight(c, k_norm, (size_t)head_dim * sizeof(float)))) return;
+    const int32_t rot_dim = rp->dim;
     if (rot_dim > head_dim || rot_dim < 2 || rot_dim % 2 || head_dim > 2 * AP_THREADS || head_dim % 2) { /* the composition */
         if (q_norm) cu_rms_norm(be, q, q_norm, n_tok * n_heads, head_dim, eps, q);
         if (k_norm) cu_rms_norm(be, k, k_norm, n_tok * n_kv, head_dim, eps, k);
-        cu_rope(be, q, n_tok, n_heads, head_dim, rot_dim, theta, pos);
-        cu_rope(be, k, n_tok, n_kv, head_dim, rot_dim, theta, pos);
+        cu_rope(be, q, n_tok, n_heads, head_dim, rp, pos);
+        cu_rope(be, k, n_tok, n_kv, head_dim, rp, pos);
         cu_kv_store(be, kv->k, kv->blocks, kv->shift, k, pos, n_tok, (int64_t)n_kv * head_dim);
         cu_kv_store(be, kv->v, kv->blocks, kv->shift, v, pos, n_tok, (int64_t)n_kv * head_dim);
         return;
     }
-    cu_launch_pdl(c, k_attn_prep, dim3((unsigned)n_tok), dim3(AP_THREADS), 0, q, k, v, n_heads, n_kv, head_dim, rot_dim,
-                  qn, kn, eps, theta, pos, *kv);
+    cu_launch_pdl(c, k_attn_prep, dim3((unsigned)n_tok), dim3(AP_THREADS), 0, q, k, v, n_heads, n_kv, head_dim,
+                  qn, kn, eps, *rp, pos, *kv);
     CU_LAUNCHED(c, "k_attn_prep");
+}
+
+/* MLA's inputs as attn_prep takes them (backend.h): a CTA a (token, head); q's head goes through shared memory
+ * because it is rewritten in place. Copies only. */
+__global__ void k_mla_prep(float *q, const float *kvb, const float *kpe, int32_t nh, int32_t nope, int32_t rope,
+                           int32_t vd, int32_t interleave, float *k, float *v) {
+    extern __shared__ float sq[];
+    const int64_t th = blockIdx.x, t = th / nh;
+    const int hd = nope + rope, half = rope / 2;
+    float *qh = q + th * hd, *kh = k + th * hd, *vh = v + th * hd;
+    const float *src = kvb + th * (int64_t)(nope + vd), *kp = kpe + t * rope;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) sq[i] = qh[i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        if (i < rope) {
+            const int s = !interleave ? i : i < half ? 2 * i : 2 * (i - half) + 1;
+            qh[i] = sq[nope + s];
+            kh[i] = kp[s];
+        } else {
+            qh[i] = sq[i - rope];
+            kh[i] = src[i - rope];
+        }
+        vh[i] = i < vd ? src[nope + i] : 0.f;
+    }
+}
+
+extern "C" void cu_mla_prep(moet_backend *be, float *q, const float *kvb, const float *kpe, int64_t n, int32_t nh,
+                            int32_t nope, int32_t rope, int32_t vd, int32_t interleave, float *k, float *v) {
+    cu_backend *c = cu_of(be);
+    if (c->err[0] || n <= 0) return;
+    const int hd = nope + rope;
+    k_mla_prep<<<(unsigned)(n * nh), hd >= 256 ? 256 : 128, (size_t)hd * sizeof(float), c->stream>>>(
+        q, kvb, kpe, nh, nope, rope, vd, interleave, k, v);
+    CU_LAUNCHED(c, "k_mla_prep");
+}
+
+__global__ void k_heads_narrow(const float *x, int64_t rows, int32_t xd, int32_t w, float *y) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * w; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = x[(i / w) * xd + i % w];
+}
+
+extern "C" void cu_heads_narrow(moet_backend *be, const float *x, int64_t n, int32_t nh, int32_t xd, int32_t w,
+                                float *y) {
+    cu_backend *c = cu_of(be);
+    if (c->err[0] || n <= 0) return;
+    k_heads_narrow<<<grid_for(n * nh * w, 256), 256, 0, c->stream>>>(x, n * nh, xd, w, y);
+    CU_LAUNCHED(c, "k_heads_narrow");
 }
 
 __global__ void k_swiglu(float *g, const float *u, int64_t n) {

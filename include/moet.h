@@ -91,6 +91,10 @@ typedef struct {
     float route_scale;         /* the weights' factor (routed_scaling_factor) */
     int32_t shared_ffn;        /* the always-on shared expert's FFN width (0: none) */
     int32_t rope_dim;          /* the dims of a head RoPE rotates (head_dim, or fewer: partial rotary) */
+    const char *rope_scaling;  /* "none" or "yarn" */
+    float rope_factor;         /* YaRN's factor (0 without) */
+    int32_t q_lora_rank, kv_lora_rank; /* MLA (DeepSeek-V3): the q and kv bottlenecks (kv_lora_rank 0: not MLA) */
+    int32_t v_head_dim;        /* MLA: a value head's width (head_dim is the q/k head's) */
 } moet_model_info;
 
 void moet_model_info_get(const moet_model *m, moet_model_info *info);

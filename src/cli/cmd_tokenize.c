@@ -78,7 +78,12 @@ int cmd_inspect(int argc, char **argv) {
         printf("\n");
     }
     if (f.shared_ffn > 0) printf("shared expert  ffn %d\n", f.shared_ffn);
-    if (f.rope_dim != f.head_dim) printf("rope           %d of %d dims a head\n", f.rope_dim, f.head_dim);
+    if (f.kv_lora_rank > 0)
+        printf("attention      MLA: q rank %d, kv rank %d, q/k head %d (%d rotated), v head %d\n", f.q_lora_rank,
+               f.kv_lora_rank, f.head_dim, f.rope_dim, f.v_head_dim);
+    else if (f.rope_dim != f.head_dim)
+        printf("rope           %d of %d dims a head\n", f.rope_dim, f.head_dim);
+    if (strcmp(f.rope_scaling, "none") != 0) printf("rope scaling   %s x %g\n", f.rope_scaling, (double)f.rope_factor);
     printf("delta          %s\n", f.has_delta ? "loaded (base + delta experts: --delta on|gate)" : "none");
     moet_model_free(m);
     return 0;

@@ -12,6 +12,7 @@
 #include "core/util.h"
 #include "format/hf_config.h"
 #include "model/model.h"
+#include "model/rope.h"
 #include "model/delta.h"
 #include "model/pack.h"
 #include "quant/types.h"
@@ -510,6 +511,11 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     info->route_scale = hp->route_scale;
     info->shared_ffn = hp->shared_ffn;
     info->rope_dim = hp->rope_dim;
+    info->rope_scaling = hp->rope_type == MOET_ROPE_YARN ? "yarn" : "none";
+    info->rope_factor = hp->rope_type == MOET_ROPE_YARN ? hp->rope_factor : 0.0f;
+    info->q_lora_rank = hp->q_lora_rank;
+    info->kv_lora_rank = hp->kv_lora_rank;
+    info->v_head_dim = hp->kv_lora_rank > 0 ? hp->v_head_dim : hp->head_dim;
     info->has_delta = 0;
     for (int l = 0; l < m->hp.n_layers && !info->has_delta; l++) info->has_delta = m->layers && (m->layers[l].dexp_gate || m->layers[l].dres_gate);
 }

@@ -9,6 +9,7 @@
  * depends on shapes, bytes and routing spread, not on the values; random routers spread tokens over experts about
  * as evenly as trained ones do at batch 1 (each token reads k distinct experts either way).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,14 +26,21 @@ typedef struct {
     /* GLM-4.5 (glm: 1): the first dense layers and their FFN, the shared expert's width, a half-rotated head, q/k/v
      * biases, no q/k norm, the sigmoid router (with a choice bias) */
     int32_t glm, first_dense, dense_ffn, shared_ffn;
+    /* DeepSeek-V3 (mla: 1, with glm: 1 for its MoE block): MLA's q and kv ranks, nope / rope / v widths (head_dim is
+     * nope + rope), YaRN's factor (from a 4096-token pre-training context) */
+    int32_t mla, q_lora, kv_lora, nope, rope, v_dim;
+    float yarn;
 } shape_def;
 
 static const shape_def k_shapes[] = {
-    {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768, 151936, 0, 0, 0, 0},
-    {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536, 151936, 0, 0, 0, 0},
-    {"glm-4.5-air", 46, 4096, 96, 8, 128, 128, 8, 1408, 151552, 1, 1, 10944, 1408},
-    {"mini", 2, 256, 4, 2, 64, 16, 4, 256, 512, 0, 0, 0, 0},
-    {"glm-mini", 3, 256, 4, 2, 64, 16, 4, 256, 512, 1, 1, 512, 256},
+    {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768, 151936, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536, 151936, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"glm-4.5-air", 46, 4096, 96, 8, 128, 128, 8, 1408, 151552, 1, 1, 10944, 1408, 0, 0, 0, 0, 0, 0, 0},
+    /* 671B: its W2 experts (183 GB) fit no lent GPU; run a slice of it, deepseek-v3:N (N layers, the first 3 dense) */
+    {"deepseek-v3", 61, 7168, 128, 128, 192, 256, 8, 2048, 129280, 1, 3, 18432, 2048, 1, 1536, 512, 128, 64, 128, 40},
+    {"mini", 2, 256, 4, 2, 64, 16, 4, 256, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"glm-mini", 3, 256, 4, 2, 64, 16, 4, 256, 512, 1, 1, 512, 256, 0, 0, 0, 0, 0, 0, 0},
+    {"deepseek-mini", 3, 256, 4, 4, 96, 16, 4, 256, 512, 1, 1, 512, 256, 1, 128, 64, 64, 32, 64, 4},
 };
 
 static void *buf(moet_model *m, size_t bytes) {
@@ -87,12 +95,26 @@ static const float *host_vec(moet_model *m, int64_t n, float v) {
 int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int32_t proj_type,
                          const moet_model_options *opt, moet_model **out, char *err, size_t errlen) {
     *out = NULL;
+    /* SHAPE or SHAPE:N, the first N layers of it (a slice of a model too big for the device: per-layer costs) */
+    shape_def sdl;
     const shape_def *sd = NULL;
+    const char *colon = strchr(shape, ':');
+    const size_t nl = colon ? (size_t)(colon - shape) : strlen(shape);
     for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++)
-        if (!strcmp(shape, k_shapes[i].name)) sd = &k_shapes[i];
+        if (strlen(k_shapes[i].name) == nl && !strncmp(shape, k_shapes[i].name, nl)) sd = &k_shapes[i];
     if (!sd)
         return moet_err(err, errlen, MOET_EINVAL, "unknown synthetic shape '%s' (qwen3-30b-a3b, qwen3-235b-a22b, "
-                        "glm-4.5-air, mini, glm-mini)", shape);
+                        "glm-4.5-air, deepseek-v3, mini, glm-mini, deepseek-mini; SHAPE:N for its first N layers)", shape);
+    if (colon) {
+        char *end;
+        const long n = strtol(colon + 1, &end, 10);
+        if (*end || n < 1 || n > sd->layers)
+            return moet_err(err, errlen, MOET_EINVAL, "'%s': the layer count after ':' must be 1 to %d", shape, sd->layers);
+        sdl = *sd;
+        sdl.layers = (int32_t)n;
+        if (sdl.first_dense > sdl.layers) sdl.first_dense = sdl.layers;
+        sd = &sdl;
+    }
     if (delta && expert_type != MOET_TYPE_W2) return moet_err(err, errlen, MOET_EINVAL, "a delta goes with W2 experts");
     if (proj_type != MOET_TYPE_BF16 && proj_type != MOET_TYPE_Q8_0)
         return moet_err(err, errlen, MOET_EINVAL, "dense projections: bf16 or q8_0");
@@ -112,8 +134,13 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
         const int64_t H = sd->hidden, F = sd->expert_ffn, Dq = (int64_t)sd->heads * sd->head_dim,
                       Dkv = (int64_t)sd->kv_heads * sd->head_dim;
         const uint64_t pr = moet_type_row_bytes(proj_type, H);
+        /* attention's matrices a layer: q, k, v, o, or MLA's q_a, q_b, kv_a, kv_b, o */
+        const uint64_t attn_b = !sd->mla ? (uint64_t)(Dq + 2 * Dkv) * pr + (uint64_t)H * moet_type_row_bytes(proj_type, Dq)
+            : (uint64_t)(sd->q_lora + sd->kv_lora + sd->rope) * pr + (uint64_t)Dq * moet_type_row_bytes(proj_type, sd->q_lora) +
+              (uint64_t)sd->heads * (uint64_t)(sd->nope + sd->v_dim) * moet_type_row_bytes(proj_type, sd->kv_lora) +
+              (uint64_t)H * moet_type_row_bytes(proj_type, (int64_t)sd->heads * sd->v_dim);
         const uint64_t dense_b = (uint64_t)sd->vocab * (uint64_t)H * 2 + (uint64_t)sd->vocab * pr +
-                                 (uint64_t)sd->layers * ((uint64_t)(Dq + 2 * Dkv) * pr + (uint64_t)H * moet_type_row_bytes(proj_type, Dq) +
+                                 (uint64_t)sd->layers * (attn_b +
                                                          (uint64_t)sd->experts * (uint64_t)H * 2 +
                                                          3 * (uint64_t)sd->shared_ffn * pr) +
                                  (uint64_t)sd->first_dense * 3 * (uint64_t)sd->dense_ffn * pr;
@@ -137,7 +164,8 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
         return moet_err(err, errlen, MOET_ENOMEM, "cannot create the CPU backend");
     }
     moet_hparams *hp = &m->hp;
-    snprintf(hp->architecture, sizeof hp->architecture, sd->glm ? "Glm4MoeForCausalLM" : "Qwen3MoeForCausalLM");
+    snprintf(hp->architecture, sizeof hp->architecture, "%s",
+             sd->mla ? "DeepseekV3ForCausalLM" : sd->glm ? "Glm4MoeForCausalLM" : "Qwen3MoeForCausalLM");
     hp->vocab = sd->vocab;
     hp->hidden = sd->hidden;
     hp->n_layers = sd->layers;
@@ -155,11 +183,30 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
     hp->shared_ffn = sd->shared_ffn;
     hp->rms_eps = 1e-6f;
     hp->rope_theta = 1e6;
-    hp->rope_dim = sd->glm ? sd->head_dim / 2 : sd->head_dim;
+    hp->rope_dim = sd->mla ? sd->rope : sd->glm ? sd->head_dim / 2 : sd->head_dim;
+    if (sd->mla) { /* DeepSeek-V3's MLA and YaRN (its config: factor 40 from 4096 tokens, mscale 1 = mscale_all_dim) */
+        hp->q_lora_rank = sd->q_lora;
+        hp->kv_lora_rank = sd->kv_lora;
+        hp->qk_nope_dim = sd->nope;
+        hp->v_head_dim = sd->v_dim;
+        hp->rope_interleave = 1;
+        hp->mla_eps = 1e-6f;
+        hp->rope_theta = 1e4;
+        hp->rope_type = MOET_ROPE_YARN;
+        hp->rope_factor = sd->yarn;
+        hp->rope_orig_max_pos = 4096;
+        hp->rope_beta_fast = 32;
+        hp->rope_beta_slow = 1;
+        hp->rope_truncate = 1;
+        hp->rope_attn_factor = 1.0f;
+        const double ms = moet_yarn_mscale(sd->yarn, 1.0);
+        hp->attn_scale = (float)(ms * ms / sqrt((double)sd->head_dim));
+        hp->route_scale = 2.5f;
+    }
     if ((rc = moet_rope_init(hp, err, errlen))) goto fail;
     hp->max_pos = 40960;
     hp->qk_norm = !sd->glm;
-    hp->attn_bias = sd->glm;
+    hp->attn_bias = sd->glm && !sd->mla;
     hp->bos_id = -1;
     hp->layer_moe = calloc((size_t)sd->layers, 1);
     m->layers = calloc((size_t)sd->layers, sizeof(moet_layer));
@@ -181,11 +228,22 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
         moet_layer *L = &m->layers[l];
         hp->layer_moe[l] = l >= sd->first_dense;
         L->is_moe = hp->layer_moe[l];
-        if (dense(m, &L->wq, proj_type, Dq, H, seed++) || dense(m, &L->wk, proj_type, Dkv, H, seed++) ||
-            dense(m, &L->wv, proj_type, Dkv, H, seed++) || dense(m, &L->wo, proj_type, H, Dq, seed++))
-            goto oom;
         L->attn_norm = L->ffn_norm = ones_h;
-        if (sd->glm) {
+        if (sd->mla) { /* q_a, q_b, kv_a (latent and rotary key), kv_b, o */
+            const int64_t nh = sd->heads;
+            if (dense(m, &L->q_a, proj_type, sd->q_lora, H, seed++) || dense(m, &L->wq, proj_type, Dq, sd->q_lora, seed++) ||
+                dense(m, &L->kv_a, proj_type, sd->kv_lora, H, seed++) || dense(m, &L->kv_pe, proj_type, sd->rope, H, seed++) ||
+                dense(m, &L->kv_b, proj_type, nh * (sd->nope + sd->v_dim), sd->kv_lora, seed++) ||
+                dense(m, &L->wo, proj_type, H, nh * sd->v_dim, seed++))
+                goto oom;
+            L->q_a_norm = L->kv_a_norm = ones_h; /* q_lora, kv_lora <= hidden */
+        } else if (dense(m, &L->wq, proj_type, Dq, H, seed++) || dense(m, &L->wk, proj_type, Dkv, H, seed++) ||
+                   dense(m, &L->wv, proj_type, Dkv, H, seed++) || dense(m, &L->wo, proj_type, H, Dq, seed++)) {
+            goto oom;
+        }
+        if (sd->mla) {
+            /* no q/k norms, no biases */
+        } else if (sd->glm) {
             L->bq = bias_q;
             L->bk = L->bv = bias_kv;
         } else {

@@ -6,7 +6,8 @@
  * The numbers against transformers come from tools/make_fixtures.py --only-mixtral (logits_mixtral_mini).
  * Then the same for Glm4MoeForCausalLM (glm_section: two layouts, a W2 pack, refusals), and DeepseekV3ForCausalLM
  * (ds_section: MLA with and without the q bottleneck, YaRN, a W2 pack, refusals; logits_deepseek_mini has the
- * numbers against transformers).
+ * numbers against transformers), and GptOssForCausalLM (oss_section: transformers' expert layout and the hub's
+ * MXFP4 one give the same logits, the sliding window matters, a W2 pack keeps the biases; CPU only so far).
  *
  * usage: test_arch TOKENIZER_DIR (a model directory whose tokenizer.json has a vocabulary of 4096); MOET_DEVICE picks
  * the device (default cpu)
@@ -33,7 +34,7 @@ static float rnd(float scale) {
 }
 
 /* one checkpoint's tensors: name, shape, data (f32), appended in order */
-typedef struct { char name[128]; int nd; int64_t shape[3]; float *data; } tensor;
+typedef struct { char name[128]; int nd; int64_t shape[4]; float *data; int u8; } tensor; /* u8: data holds bytes */
 typedef struct { tensor t[256]; int n; } ckpt;
 
 static void add(ckpt *c, const char *name, int nd, int64_t a, int64_t b, int64_t d, const float *src) {
@@ -47,6 +48,19 @@ static void add(ckpt *c, const char *name, int nd, int64_t a, int64_t b, int64_t
     memcpy(t->data, src, n * sizeof(float));
 }
 
+/* A U8 tensor (gpt-oss's MXFP4 blocks and scales) of nd <= 4 dims. */
+static void add_u8(ckpt *c, const char *name, int nd, const int64_t *shape, const uint8_t *src) {
+    REQUIRE(c->n < 256 && nd <= 4, "too many tensors");
+    tensor *t = &c->t[c->n++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->nd = nd;
+    size_t n = 1;
+    for (int d = 0; d < nd; d++) { t->shape[d] = shape[d]; n *= (size_t)shape[d]; }
+    t->u8 = 1;
+    t->data = malloc(n);
+    memcpy(t->data, src, n);
+}
+
 /* pad: the header padded with spaces to 8 bytes, as Hugging Face's writers do; else to 2 bytes past, so every tensor
  * is misaligned (what a writer that does not pad may produce) */
 static void write_ckpt_p(const char *dir, const ckpt *c, const char *config, int pad) {
@@ -58,10 +72,12 @@ static void write_ckpt_p(const char *dir, const ckpt *c, const char *config, int
         const tensor *t = &c->t[i];
         size_t n = 1;
         for (int d = 0; d < t->nd; d++) n *= (size_t)t->shape[d];
-        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[", i ? "," : "", t->name);
+        const size_t es = t->u8 ? 1 : 4;
+        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", t->name,
+                               t->u8 ? "U8" : "F32");
         for (int d = 0; d < t->nd; d++) hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s%lld", d ? "," : "", (long long)t->shape[d]);
-        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "],\"data_offsets\":[%zu,%zu]}", off, off + 4 * n);
-        off += 4 * n;
+        hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "],\"data_offsets\":[%zu,%zu]}", off, off + es * n);
+        off += es * n;
         REQUIRE(hl < sizeof hdr - 256, "header too long");
     }
     hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "}");
@@ -77,7 +93,7 @@ static void write_ckpt_p(const char *dir, const ckpt *c, const char *config, int
         const tensor *t = &c->t[i];
         size_t n = 1;
         for (int d = 0; d < t->nd; d++) n *= (size_t)t->shape[d];
-        fwrite(t->data, sizeof(float), n, f);
+        fwrite(t->data, t->u8 ? 1 : sizeof(float), n, f);
     }
     REQUIRE(fclose(f) == 0, "writing %s", p);
     snprintf(p, sizeof p, "%s/config.json", dir);
@@ -557,6 +573,144 @@ static void ds_section(const char *tokdir) {
     }
 }
 
+/* ---- GptOssForCausalLM ---------------------------------------------------------------------------------------
+ * A random gpt-oss: q/k/v/o biases, sinks, layer 0 sliding (window OW) and layer 1 full, YaRN x32 untruncated, the
+ * biased router and experts with the clamped SwiGLU. Its experts are random MXFP4 (hub layout: _blocks / _scales,
+ * gate and up rows interleaved) and the same values dequantized in transformers' layout ([E, in, out] f32): the two
+ * must give the same logits (to f32 summation order); with both layers full the logits must change; a W2 pack must
+ * keep the biases, sinks and windows and equal the in-memory W2 model; the CUDA backend refuses it by name. */
+enum { OE = 4, OK = 2, OF = 64, OL = 2, OW = 3 };
+
+static const char *oss_config(const char *layer0) {
+    static char c[2048];
+    snprintf(c, sizeof c,
+             "{\"architectures\": [\"GptOssForCausalLM\"], \"model_type\": \"gpt_oss\", \"vocab_size\": %d, "
+             "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
+             "\"num_key_value_heads\": %d, \"head_dim\": %d, \"hidden_act\": \"silu\", \"max_position_embeddings\": 512, "
+             "\"rms_norm_eps\": 1e-05, \"rope_theta\": 150000, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 32.0, "
+             "\"beta_fast\": 32.0, \"beta_slow\": 1.0, \"truncate\": false, \"original_max_position_embeddings\": 64}, "
+             "\"num_local_experts\": %d, \"num_experts_per_tok\": %d, \"experts_per_token\": %d, \"swiglu_limit\": 7.0, "
+             "\"sliding_window\": %d, \"layer_types\": [\"%s\", \"full_attention\"], \"attention_bias\": true, "
+             "\"tie_word_embeddings\": false, \"bos_token_id\": 1, \"eos_token_id\": 2}",
+             V, H, OF, OL, NH, NKV, HD, OE, OK, OK, OW, layer0);
+    return c;
+}
+
+static void oss_section(const char *tokdir) {
+    static float buf[V * H];
+    static ckpt c[2]; /* transformers' layout, the hub's MXFP4 */
+    char n[128], err[1024];
+    add_common(&c[0], -1, 0, 0); /* then copied into c[1] below: add_common draws new values each call */
+    static const float e2m1[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -.5f, -1, -1.5f, -2, -3, -4, -6};
+    for (int l = 0; l < OL; l++) {
+        add_common(&c[0], l, 0, 1);
+        snprintf(n, sizeof n, "model.layers.%d.self_attn.o_proj.bias", l);
+        for (int i = 0; i < H; i++) buf[i] = rnd(0.3f);
+        add(&c[0], n, 1, H, 0, 0, buf);
+        snprintf(n, sizeof n, "model.layers.%d.self_attn.sinks", l);
+        for (int i = 0; i < NH; i++) buf[i] = rnd(2.0f);
+        add(&c[0], n, 1, NH, 0, 0, buf);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.router.weight", l);
+        for (int i = 0; i < OE * H; i++) buf[i] = rnd(1.0f);
+        add(&c[0], n, 2, OE, H, 0, buf);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.router.bias", l);
+        for (int i = 0; i < OE; i++) buf[i] = rnd(0.5f);
+        add(&c[0], n, 1, OE, 0, 0, buf);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
+        for (int i = 0; i < OE * 2 * OF; i++) buf[i] = rnd(0.5f);
+        add(&c[0], n, 2, OE, 2 * OF, 0, buf);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj_bias", l);
+        for (int i = 0; i < OE * H; i++) buf[i] = rnd(0.3f);
+        add(&c[0], n, 2, OE, H, 0, buf);
+        /* the experts: MXFP4 rows [out][in] (gate_up: 2F rows of H, interleaved; down: H rows of F) */
+        for (int k = 0; k < 2; k++) {
+            const int64_t R = k ? H : 2 * OF, C = k ? OF : H, nb = C / 32;
+            static uint8_t blk[OE * 2 * OF * (H / 32) * 16], scl[OE * 2 * OF * (H / 32)];
+            static float tr[OE * 2 * OF * H]; /* transformers' [E, in, out] */
+            for (int64_t e = 0; e < OE; e++)
+                for (int64_t r = 0; r < R; r++)
+                    for (int64_t b = 0; b < nb; b++) {
+                        uint8_t *q = blk + ((e * R + r) * nb + b) * 16;
+                        uint8_t *s = scl + (e * R + r) * nb + b;
+                        *s = (uint8_t)(121 + (int)(rnd(1.0f) * 2.5f + 2.5f)); /* 2^-6 .. 2^-1 */
+                        for (int j = 0; j < 16; j++) q[j] = (uint8_t)(rnd(1.0f) * 127.5f + 127.5f);
+                        for (int j = 0; j < 32; j++) { /* element 2i in byte i's low nibble, 2i + 1 high */
+                            const float val = e2m1[(q[j / 2] >> (4 * (j & 1))) & 15] * ldexpf(1.0f, (int)*s - 127);
+                            tr[(e * C + b * 32 + j) * R + r] = val;
+                        }
+                    }
+            const char *nm = k ? "down_proj" : "gate_up_proj";
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%s", l, nm);
+            add(&c[0], n, 3, OE, C, R, tr);
+            const int64_t sb[4] = {OE, R, nb, 16}, ss[3] = {OE, R, nb};
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%s_blocks", l, nm);
+            add_u8(&c[1], n, 4, sb, blk);
+            snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%s_scales", l, nm);
+            add_u8(&c[1], n, 3, ss, scl);
+        }
+    }
+    for (int i = 0; i < c[0].n; i++) { /* the shared tensors (all but transformers' expert matrices) into c[1] */
+        const tensor *t = &c[0].t[i];
+        const size_t ln = strlen(t->name);
+        if ((ln > 12 && !strcmp(t->name + ln - 12, "gate_up_proj")) || (ln > 9 && !strcmp(t->name + ln - 9, "down_proj")))
+            continue;
+        add(&c[1], t->name, t->nd, t->shape[0], t->shape[1], t->shape[2], t->data);
+    }
+    const int T = 7;
+    char d[3][512];
+    float *lg[3];
+    int rc;
+    for (int v = 0; v < 3; v++) { /* transformers' layout, the hub's, and transformers' with no sliding layer */
+        snprintf(d[v], sizeof d[v], "%s/oss%d", g_dir, v);
+        write_ckpt(d[v], &c[v == 1], oss_config(v == 2 ? "full_attention" : "sliding_attention"));
+        copy_tokenizer(tokdir, d[v]);
+        lg[v] = run_on("cpu", d[v], T, err, sizeof err, &rc);
+        REQUIRE(lg[v], "gpt-oss %d: load: %s", v, err);
+    }
+    double md = 0, mr = 0, mw = 0, spread = 0;
+    int finite = 1;
+    for (size_t i = 0; i < (size_t)T * V; i++) {
+        finite &= isfinite(lg[0][i]);
+        md = fmax(md, fabs((double)lg[0][i] - lg[1][i]));
+        mw = fmax(mw, fabs((double)lg[0][i] - lg[2][i]));
+        mr = fmax(mr, fabs((double)lg[0][i]));
+        spread = fmax(spread, fabs((double)lg[0][i] - lg[0][i % V]));
+    }
+    fprintf(stderr, "gpt_oss: MXFP4 hub layout vs transformers' layout: max |diff| / max |logit| = %.3g; full vs "
+            "sliding layer 0: %.3g; spread %.3g\n", md / mr, mw / mr, spread);
+    CHECK(finite && spread > 1e-3, "gpt-oss: logits not finite or all alike (spread %g)", spread);
+    CHECK(md / mr < 1e-5, "gpt-oss: the MXFP4 layout's logits differ from transformers' layout by %.3g", md / mr);
+    CHECK(mw / mr > 1e-4, "gpt-oss: the sliding window changed nothing over %d tokens (window %d)", T, OW);
+    { /* a W2 pack of the MXFP4 model keeps the biases, sinks, windows, the router */
+        char path[600];
+        snprintf(path, sizeof path, "%s/oss.pack", g_dir);
+        moet_model_options mo = moet_model_default_options();
+        mo.device = "cpu";
+        moet_model *m, *pm;
+        REQUIRE(moet_model_load(d[1], &mo, &m, err, sizeof err) == 0, "%s", err);
+        moet_pack_options po = {.q = moet_matq_default_options(MOET_QF_W2), .calib = NULL, .n_threads = 2};
+        REQUIRE(moet_pack_write(m, d[1], path, &po, err, sizeof err) == 0, "pack: %s", err);
+        REQUIRE(moet_model_load(path, &mo, &pm, err, sizeof err) == 0, "load pack: %s", err);
+        CHECK(pm->hp.router_scoring == MOET_ROUTER_TOPK_SOFTMAX && pm->hp.swiglu_limit == 7.0f &&
+              pm->layers[0].window == OW && pm->layers[1].window == 0 && pm->layers[0].sinks &&
+              pm->layers[1].exp_down_b && pm->layers[0].router_lbias && pm->hp.rope.attn_factor == m->hp.rope.attn_factor,
+              "gpt-oss pack: router, limit, windows, sinks or biases lost");
+        double dw;
+        const double dd = pack_vs_memory(m, pm, &po, T, lg[1], &dw);
+        fprintf(stderr, "gpt_oss: W2 pack vs in-memory W2: max |diff| / max |logit| = %.3g (W2 vs MXFP4: %.3g)\n", dd, dw);
+        CHECK(dd < 1e-5, "gpt-oss: the pack's logits differ from the in-memory W2 model's by %.3g", dd);
+        moet_model_free(pm); moet_model_free(m);
+    }
+    if (strcmp(device(), "cpu") != 0) { /* the device refuses it by name, for now */
+        float *x = run(d[0], T, err, sizeof err, &rc);
+        CHECK(!x && strstr(err, "CPU backend only"), "gpt-oss on %s: '%s'", device(), x ? "(loaded)" : err);
+        free(x);
+    }
+    for (int v = 0; v < 3; v++) free(lg[v]);
+    for (int v = 0; v < 2; v++)
+        for (int i = 0; i < c[v].n; i++) free(c[v].t[i].data);
+}
+
 int main(int argc, char **argv) {
     REQUIRE(argc == 2, "usage: test_arch TOKENIZER_DIR");
     snprintf(g_dir, sizeof g_dir, "/tmp/moet_test_arch_XXXXXX");
@@ -678,11 +832,13 @@ int main(int argc, char **argv) {
     }
     glm_section(argv[1]);
     ds_section(argv[1]);
+    oss_section(argv[1]);
     for (int i = 0; i < 3; i++) free(lg[i]);
     for (int c = 0; c < 3; c++)
         for (int i = 0; i < cs[c]->n; i++) free(cs[c]->t[i].data);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", g_dir);
+    if (!getenv("MOET_TEST_KEEP") && system(cmd) != 0) /* MOET_TEST_KEEP: the checkpoints stay, for a look */
+        fprintf(stderr, "warning: could not remove %s\n", g_dir);
     TEST_END();
 }

@@ -735,6 +735,130 @@ int main(int argc, char **argv) {
         op->forget(be, kn);
         free(qa); free(ka); free(va); free(qn); free(kn); free(o); free(rq); free(rk); free(rv);
     }
+    /* gpt-oss's attention (CPU only so far: the CUDA backend refuses it): per-head sinks and a sliding window, against
+     * the float64 softmax over [scores in the window, sink] with the sink's column dropped */
+    if (!strcmp(be->ops->name, "cpu")) {
+        const int nh = 4, nkv = 2, hd = 32, T = 9, ctx = 24, pos0 = 7;
+        for (int var = 0; var < 3; var++) { /* sinks; window 4; both */
+            const int window = var ? 4 : 0, with_sinks = var != 1;
+            float *q = malloc(sizeof(float) * T * nh * hd), *kc = malloc(sizeof(float) * ctx * nkv * hd),
+                  *vc = malloc(sizeof(float) * ctx * nkv * hd), *o = malloc(sizeof(float) * T * nh * hd), sinks[4];
+            double *rr = malloc(sizeof(double) * T * nh * hd), sc[32];
+            int32_t pos[9];
+            for (int i = 0; i < T * nh * hd; i++) q[i] = gauss();
+            for (int i = 0; i < ctx * nkv * hd; i++) { kc[i] = gauss(); vc[i] = gauss(); }
+            for (int h = 0; h < nh; h++) sinks[h] = 2.0f * gauss();
+            for (int t = 0; t < T; t++) {
+                pos[t] = pos0 + t;
+                for (int h = 0; h < nh; h++) {
+                    const int kh = h / (nh / nkv), nk = pos[t] + 1, j0 = window && nk > window ? nk - window : 0;
+                    double mx = with_sinks ? sinks[h] : -1e300, sum = 0;
+                    for (int j = j0; j < nk; j++) {
+                        double s = 0;
+                        for (int d = 0; d < hd; d++) s += (double)q[(t * nh + h) * hd + d] * kc[(j * nkv + kh) * hd + d];
+                        sc[j] = s / sqrt((double)hd);
+                        mx = fmax(mx, sc[j]);
+                    }
+                    sum = with_sinks ? exp(sinks[h] - mx) : 0;
+                    for (int j = j0; j < nk; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+                    for (int d = 0; d < hd; d++) {
+                        double acc = 0;
+                        for (int j = j0; j < nk; j++) acc += sc[j] / sum * vc[(j * nkv + kh) * hd + d];
+                        rr[(t * nh + h) * hd + d] = acc;
+                    }
+                }
+            }
+            void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
+            test_kv kl = test_kv_make(ctx, 2);
+            float *qd = dev(q, sizeof(float) * T * nh * hd), *kd = test_kv_pool(&kl, kc, ctx, (int64_t)nkv * hd),
+                  *vd = test_kv_pool(&kl, vc, ctx, (int64_t)nkv * hd), *od = dev_poisoned((size_t)(T * nh * hd));
+            int32_t *pd = dev(pos, sizeof pos);
+            moet_attn_args aa = {.q = qd, .kv = test_kv_ref(&kl, kd, vd), .pos = pd, .n_tok = T, .n_heads = nh,
+                                 .n_kv = nkv, .head_dim = hd, .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd),
+                                 .sinks = with_sinks ? sinks : NULL, .window = window, .out = od, .scratch = scr};
+            op->attention(be, &aa);
+            pull(o, od, (size_t)(T * nh * hd));
+            report("attention", var == 0 ? "sinks" : var == 1 ? "window 4" : "sinks + window 4",
+                   nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
+            drop(qd); drop(kd); drop(vd); drop(od); drop(pd);
+            op->release(be, scr);
+            test_kv_drop(&kl);
+            free(q); free(kc); free(vc); free(o); free(rr);
+        }
+    }
+    /* gpt-oss's MoE block (CPU only so far): the router's bias, the K largest logits softmaxed among themselves, the
+     * experts' biases and the clamped SwiGLU, against float64 */
+    if (!strcmp(be->ops->name, "cpu")) {
+        enum { E = 6, K = 2, H = 64, F = 32, T = 5 };
+        static float rw[E * H], rb[E], gw[E][F * H], uw[E][F * H], dw[E][H * F], gb[E * F], ub[E * F], db[E * H],
+            xs[T * H], o[T * H];
+        double rr[T * H];
+        for (int i = 0; i < E * H; i++) rw[i] = 0.3f * gauss();
+        for (int e = 0; e < E; e++) rb[e] = 0.5f * gauss();
+        for (int e = 0; e < E; e++)
+            for (int i = 0; i < F * H; i++) { gw[e][i] = 0.4f * gauss(); uw[e][i] = 0.4f * gauss(); dw[e][i] = 0.2f * gauss(); }
+        for (int i = 0; i < E * F; i++) { gb[i] = gauss(); ub[i] = gauss(); }
+        for (int i = 0; i < E * H; i++) db[i] = 0.3f * gauss();
+        for (int i = 0; i < T * H; i++) xs[i] = 2.0f * gauss(); /* large enough that the clamp at 7 bites */
+        const double lim = 7.0;
+        int clamped = 0;
+        for (int t = 0; t < T; t++) {
+            double l[E], w[K];
+            int id[K];
+            for (int e = 0; e < E; e++) {
+                l[e] = rb[e];
+                for (int i = 0; i < H; i++) l[e] += (double)rw[e * H + i] * xs[t * H + i];
+            }
+            for (int j = 0; j < K; j++) {
+                id[j] = -1;
+                for (int e = 0; e < E; e++) {
+                    int taken = 0;
+                    for (int q = 0; q < j; q++) taken |= id[q] == e;
+                    if (!taken && (id[j] < 0 || l[e] > l[id[j]])) id[j] = e;
+                }
+            }
+            double s = 0;
+            for (int j = 0; j < K; j++) { w[j] = exp(l[id[j]] - l[id[0]]); s += w[j]; }
+            for (int i = 0; i < H; i++) rr[t * H + i] = 0;
+            for (int j = 0; j < K; j++) {
+                const int e = id[j];
+                double act[F];
+                for (int f = 0; f < F; f++) {
+                    double g = gb[e * F + f], u = ub[e * F + f];
+                    for (int i = 0; i < H; i++) { g += (double)gw[e][f * H + i] * xs[t * H + i]; u += (double)uw[e][f * H + i] * xs[t * H + i]; }
+                    clamped += g > lim || fabs(u) > lim;
+                    g = fmin(g, lim);
+                    u = fmax(-lim, fmin(u, lim));
+                    act[f] = (u + 1) * g / (1 + exp(-1.702 * g));
+                }
+                for (int i = 0; i < H; i++) {
+                    double d = db[e * H + i];
+                    for (int f = 0; f < F; f++) d += (double)dw[e][i * F + f] * act[f];
+                    rr[t * H + i] += w[j] / s * d;
+                }
+            }
+        }
+        CHECK(clamped > 0, "gpt-oss moe test: the clamp never bites");
+        moet_weight router = {.data = rw, .type = MOET_TYPE_F32, .rows = E, .cols = H, .row_bytes = H * 4, .qscale = 1};
+        moet_weight gws[E], uws[E], dws[E];
+        for (int e = 0; e < E; e++) {
+            gws[e] = (moet_weight){.data = gw[e], .type = MOET_TYPE_F32, .rows = F, .cols = H, .row_bytes = H * 4, .qscale = 1};
+            uws[e] = (moet_weight){.data = uw[e], .type = MOET_TYPE_F32, .rows = F, .cols = H, .row_bytes = H * 4, .qscale = 1};
+            dws[e] = (moet_weight){.data = dw[e], .type = MOET_TYPE_F32, .rows = H, .cols = F, .row_bytes = F * 4, .qscale = 1};
+        }
+        void *scr = op->alloc(be, op->moe_scratch_bytes(be, T, H, F, E, K));
+        float *xd = dev(xs, sizeof xs), *od = dev_poisoned((size_t)(T * H)), *twd = dev_poisoned((size_t)(T * K));
+        int32_t *tidd = dev(NULL, sizeof(int32_t) * T * K);
+        moet_moe_args ma = {.x = xd, .n_tok = T, .hidden = H, .ffn = F, .router = &router, .n_experts = E, .n_used = K,
+                            .scoring = MOET_ROUTER_TOPK_SOFTMAX, .norm_topk = 1, .router_lbias = rb, .gate = gws,
+                            .up = uws, .down = dws, .gate_b = gb, .up_b = ub, .down_b = db, .swiglu_limit = 7.0f,
+                            .topk_ids = tidd, .topk_w = twd, .y = od, .scratch = scr};
+        op->moe(be, &ma);
+        pull(o, od, (size_t)(T * H));
+        report("moe", "gpt-oss biases, topk-softmax, clamped swiglu", nmse(o, rr, (size_t)(T * H)), 1e-10);
+        drop(xd); drop(od); drop(twd); drop(tidd);
+        op->release(be, scr);
+    }
     /* mla_prep and heads_narrow (MLA's layout ops): exact copies, against the layout written out here */
     if (op->mla_prep && op->heads_narrow) {
         const int n = 3, nh = 4, nope = 16, rope = 8, vd = 12, hd = nope + rope;

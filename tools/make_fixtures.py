@@ -17,6 +17,8 @@ Writes into OUTDIR:
   deepseek-mini/            a small DeepseekV3ForCausalLM (MLA with a q bottleneck, interleaved rope dims, YaRN with
                             an attention factor != 1), the same way but only windows 0-1, 24 tokens each (the tree
                             must fit a device call's 64 MiB); --only-deepseek writes just this one
+  gpt-oss-mini/             a small GptOssForCausalLM (sinks, a sliding layer, YaRN untruncated, biased router and
+                            experts, the clamped SwiGLU), the same way; --only-gpt-oss writes just this one
   dev_ids.i32               the whole dev text tokenized (little-endian int32), if --dev is given
   ppl_ref.json              transformers' fp32 perplexity of moe-mini-a on dev windows (ctx 512, 16 chunks)
 """
@@ -189,6 +191,34 @@ def make_model_deepseek(out, windows):
     save_with_reference(model, os.path.join(out, "deepseek-mini"), [w[:24] for w in windows[:2]])
 
 
+def make_model_gpt_oss(out, windows):
+    """gpt-oss: q/k/v/o biases, attention sinks, layer 0 sliding (window 8 of 24 tokens) and layer 1 full, YaRN x32
+    from a 64-token context, untruncated, the router's bias, top-2 of 4 experts softmaxed among themselves, expert
+    biases and the clamped SwiGLU (limit 7), experts saved as transformers lays them out ([E, in, out], bf16)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+    torch.manual_seed(8642)
+    cfg = GptOssConfig(
+        vocab_size=4096, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=512, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64},
+        tie_word_embeddings=False, swiglu_limit=7.0, initializer_range=0.1, attention_bias=True,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )
+    model = GptOssForCausalLM(cfg)
+    print("gpt-oss params:", {n: tuple(p.shape) for n, p in model.named_parameters() if ".layers.0." in n}, flush=True)
+    print("gpt-oss rotary: attention_scaling", model.model.rotary_emb.attention_scaling,
+          "inv_freq", model.model.rotary_emb.inv_freq.tolist(), flush=True)
+    with torch.no_grad():  # biases and sinks that are not zero, experts large enough that the clamp at 7 bites
+        for n, p in model.named_parameters():
+            if n.endswith("bias") or n.endswith("sinks"):
+                p.copy_(0.5 * torch.randn_like(p))
+            if ".experts." in n and not n.endswith("bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+    save_with_reference(model, os.path.join(out, "gpt-oss-mini"), [w[:24] for w in windows[:2]])
+
+
 def save_with_reference(model, d, windows):
     """bf16 checkpoint + moe-mini-a's tokenizer in d, and transformers' fp32 logits and greedy ids of what was written."""
     name = os.path.basename(d)
@@ -294,6 +324,7 @@ def main():
     ap.add_argument("--only-mixtral", action="store_true")
     ap.add_argument("--only-glm4moe", action="store_true")
     ap.add_argument("--only-deepseek", action="store_true")
+    ap.add_argument("--only-gpt-oss", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
@@ -318,6 +349,9 @@ def main():
         return
     if a.only_deepseek:
         make_model_deepseek(a.out, windows)
+        return
+    if a.only_gpt_oss:
+        make_model_gpt_oss(a.out, windows)
         return
     if not a.only_mixtral:
         make_model_b(a.out, tok, windows)

@@ -54,8 +54,9 @@ typedef struct {
 } moet_rope;
 
 /* Router scoring (moet_moe_args.scoring): SOFTMAX over all experts, top-k (Qwen3-MoE, Mixtral); SIGMOID with a
- * bias for the choice and group-limited top-k (DeepSeek-V3, GLM-4.5: route_ref.h is its reference). */
-enum { MOET_ROUTER_SOFTMAX = 0, MOET_ROUTER_SIGMOID = 1 };
+ * bias for the choice and group-limited top-k (DeepSeek-V3, GLM-4.5: route_ref.h is its reference); TOPK_SOFTMAX:
+ * the K largest logits, weighted by the softmax over those K alone (gpt-oss: route_ref.h). */
+enum { MOET_ROUTER_SOFTMAX = 0, MOET_ROUTER_SIGMOID = 1, MOET_ROUTER_TOPK_SOFTMAX = 2 };
 enum { MOET_EXPERT_HOME_MAPPED = 0, MOET_EXPERT_HOME_PINNED = 1 };
 
 typedef struct {
@@ -71,6 +72,13 @@ typedef struct {
     int32_t n_group, topk_group;
     float route_scale;
     const moet_weight *gate, *up, *down; /* arrays of n_experts: gate/up [ffn × hidden], down [hidden × ffn] */
+    /* gpt-oss (NULL / 0 otherwise; host memory): the router's bias [n_experts], added to its logits before anything
+     * else; the experts' biases, gate_b / up_b [n_experts][ffn] and down_b [n_experts][hidden], added to each
+     * product; and the clamped SwiGLU (swiglu_limit > 0): g = min(g, limit), u = clamp(u, -limit, limit),
+     * act = (u + 1) g sigmoid(1.702 g), in place of silu(g) u. */
+    const float *router_lbias;
+    const float *gate_b, *up_b, *down_b;
+    float swiglu_limit;
     /* The FP4 delta (a delta pack's residuals, NVFP4, each with its own rotation flag): NULL, or arrays of n_experts
      * matrices shaped as gate/up/down, and then expert e's matrices are gate[e] + dgate[e] (and so on), never
      * materialised: each product is the base's (mul_mat) with the delta's added (mul_mat_acc), in that order. */
@@ -109,6 +117,10 @@ typedef struct {
     int64_t n_tok;
     int32_t n_heads, n_kv, head_dim, n_ctx;
     float scale;
+    /* gpt-oss (NULL / 0 otherwise): per-head sink logits [n_heads] (host memory: a logit every row's softmax
+     * includes, whose value is dropped), and a sliding window: query t sees keys pos[t] - window < j <= pos[t] */
+    const float *sinks;
+    int32_t window;
     float *out;                /* [n_tok][n_heads * head_dim] */
     void *scratch;             /* attn_scratch_bytes(n_ctx) bytes */
 } moet_attn_args;

@@ -59,4 +59,22 @@ static inline void moet_route_sigmoid_ref(const float *logits, const float *bias
     for (int32_t j = 0; j < K; j++) w[j] = (norm_topk ? w[j] / (wsum + 1e-20f) : w[j]) * scale;
 }
 
+/* MOET_ROUTER_TOPK_SOFTMAX (gpt-oss's GptOssTopKRouter): the K largest logits (ties: the lower id), in that order,
+ * weighted by softmax over those K (f32, max subtracted). */
+static inline void moet_route_topk_softmax_ref(const float *logits, int32_t E, int32_t K, int32_t *ids, float *w) {
+    for (int32_t j = 0; j < K; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int32_t q = 0; q < j && !taken; q++) taken = ids[q] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        ids[j] = best;
+    }
+    const float mx = logits[ids[0]];
+    float sum = 0.0f;
+    for (int32_t j = 0; j < K; j++) { w[j] = expf(logits[ids[j]] - mx); sum += w[j]; }
+    for (int32_t j = 0; j < K; j++) w[j] /= sum;
+}
+
 #endif

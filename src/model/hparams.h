@@ -39,6 +39,11 @@ typedef struct {
      * checkpoint's rope dims are pairs (x0, x1), (x2, x3), .. (mla_prep de-interleaves them). n_kv_heads = n_heads. */
     int32_t q_lora_rank, kv_lora_rank, qk_nope_dim, v_head_dim, rope_interleave;
     float mla_eps;            /* q_a_layernorm's and kv_a_layernorm's epsilon */
+    /* gpt-oss: the experts' clamped SwiGLU (backend.h, moet_moe_args.swiglu_limit; 0: SiLU), and the sliding
+     * window of its sliding_attention layers (moet_layer.window) */
+    float swiglu_limit;
+    int32_t sliding_window;
+    uint8_t *layer_sliding;   /* [n_layers]: 1 = a sliding-window layer (gpt-oss's layer_types), or NULL: none */
     int32_t max_pos;
     int32_t tie_embeddings;
     int32_t attn_bias;
@@ -68,6 +73,12 @@ typedef struct {
     moet_weight kv_a, kv_pe;                 /* kv_a_proj_with_mqa's rows [0, kv_lora_rank) and the rope_dim after */
     moet_weight kv_b;                        /* kv_b_proj [n_heads (qk_nope_dim + v_head_dim) x kv_lora_rank] */
     const float *q_a_norm, *kv_a_norm;
+    /* gpt-oss: attention sinks [n_heads] and the layer's sliding window (0: full attention); the router's bias
+     * [n_experts] and the experts' biases, gate / up [n_experts][expert_ffn], down [n_experts][hidden] */
+    const float *sinks;
+    int32_t window;
+    const float *router_lbias;
+    const float *exp_gate_b, *exp_up_b, *exp_down_b;
 } moet_layer;
 
 #endif

@@ -42,6 +42,8 @@ static const struct { const char *key; size_t off; int32_t def, lo, hi; } k_hp_i
     {"moet.hp.qk_nope_dim", offsetof(moet_hparams, qk_nope_dim), 0, 0, 1024},
     {"moet.hp.v_head_dim", offsetof(moet_hparams, v_head_dim), 0, 0, 1024},
     {"moet.hp.rope_interleave", offsetof(moet_hparams, rope_interleave), 0, 0, 1},
+    /* since gpt-oss */
+    {"moet.hp.sliding_window", offsetof(moet_hparams, sliding_window), 0, 0, 1 << 24},
 };
 
 /* Optional f32 hyperparameters (written since YaRN and MLA; older packs take the defaults). */
@@ -52,6 +54,7 @@ static const struct { const char *key; size_t off; float def, lo, hi; } k_hp_f32
     {"moet.hp.rope_attn_factor", offsetof(moet_hparams, rope_attn_factor), 1.0f, 0.0f, 1e6f},
     {"moet.hp.attn_scale", offsetof(moet_hparams, attn_scale), 0.0f, 0.0f, 1e6f},
     {"moet.hp.mla_eps", offsetof(moet_hparams, mla_eps), 1e-6f, 0.0f, 1.0f},
+    {"moet.hp.swiglu_limit", offsetof(moet_hparams, swiglu_limit), 0.0f, 0.0f, 1e6f},
 };
 
 static const char *matrix_name(char *buf, size_t cap, int l, int64_t e, int k) {
@@ -247,6 +250,10 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
         int32_t lm[1024];
         for (int l = 0; l < hp->n_layers; l++) lm[l] = hp->layer_moe[l];
         moet_gguf_writer_kv_arr_i32(w, "moet.hp.layer_moe", lm, (size_t)hp->n_layers);
+        if (hp->layer_sliding) {
+            for (int l = 0; l < hp->n_layers; l++) lm[l] = hp->layer_sliding[l];
+            moet_gguf_writer_kv_arr_i32(w, "moet.hp.layer_sliding", lm, (size_t)hp->n_layers);
+        }
         moet_gguf_writer_kv_arr_i32(w, "moet.hp.eos_ids", hp->eos_ids, (size_t)hp->n_eos);
     }
     moet_gguf_writer_kv_str(w, "moet.tokenizer_json", tok_json, tl);
@@ -294,6 +301,19 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
         moet_gguf_writer_tensor(w, t->name, ty, t->ndim, ne, t->data, t->nbytes, 32);
     }
     if (n_unbound) MOET_LOGI("pack: %zu tensors the architecture does not use left out", n_unbound);
+    /* gpt-oss: the experts' biases, de-interleaved as bound (its checkpoint tensors hold them beside the experts) */
+    for (int l = 0; l < hp->n_layers; l++) {
+        const moet_layer *L = &m->layers[l];
+        if (!L->exp_gate_b) continue;
+        static const char *const bn[3] = {"gate_bias", "up_bias", "down_bias"};
+        const float *bv[3] = {L->exp_gate_b, L->exp_up_b, L->exp_down_b};
+        for (int k = 0; k < 3; k++) {
+            char nm[256];
+            snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%s", l, bn[k]);
+            const int64_t ne[1] = {(int64_t)hp->n_experts * (k == 2 ? hp->hidden : hp->expert_ffn)};
+            moet_gguf_writer_tensor(w, nm, MOET_TYPE_F32, 1, ne, bv[k], (uint64_t)ne[0] * sizeof(float), 32);
+        }
+    }
     /* Experts: one 4 KiB-aligned record each (gate, up, down back to back), then the layer's qparams. */
     int32_t ty = moet_qformat_type(bfmt);
     for (int64_t t = 0; t < x.n_tasks; t++) {
@@ -393,7 +413,7 @@ int moet_pack_load(moet_model *m, const char *path, char *err, size_t errlen) {
         hp->n_kv_heads < 1 || hp->n_heads % hp->n_kv_heads || hp->head_dim < 2 || hp->head_dim % 2 ||
         hp->rope_dim < 2 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2 || hp->n_experts < 0 ||
         hp->n_experts_used > hp->n_experts || hp->max_pos < 1 || hp->router_scoring < MOET_ROUTER_SOFTMAX ||
-        hp->router_scoring > MOET_ROUTER_SIGMOID || hp->topk_group > hp->n_group ||
+        hp->router_scoring > MOET_ROUTER_TOPK_SOFTMAX || hp->topk_group > hp->n_group ||
         (hp->n_experts > 0 && hp->n_experts % hp->n_group) ||
         (hp->kv_lora_rank > 0 && (hp->head_dim != hp->qk_nope_dim + hp->rope_dim || hp->v_head_dim < 1 ||
                                   hp->v_head_dim > hp->head_dim || hp->n_kv_heads != hp->n_heads)))
@@ -407,6 +427,19 @@ int moet_pack_load(moet_model *m, const char *path, char *err, size_t errlen) {
         int32_t x;
         memcpy(&x, lm->arr + 4 * l, 4);
         hp->layer_moe[l] = x != 0;
+    }
+    const moet_gguf_kv *ls = moet_gguf_find_kv(g, "moet.hp.layer_sliding");
+    if (ls) {
+        if (ls->type != MOET_GGUF_ARRAY || ls->arr_type != MOET_GGUF_I32 || ls->arr_n != (uint64_t)hp->n_layers ||
+            hp->sliding_window <= 0)
+            return moet_err(err, errlen, MOET_EFORMAT, "%s: moet.hp.layer_sliding must be %d i32 with a sliding window",
+                            path, hp->n_layers);
+        if (!(hp->layer_sliding = calloc((size_t)hp->n_layers, 1))) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+        for (int l = 0; l < hp->n_layers; l++) {
+            int32_t x;
+            memcpy(&x, ls->arr + 4 * l, 4);
+            hp->layer_sliding[l] = x != 0;
+        }
     }
     if (eo && eo->type == MOET_GGUF_ARRAY && eo->arr_type == MOET_GGUF_I32)
         for (uint64_t i = 0; i < eo->arr_n && hp->n_eos < MOET_MAX_EOS; i++) {

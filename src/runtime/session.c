@@ -324,7 +324,8 @@ static void forward_chunk(void *vctx) {
         if (ca->rows && ca->kvtab && op->attn_rows) {
             moet_attn_args aa = {.q = s->q, .pos = s->pos_dev, .n_tok = n, .n_heads = (int32_t)nh,
                                  .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd, .n_ctx = s->n_ctx,
-                                 .scale = ascale, .out = s->att, .scratch = s->att_scr};
+                                 .scale = ascale, .sinks = L->sinks, .window = L->window, .out = s->att,
+                                 .scratch = s->att_scr};
             rows_done = op->attn_rows(be, s->q, s->k, s->v, L->q_norm, L->k_norm, hp->rms_eps, &hp->rope,
                                       ca->kvtab + (size_t)il * (size_t)ca->kv_stride, &aa) == 0;
             if (!rows_done && ca->declined) *ca->declined = 1;
@@ -335,7 +336,8 @@ static void forward_chunk(void *vctx) {
             const moet_kv_ref kv = session_kv_ref(o, il);
             moet_attn_args aa = {.q = s->q + r * Dq, .kv = kv, .pos = s->pos_dev + r, .n_tok = nr,
                                  .n_heads = (int32_t)nh, .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd, .n_ctx = o->n_ctx,
-                                 .scale = ascale, .out = s->att + r * Dq, .scratch = s->att_scr};
+                                 .scale = ascale, .sinks = L->sinks, .window = L->window, .out = s->att + r * Dq,
+                                 .scratch = s->att_scr};
             if (op->attn_fused) {
                 op->attn_fused(be, s->q + r * Dq, s->k + r * Dkv, s->v + r * Dkv, L->q_norm, L->k_norm, hp->rms_eps,
                                &hp->rope, &aa);
@@ -364,6 +366,8 @@ static void forward_chunk(void *vctx) {
                                 .n_experts = hp->n_experts, .n_used = hp->n_experts_used,
                                 .scoring = hp->router_scoring, .norm_topk = hp->norm_topk,
                                 .router_bias = L->router_bias, .n_group = hp->n_group,
+                                .router_lbias = L->router_lbias, .gate_b = L->exp_gate_b, .up_b = L->exp_up_b,
+                                .down_b = L->exp_down_b, .swiglu_limit = hp->swiglu_limit,
                                 .topk_group = hp->topk_group, .route_scale = hp->route_scale,
                                 .gate = dexp ? L->dexp_gate : L->exp_gate,
                                 .up = dexp ? L->dexp_up : L->exp_up,

@@ -392,22 +392,24 @@ static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
         int h = (int)(task % a->n_heads), kvh = h / group;
         const float *q = a->q + ((size_t)t * a->n_heads + h) * hd;
         int32_t n_keys = a->pos[t] + 1;
-        float mx = -INFINITY;
-        for (int32_t j = 0; j < n_keys; j++) {
+        /* a sliding window: keys j0 .. pos (gpt-oss's sliding layers); the others get no weight */
+        const int32_t j0 = a->window > 0 && n_keys > a->window ? n_keys - a->window : 0;
+        float mx = a->sinks ? a->sinks[h] : -INFINITY;
+        for (int32_t j = j0; j < n_keys; j++) {
             const size_t row = (size_t)moet_kv_row(a->kv.blocks, a->kv.shift, j);
             float s = dot1(q, a->kv.k + row * kv_stride + (size_t)kvh * hd, hd) * a->scale;
             scores[j] = s;
             if (s > mx) mx = s;
         }
-        double sum = 0;
-        for (int32_t j = 0; j < n_keys; j++) {
+        double sum = a->sinks ? expf(a->sinks[h] - mx) : 0; /* the sink's share of the softmax, its value dropped */
+        for (int32_t j = j0; j < n_keys; j++) {
             scores[j] = expf(scores[j] - mx);
             sum += scores[j];
         }
         float inv = (float)(1.0 / sum);
         float *o = a->out + ((size_t)t * a->n_heads + h) * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
-        for (int32_t j = 0; j < n_keys; j++)
+        for (int32_t j = j0; j < n_keys; j++)
             axpy(o, a->kv.v + (size_t)moet_kv_row(a->kv.blocks, a->kv.shift, j) * kv_stride + (size_t)kvh * hd,
                  scores[j] * inv, hd);
     }
@@ -500,6 +502,11 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
 
     /* Route: softmax over all experts in f32, then the top k, as transformers' Qwen3-MoE/Mixtral router does. */
     cpu_mul_mat(be, a->router, x, T, logits);
+    if (a->router_lbias)
+        for (int64_t t = 0; t < T; t++)
+            for (int32_t e = 0; e < E; e++) logits[(size_t)t * E + e] += a->router_lbias[e];
+    for (int64_t t = 0; t < T && a->scoring == MOET_ROUTER_TOPK_SOFTMAX; t++) /* route_ref.h */
+        moet_route_topk_softmax_ref(logits + (size_t)t * E, E, K, a->topk_ids + (size_t)t * K, a->topk_w + (size_t)t * K);
     for (int64_t t = 0; t < T && a->scoring == MOET_ROUTER_SIGMOID; t++) /* route_ref.h */
         moet_route_sigmoid_ref(logits + (size_t)t * E, a->router_bias, E, K, a->n_group, a->topk_group, a->norm_topk,
                                a->route_scale, (float *)(cnt + 2 * (size_t)E + 1), a->topk_ids + (size_t)t * K,
@@ -564,7 +571,20 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
             cpu_mul_mat_acc(be, &a->dgate[e], xg, n, g);
             cpu_mul_mat_acc(be, &a->dup[e], xg, n, u);
         }
-        for (int64_t i = 0; i < (int64_t)n * F; i++) g[i] = silu(g[i]) * u[i];
+        if (a->gate_b) /* gpt-oss: the experts' biases, then the clamped SwiGLU (backend.h) */
+            for (int32_t r = 0; r < n; r++) {
+                axpy(g + (size_t)r * F, a->gate_b + (size_t)e * F, 1.0f, F);
+                axpy(u + (size_t)r * F, a->up_b + (size_t)e * F, 1.0f, F);
+            }
+        if (a->swiglu_limit > 0) {
+            const float lim = a->swiglu_limit;
+            for (int64_t i = 0; i < (int64_t)n * F; i++) {
+                const float gc = g[i] < lim ? g[i] : lim, uc = u[i] < -lim ? -lim : u[i] > lim ? lim : u[i];
+                g[i] = (uc + 1.0f) * (gc * (1.0f / (1.0f + expf(-(gc * 1.702f))))); /* transformers' order */
+            }
+        } else {
+            for (int64_t i = 0; i < (int64_t)n * F; i++) g[i] = silu(g[i]) * u[i];
+        }
         if (a->calib_in) {
             accum_xxt(be, a->calib_in + (size_t)e * H * H, xg, n, H);
             accum_xxt(be, a->calib_down + (size_t)e * F * F, g, n, F);
@@ -572,6 +592,8 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
         }
         cpu_mul_mat(be, &a->down[e], g, n, d);
         if (a->ddown) cpu_mul_mat_acc(be, &a->ddown[e], g, n, d);
+        if (a->down_b)
+            for (int32_t r = 0; r < n; r++) axpy(d + (size_t)r * H, a->down_b + (size_t)e * H, 1.0f, H);
         for (int32_t r = 0; r < n; r++)
             axpy(out + (size_t)(sel[r] / K) * H, d + (size_t)r * H, a->topk_w[sel[r]], H);
     }

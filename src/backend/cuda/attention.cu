@@ -132,6 +132,11 @@ extern "C" size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx) { retur
 extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || a->n_tok <= 0) return;
+    if (a->sinks || a->window) {
+        cu_fail(c, cudaErrorNotSupported, "attention: sinks and sliding windows run on the CPU backend only", __FILE__,
+                __LINE__);
+        return;
+    }
     if (a->head_dim > AT_MAX_D * 32 || a->n_kv <= 0 || a->n_heads % a->n_kv) {
         cu_fail(c, cudaErrorInvalidValue, "attention: head_dim > 256 or heads not a multiple of kv heads", __FILE__, __LINE__);
         return;
@@ -256,7 +261,7 @@ extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v
                             const float *k_norm, float eps, const moet_rope *rp, const moet_kv_ref *rows,
                             const moet_attn_args *a) {
     cu_backend *c = cu_of(be);
-    if (!at_decode_ok(a, rp->dim) || a->n_tok < 1 || a->n_tok > 65535 || a->q != q) return 1;
+    if (!at_decode_ok(a, rp->dim) || a->n_tok < 1 || a->n_tok > 65535 || a->q != q || a->sinks || a->window) return 1;
     if (c->err[0]) return 0;
     const int hd = a->head_dim;
     const float *qn, *kn;
@@ -274,7 +279,7 @@ extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float 
     if (c->err[0] || a->n_tok <= 0) return;
     const int hd = a->head_dim;
     /* one token whose rows fit the fused kernel; otherwise the composition */
-    if (a->n_tok != 1 || !at_decode_ok(a, rp->dim) || a->q != q) {
+    if (a->n_tok != 1 || !at_decode_ok(a, rp->dim) || a->q != q || a->sinks || a->window) { /* cu_attention fails those */
         cu_attn_prep(be, q, k, v, a->n_tok, a->n_heads, a->n_kv, hd, q_norm, k_norm, eps, rp, a->pos, &a->kv);
         cu_attention(be, a);
         return;

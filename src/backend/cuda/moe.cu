@@ -634,6 +634,11 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
 
 extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
     cu_backend *c = cu_of(be);
+    if (a->scoring == MOET_ROUTER_TOPK_SOFTMAX || a->router_lbias || a->gate_b || a->swiglu_limit > 0) {
+        cu_fail(c, cudaErrorNotSupported, "moe: gpt-oss's router and expert biases run on the CPU backend only",
+                __FILE__, __LINE__);
+        return;
+    }
     moe_run(be, a);
     /* the expert cache: which experts this layer's picks routed to (expert_cache.cu; the table exists by now) */
     if (c->ecache.n_slots && !c->err[0] && a->n_tok > 0) {

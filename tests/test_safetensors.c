@@ -172,7 +172,7 @@ int main(int argc, char **argv) {
     expect_model_reject("truncated weights", make_model(src, "m_trunc", NULL, 100000), "outside the data section");
     char *c1 = config_with(src, "\"hidden_size\": 128", "\"hidden_size\": 96");
     expect_model_reject("shape vs config", make_model(src, "m_shape", c1, SIZE_MAX), "config.json implies");
-    char *c2 = config_with(src, "Qwen3MoeForCausalLM", "GptOssForCausalLM");
+    char *c2 = config_with(src, "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM");
     expect_model_reject("unknown architecture", make_model(src, "m_arch", c2, SIZE_MAX),
                         "supported: Qwen3MoeForCausalLM, MixtralForCausalLM");
     char *c3 = config_with(src, "\"rope_type\": \"default\"", "\"rope_type\": \"llama3\"");

@@ -735,9 +735,9 @@ int main(int argc, char **argv) {
         op->forget(be, kn);
         free(qa); free(ka); free(va); free(qn); free(kn); free(o); free(rq); free(rk); free(rv);
     }
-    /* gpt-oss's attention (CPU only so far: the CUDA backend refuses it): per-head sinks and a sliding window, against
-     * the float64 softmax over [scores in the window, sink] with the sink's column dropped */
-    if (!strcmp(be->ops->name, "cpu")) {
+    /* gpt-oss's attention: per-head sinks and a sliding window, against the float64 softmax over [scores in the
+     * window, sink] with the sink's column dropped (CUDA: the CUDA-core kernel; attn_tc declines them) */
+    {
         const int nh = 4, nkv = 2, hd = 32, T = 9, ctx = 24, pos0 = 7;
         for (int var = 0; var < 3; var++) { /* sinks; window 4; both */
             const int window = var ? 4 : 0, with_sinks = var != 1;
@@ -782,13 +782,14 @@ int main(int argc, char **argv) {
                    nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
             drop(qd); drop(kd); drop(vd); drop(od); drop(pd);
             op->release(be, scr);
+            op->forget(be, sinks);
             test_kv_drop(&kl);
             free(q); free(kc); free(vc); free(o); free(rr);
         }
     }
-    /* gpt-oss's MoE block (CPU only so far): the router's bias, the K largest logits softmaxed among themselves, the
-     * experts' biases and the clamped SwiGLU, against float64 */
-    if (!strcmp(be->ops->name, "cpu")) {
+    /* gpt-oss's MoE block: the router's bias, the K largest logits softmaxed among themselves, the experts' biases
+     * and the clamped SwiGLU, against float64 (CUDA: moe.cu's per-slot kernels) */
+    {
         enum { E = 6, K = 2, H = 64, F = 32, T = 5 };
         static float rw[E * H], rb[E], gw[E][F * H], uw[E][F * H], dw[E][H * F], gb[E * F], ub[E * F], db[E * H],
             xs[T * H], o[T * H];
@@ -858,6 +859,8 @@ int main(int argc, char **argv) {
         report("moe", "gpt-oss biases, topk-softmax, clamped swiglu", nmse(o, rr, (size_t)(T * H)), 1e-10);
         drop(xd); drop(od); drop(twd); drop(tidd);
         op->release(be, scr);
+        op->forget(be, rw); op->forget(be, rb); op->forget(be, gb); op->forget(be, ub); op->forget(be, db);
+        for (int e = 0; e < E; e++) { op->forget(be, gw[e]); op->forget(be, uw[e]); op->forget(be, dw[e]); }
     }
     /* mla_prep and heads_narrow (MLA's layout ops): exact copies, against the layout written out here */
     if (op->mla_prep && op->heads_narrow) {

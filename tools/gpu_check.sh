@@ -23,9 +23,10 @@ run logits_b_cuda $bin/test_logits tests/models/moe-mini-b tests/models/moe-mini
 # Mixtral (no q/k norm) and GLM-4.5 (sigmoid router, shared expert, partial RoPE, biases) against transformers
 run logits_mixtral_cuda $bin/test_logits tests/models/mixtral-mini tests/models/mixtral-mini/reference_fp32.safetensors 40 0
 run logits_glm_cuda $bin/test_logits tests/models/glm4moe-mini tests/models/glm4moe-mini/reference_fp32.safetensors 40 0
-# DeepSeek-V3 (MLA, YaRN) against transformers: windows 0-1 of 24 tokens
-[ -d tests/models/deepseek-mini ] &&
-  run logits_deepseek_cuda $bin/test_logits tests/models/deepseek-mini tests/models/deepseek-mini/reference_fp32.safetensors 24 0
+for fx in deepseek-mini gpt-oss-mini; do # DeepSeek-V3 (MLA, YaRN) and gpt-oss (sinks, windows, biases), once made
+  [ -f tests/models/$fx/reference_fp32.safetensors ] &&
+    run logits_${fx}_cuda $bin/test_logits tests/models/$fx tests/models/$fx/reference_fp32.safetensors 24 0
+done
 # (the FP4 delta end to end: tests/test_delta.sh runs in CI on the CPU; on the GPU its model, moe-mini-b, is not in
 # the tiled layout the delta kernels need (widths multiples of 128), so test_ops's tiled delta shapes check them)
 # the expert cache on the GPU: 40 of moe-mini-a's 256 experts in device slots (fp32 kernels), then a W2 pack with

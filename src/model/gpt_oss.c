@@ -18,7 +18,9 @@
  *                  into moet's block (quant/blocks.h: element j and j + 16 in a byte), rows as they are;
  *   moet packs     per expert under mlp.experts.E.{gate,up,down}_proj, biases as mlp.experts.{gate,up,down}_bias.
  *
- * Runs on the CPU backend; the CUDA backend refuses the sinks, windows, router and expert biases by name for now.
+ * CUDA: the attention kernels take the sinks and windows (the tensor-core prefill kernel declines them), the MoE runs
+ * moe.cu's per-slot kernels with the biases and the clamp (its experts are never tiled); compiled, not yet run on a
+ * GPU at stop 27.
  * Not supported (refused by name): a hidden_act other than silu, layer types other than full / sliding attention.
  */
 #include <stdio.h>

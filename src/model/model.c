@@ -284,11 +284,6 @@ int moet_model_cache_setup(moet_model *m, const moet_model_options *o, char *err
 int moet_model_backend_open(moet_model *m, const moet_model_options *o, char *err, size_t errlen) {
     const int rc = moet_backend_open(o->device, o->n_threads, &m->be, err, errlen);
     if (rc) return rc;
-    /* gpt-oss's attention sinks, sliding windows and biased router / experts: CPU kernels only, so far */
-    if (strcmp(m->be->ops->name, "cpu") != 0 && m->hp.router_scoring == MOET_ROUTER_TOPK_SOFTMAX)
-        return moet_err(err, errlen, MOET_EUNSUP, "%s runs on the CPU backend only in this version (its attention "
-                        "sinks, sliding windows and biased experts have no %s kernels yet): use --device cpu",
-                        m->hp.architecture, m->be->ops->name);
     return moet_model_cache_setup(m, o, err, errlen);
 }
 

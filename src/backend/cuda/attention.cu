@@ -24,7 +24,8 @@
  * the CTA's warps over groups of AT_G keys, merged in warp order; key `cur` (>= 0) is read from ks / vs instead
  * (the fused decode kernel's own rows, bit-equal to what it wrote to the cache). Writes the head's output row. */
 __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, const float *vp0, int64_t kv_stride,
-                                         const int32_t *blocks, int32_t shift, int32_t n_keys, int32_t cur, const float *ks, const float *vs, int head_dim,
+                                         const int32_t *blocks, int32_t shift, int32_t n_keys, int32_t k0, float sink,
+                                         int32_t cur, const float *ks, const float *vs, int head_dim,
                                          float scale, float *orow, float *sm_m, float *sm_l,
                                          float (*sm_o)[AT_MAX_D * 32]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nd = (head_dim + 31) / 32;
@@ -38,7 +39,7 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
     float m = -INFINITY, l = 0.f;
     /* Each step a warp takes keys j0 .. j0 + AT_G - 1 (those < n_keys): one memory round trip for all of them,
      * not two per key, then the online-softmax update with the group's maximum. */
-    for (int32_t j0 = warp * AT_G; j0 < n_keys; j0 += AT_WARPS * AT_G) {
+    for (int32_t j0 = k0 + warp * AT_G; j0 < n_keys; j0 += AT_WARPS * AT_G) { /* k0: a sliding window's first key */
         float kr[AT_G][AT_MAX_D], vr[AT_G][AT_MAX_D];
 #pragma unroll
         for (int g = 0; g < AT_G; g++) {
@@ -90,10 +91,10 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
 #pragma unroll
     for (int d = 0; d < AT_MAX_D; d++) sm_o[warp][lane + 32 * d] = o[d];
     __syncthreads();
-    if (warp == 0) {
-        float M = -INFINITY;
+    if (warp == 0) { /* sink (gpt-oss; -inf: none) is one more logit in the softmax, with no value */
+        float M = sink;
         for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, sm_m[w]);
-        float L = 0.f, acc[AT_MAX_D];
+        float L = sink == -INFINITY ? 0.f : expf(sink - M), acc[AT_MAX_D];
 #pragma unroll
         for (int d = 0; d < AT_MAX_D; d++) acc[d] = 0.f;
         for (int w = 0; w < AT_WARPS; w++) {
@@ -114,7 +115,7 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
 
 __global__ void __launch_bounds__(AT_WARPS * 32)
 k_attention(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_heads, int32_t n_kv,
-            int32_t head_dim, float scale, float *__restrict__ out) {
+            int32_t head_dim, float scale, const float *__restrict__ sinks, int32_t window, float *__restrict__ out) {
     cu_pdl_trigger();
     cu_pdl_wait();
     __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
@@ -123,8 +124,8 @@ k_attention(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_heads,
     const int64_t kv_stride = (int64_t)n_kv * head_dim;
     const float *qr = q + ((int64_t)t * n_heads + h) * head_dim;
     at_heads(qr, kv.k + (int64_t)kvh * head_dim, kv.v + (int64_t)kvh * head_dim, kv_stride, kv.blocks, kv.shift,
-             pos[t] + 1, -1, NULL, NULL,
-             head_dim, scale, out + ((int64_t)t * n_heads + h) * head_dim, sm_m, sm_l, sm_o);
+             pos[t] + 1, window > 0 && pos[t] + 1 > window ? pos[t] + 1 - window : 0, sinks ? sinks[h] : -INFINITY, -1,
+             NULL, NULL, head_dim, scale, out + ((int64_t)t * n_heads + h) * head_dim, sm_m, sm_l, sm_o);
 }
 
 extern "C" size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx) { return 16; }
@@ -132,19 +133,16 @@ extern "C" size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx) { retur
 extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || a->n_tok <= 0) return;
-    if (a->sinks || a->window) {
-        cu_fail(c, cudaErrorNotSupported, "attention: sinks and sliding windows run on the CPU backend only", __FILE__,
-                __LINE__);
-        return;
-    }
     if (a->head_dim > AT_MAX_D * 32 || a->n_kv <= 0 || a->n_heads % a->n_kv) {
         cu_fail(c, cudaErrorInvalidValue, "attention: head_dim > 256 or heads not a multiple of kv heads", __FILE__, __LINE__);
         return;
     }
-    if (!cu_attn_tc(c, a)) return; /* prefill on tensor cores (attn_tc.cu) where it applies */
+    const float *sk = NULL; /* gpt-oss's sinks, mirrored */
+    if (a->sinks && !(sk = (const float *)cu_weight(c, a->sinks, (size_t)a->n_heads * sizeof(float)))) return;
+    if (!sk && !a->window && !cu_attn_tc(c, a)) return; /* prefill on tensor cores (attn_tc.cu) where it applies */
     dim3 grid((unsigned)a->n_heads, (unsigned)a->n_tok);
     cu_launch_pdl(c, k_attention, grid, dim3(AT_WARPS * 32), 0, a->q, a->kv, a->pos, a->n_heads,
-                  a->n_kv, a->head_dim, a->scale, a->out);
+                  a->n_kv, a->head_dim, a->scale, sk, a->window, a->out);
     CU_LAUNCHED(c, "k_attention");
 }
 
@@ -160,7 +158,7 @@ __global__ void __launch_bounds__(AT_WARPS * 32)
 k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
               const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps,
               const __grid_constant__ moet_rope rp, const int32_t *pos, moet_kv_ref kv, const moet_kv_ref *rows,
-              float scale, float *__restrict__ out) {
+              float scale, const float *__restrict__ sinks, int32_t window, float *__restrict__ out) {
     const int rot_dim = rp.dim;
     cu_pdl_trigger();
     cu_pdl_wait();
@@ -237,8 +235,8 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         }
     }
     __syncthreads();
-    at_heads(sq, kv.k + (int64_t)kvh * head_dim, kv.v + (int64_t)kvh * head_dim, kvd, kv.blocks, kv.shift, p + 1, p,
-             sk, sv, head_dim, scale,
+    at_heads(sq, kv.k + (int64_t)kvh * head_dim, kv.v + (int64_t)kvh * head_dim, kvd, kv.blocks, kv.shift, p + 1,
+             window > 0 && p + 1 > window ? p + 1 - window : 0, sinks ? sinks[h] : -INFINITY, p, sk, sv, head_dim, scale,
              out + (int64_t)h * head_dim, sm_m, sm_l, sm_o);
 }
 
@@ -261,14 +259,15 @@ extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v
                             const float *k_norm, float eps, const moet_rope *rp, const moet_kv_ref *rows,
                             const moet_attn_args *a) {
     cu_backend *c = cu_of(be);
-    if (!at_decode_ok(a, rp->dim) || a->n_tok < 1 || a->n_tok > 65535 || a->q != q || a->sinks || a->window) return 1;
+    if (!at_decode_ok(a, rp->dim) || a->n_tok < 1 || a->n_tok > 65535 || a->q != q) return 1;
     if (c->err[0]) return 0;
     const int hd = a->head_dim;
-    const float *qn, *kn;
+    const float *qn, *kn, *sk = NULL;
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return 0;
+    if (a->sinks && !(sk = (const float *)cu_weight(c, a->sinks, (size_t)a->n_heads * sizeof(float)))) return 0;
     const moet_kv_ref none = {NULL, NULL, NULL, 0, 0};
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads, (unsigned)a->n_tok), dim3(AT_WARPS * 32), 0, q, k, v,
-                  a->n_heads, a->n_kv, hd, qn, kn, eps, *rp, a->pos, none, rows, a->scale, a->out);
+                  a->n_heads, a->n_kv, hd, qn, kn, eps, *rp, a->pos, none, rows, a->scale, sk, a->window, a->out);
     CU_LAUNCHED(c, "k_attn_decode (rows)");
     return 0;
 }
@@ -279,14 +278,15 @@ extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float 
     if (c->err[0] || a->n_tok <= 0) return;
     const int hd = a->head_dim;
     /* one token whose rows fit the fused kernel; otherwise the composition */
-    if (a->n_tok != 1 || !at_decode_ok(a, rp->dim) || a->q != q || a->sinks || a->window) { /* cu_attention fails those */
+    if (a->n_tok != 1 || !at_decode_ok(a, rp->dim) || a->q != q) {
         cu_attn_prep(be, q, k, v, a->n_tok, a->n_heads, a->n_kv, hd, q_norm, k_norm, eps, rp, a->pos, &a->kv);
         cu_attention(be, a);
         return;
     }
-    const float *qn, *kn;
+    const float *qn, *kn, *sk = NULL;
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return;
+    if (a->sinks && !(sk = (const float *)cu_weight(c, a->sinks, (size_t)a->n_heads * sizeof(float)))) return;
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv,
-                  hd, qn, kn, eps, *rp, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, a->out);
+                  hd, qn, kn, eps, *rp, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, sk, a->window, a->out);
     CU_LAUNCHED(c, "k_attn_decode");
 }

@@ -122,6 +122,7 @@ extern "C" cu_mirror *cu_mirror_of(cu_backend *c, const void *host) {
  * alike for every expert, every matrix 16-row tiles of whole blocks, and rows exactly C/32 blocks. */
 static int tiled_ok(const moet_moe_args *a, int32_t type, int gu_uniform, int aligned4) {
     if ((type != MOET_TYPE_W2 && type != MOET_TYPE_SYM2) || !gu_uniform || !aligned4) return 0;
+    if (a->gate_b || a->swiglu_limit > 0) return 0; /* gpt-oss: moe.cu's per-slot kernels (biases, clamp) */
     const int64_t H = a->hidden, F = a->ffn;
     if (H % 32 || F % 32 || H % 16 || F % 16) return 0;
     for (int32_t e = 0; e < a->n_experts; e++) {

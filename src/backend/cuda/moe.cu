@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(MOE_THREADS)
 k_moe_gate_up(const float *__restrict__ x, const float *__restrict__ logits, int64_t H, int64_t F, int32_t E,
               int32_t K, int32_t norm_topk, const cu_mat *__restrict__ table, int32_t type, size_t row_bytes,
               int32_t pre, int32_t pre_rot, uint32_t pre_seed, int32_t *__restrict__ topk_ids,
-              float *__restrict__ topk_w, float *__restrict__ act) {
+              float *__restrict__ topk_w, float *__restrict__ act, cu_moe_oss ox) {
     extern __shared__ float xs[];
     __shared__ float p[MOE_MAX_E];
     __shared__ int32_t sid[MOE_MAX_K];
@@ -118,8 +118,12 @@ k_moe_gate_up(const float *__restrict__ x, const float *__restrict__ logits, int
 #pragma unroll
     for (int r = 0; r < GU_FPW; r++) {
         if (r >= nf) break;
-        const float g = cu_warp_sum(acc[2 * r]), u = cu_warp_sum(acc[2 * r + 1]);
-        if (lane == 0) act[(int64_t)slot * F + f0 + r] = g / (1.0f + expf(-g)) * u;
+        float g = cu_warp_sum(acc[2 * r]), u = cu_warp_sum(acc[2 * r + 1]);
+        if (ox.gb) { /* gpt-oss: the experts' biases */
+            g += ox.gb[(int64_t)e * F + f0 + r];
+            u += ox.ub[(int64_t)e * F + f0 + r];
+        }
+        if (lane == 0) act[(int64_t)slot * F + f0 + r] = cu_moe_act(g, u, ox.lim);
     }
 }
 
@@ -132,15 +136,17 @@ template <int Q2>
 __global__ void __launch_bounds__(MOE_THREADS)
 k_moe_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
            int32_t type, size_t row_bytes, const int32_t *__restrict__ topk_ids, const float *__restrict__ topk_w,
-           float *__restrict__ y, int accum) {
+           float *__restrict__ y, int accum, cu_moe_oss ox) {
     extern __shared__ float as[];
     __shared__ cu_mat dmk[MOE_MAX_K];
     __shared__ float wk[MOE_MAX_K], lvk[MOE_MAX_K][4];
+    __shared__ int32_t ek[MOE_MAX_K];
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int stride = (int)CU_PAD(F);
     if (threadIdx.x < K) {
         const int k = threadIdx.x;
-        dmk[k] = table[topk_ids[(int64_t)t * K + k] * 3 + 2];
+        ek[k] = topk_ids[(int64_t)t * K + k];
+        dmk[k] = table[ek[k] * 3 + 2];
         wk[k] = topk_w[(int64_t)t * K + k];
         cu_q2_levels(type, dmk[k].qbeta, lvk[k]);
     }
@@ -190,7 +196,9 @@ k_moe_down(const float *__restrict__ act, int64_t H, int64_t F, int32_t K, const
 #pragma unroll
     for (int r = 0; r < DN_RPW; r++) {
         if (r >= nr) break;
-        const float s = cu_warp_sum(acc[r]);
+        float s = cu_warp_sum(acc[r]);
+        if (ox.db) /* gpt-oss: each pick's down bias, at its router weight */
+            for (int k = 0; k < K; k++) s = fmaf(wk[k], ox.db[(int64_t)ek[k] * H + r0 + r], s);
         if (lane == 0) y[(int64_t)t * H + r0 + r] = accum ? y[(int64_t)t * H + r0 + r] + s : s;
     }
 }
@@ -458,6 +466,22 @@ k_route_sigmoid(const float *__restrict__ logits, int64_t T, int32_t E, int32_t 
     cu_pdl_trigger();
 }
 
+__global__ void __launch_bounds__(RS_WARPS * 32)
+k_route_topk(const float *__restrict__ logits, int64_t T, int32_t E, int32_t K, int32_t *__restrict__ topk_ids,
+             float *__restrict__ topk_w) {
+    const int warp = threadIdx.x >> 5;
+    const int64_t t = (int64_t)blockIdx.x * RS_WARPS + warp;
+    cu_pdl_wait();
+    if (t < T) moe_route_topk_warp(logits + t * E, E, K, topk_ids + t * K, topk_w + t * K);
+    cu_pdl_trigger();
+}
+
+void cu_moe_route_topk(cu_backend *c, const moet_moe_args *a, const float *logits, int64_t T) {
+    cu_launch_pdl(c, k_route_topk, dim3((unsigned)((T + RS_WARPS - 1) / RS_WARPS)), dim3(RS_WARPS * 32), 0, logits, T,
+                  a->n_experts, a->n_used, a->topk_ids, a->topk_w);
+    CU_LAUNCHED(c, "k_route_topk");
+}
+
 int cu_route_sig_of(cu_backend *c, const moet_moe_args *a, cu_route_sig *rs) {
     const int32_t E = a->n_experts;
     *rs = (cu_route_sig){NULL, 1, 1, a->scoring == MOET_ROUTER_SIGMOID, a->route_scale};
@@ -508,7 +532,8 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
     const int64_t T = a->n_tok, H = a->hidden, F = a->ffn;
     const int32_t E = a->n_experts, K = a->n_used;
     if (E > MOE_MAX_E || K > MOE_MAX_K || K > E || H % 32 || F % 32 ||
-        (a->scoring != MOET_ROUTER_SOFTMAX && a->scoring != MOET_ROUTER_SIGMOID)) {
+        (a->scoring != MOET_ROUTER_SOFTMAX && a->scoring != MOET_ROUTER_SIGMOID &&
+         a->scoring != MOET_ROUTER_TOPK_SOFTMAX)) {
         cu_fail(c, cudaErrorInvalidValue, "moe: shape outside the kernels' limits", __FILE__, __LINE__);
         return;
     }
@@ -518,6 +543,18 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
         return;
     }
     if (set_attrs(c)) return;
+    /* gpt-oss (biased router and experts, the clamped SwiGLU): the per-slot kernels below, whatever the token count
+     * (its experts are never tiled: cuda_backend.cu's tiled_ok); the delta is not there yet */
+    const int oss = a->scoring == MOET_ROUTER_TOPK_SOFTMAX || a->router_lbias || a->gate_b || a->swiglu_limit > 0;
+    cu_moe_oss ox = {NULL, NULL, NULL, a->swiglu_limit};
+    if (oss && a->dgate) {
+        cu_fail(c, cudaErrorNotSupported, "moe: the delta with gpt-oss's experts is not supported yet", __FILE__, __LINE__);
+        return;
+    }
+    if (a->gate_b && (!(ox.gb = (const float *)cu_weight(c, a->gate_b, (size_t)E * F * sizeof(float))) ||
+                      !(ox.ub = (const float *)cu_weight(c, a->up_b, (size_t)E * F * sizeof(float))) ||
+                      !(ox.db = (const float *)cu_weight(c, a->down_b, (size_t)E * H * sizeof(float)))))
+        return;
     if (a->dgate && !cu_delta_experts(c, a)) return;
     const cu_expert_table *tab = cu_experts(c, a);
     if (!tab) return;
@@ -559,11 +596,13 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
         na.norm_w = NULL;
     }
     cu_mul_mat(be, a->router, a->x, T, logits);
-    const int sig = a->scoring == MOET_ROUTER_SIGMOID; /* routed here; the kernels below read the picks */
-    if (sig) cu_moe_route_sigmoid(c, a, logits, T);
-    const float *rlg = sig ? NULL : logits;
+    if (a->router_lbias) cu_add(be, logits, NULL, a->router_lbias, T, E); /* gpt-oss: the router's bias */
+    const int sig = a->scoring == MOET_ROUTER_SIGMOID, tks = a->scoring == MOET_ROUTER_TOPK_SOFTMAX;
+    if (sig) cu_moe_route_sigmoid(c, a, logits, T); /* routed here; the kernels below read the picks */
+    if (tks) cu_moe_route_topk(c, a, logits, T);
+    const float *rlg = sig || tks ? NULL : logits;
     const size_t sm_gr = (size_t)GR_TB * CU_PAD(H) * sizeof(float), sm_gd = (size_t)GR_TB * CU_PAD(F) * sizeof(float);
-    if (T >= MOE_GROUP_MIN && pre && (tab->tiled || (sm_gr <= MOE_SMEM_MAX && sm_gd <= MOE_SMEM_MAX))) {
+    if (T >= MOE_GROUP_MIN && pre && !oss && (tab->tiled || (sm_gr <= MOE_SMEM_MAX && sm_gd <= MOE_SMEM_MAX))) {
         float *xr = act + (size_t)T * K * F, *ydn = xr + (size_t)T * CU_PAD(H);
         int32_t *count = (int32_t *)(ydn + (size_t)T * K * H), *n_active = count + E, *n_items = n_active + 1,
                 *active = n_items + 1, *list = active + E, *items = list + (size_t)E * T;
@@ -620,25 +659,20 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
     if (q2)
         k_moe_gate_up<1><<<g1, MOE_THREADS, sm_gu, c->stream>>>(a->x, rlg, H, F, E, K, a->norm_topk, tab->table,
                                                                 tab->type, rb_gu, pre, tab->gu_rotated, tab->gu_seed,
-                                                                a->topk_ids, a->topk_w, act);
+                                                                a->topk_ids, a->topk_w, act, ox);
     else
         k_moe_gate_up<0><<<g1, MOE_THREADS, sm_gu, c->stream>>>(a->x, rlg, H, F, E, K, a->norm_topk, tab->table,
                                                                 tab->type, rb_gu, pre, tab->gu_rotated, tab->gu_seed,
-                                                                a->topk_ids, a->topk_w, act);
+                                                                a->topk_ids, a->topk_w, act, ox);
     if (CU_LAUNCHED(c, "k_moe_gate_up")) return;
     dim3 g2((unsigned)((H + DN_ROWS - 1) / DN_ROWS), (unsigned)T);
-    if (q2) k_moe_down<1><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y, a->accumulate);
-    else k_moe_down<0><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y, a->accumulate);
+    if (q2) k_moe_down<1><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y, a->accumulate, ox);
+    else k_moe_down<0><<<g2, MOE_THREADS, sm_dn, c->stream>>>(act, H, F, K, tab->table, tab->type, rb_dn, a->topk_ids, a->topk_w, a->y, a->accumulate, ox);
     CU_LAUNCHED(c, "k_moe_down");
 }
 
 extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
     cu_backend *c = cu_of(be);
-    if (a->scoring == MOET_ROUTER_TOPK_SOFTMAX || a->router_lbias || a->gate_b || a->swiglu_limit > 0) {
-        cu_fail(c, cudaErrorNotSupported, "moe: gpt-oss's router and expert biases run on the CPU backend only",
-                __FILE__, __LINE__);
-        return;
-    }
     moe_run(be, a);
     /* the expert cache: which experts this layer's picks routed to (expert_cache.cu; the table exists by now) */
     if (c->ecache.n_slots && !c->err[0] && a->n_tok > 0) {

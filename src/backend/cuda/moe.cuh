@@ -111,6 +111,55 @@ __device__ __forceinline__ void moe_route_sig_warp(const float *__restrict__ lg,
     __syncwarp();
 }
 
+/* gpt-oss's expert extras as a kernel argument: the biases' device copies (gate / up [E][F], down [E][H]) and the
+ * SwiGLU clamp; all NULL / 0 for the other architectures (moe.cu's per-slot kernels take them). */
+typedef struct {
+    const float *gb, *ub, *db;
+    float lim;
+} cu_moe_oss;
+
+/* The expert activation (backend.h, moet_moe_args.swiglu_limit): silu(g) u, or with lim > 0 the clamped form
+ * (min(u, lim) clamped below at -lim, + 1) g' sigmoid(1.702 g'), g' = min(g, lim), in the CPU backend's order. */
+__device__ __forceinline__ float cu_moe_act(float g, float u, float lim) {
+    if (lim > 0.f) {
+        const float gc = fminf(g, lim), uc = fminf(fmaxf(u, -lim), lim);
+        return (uc + 1.0f) * (gc * (1.0f / (1.0f + expf(-(gc * 1.702f)))));
+    }
+    return g / (1.0f + expf(-g)) * u;
+}
+
+/* MOET_ROUTER_TOPK_SOFTMAX (route_ref.h) for one token, one warp: the K largest logits (ties: the lower id) in that
+ * order, weighted by the softmax over those K. */
+__device__ __forceinline__ void moe_route_topk_warp(const float *lg, int32_t E, int32_t K, int32_t *ids, float *w) {
+    const int lane = threadIdx.x & 31;
+    float mine = 0.f, top = 0.f;
+    int32_t taken[MOE_MAX_K];
+    for (int j = 0; j < K; j++) {
+        float best = -INFINITY;
+        int32_t bi = 0x7fffffff;
+        for (int e = lane; e < E; e += 32) {
+            int tk = 0;
+            for (int q = 0; q < j; q++) tk |= taken[q] == e;
+            const float v = lg[e];
+            if (!tk && (v > best || (v == best && e < bi) || bi == 0x7fffffff)) { best = v; bi = e; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        taken[j] = bi;
+        if (j == 0) top = best;
+        if (lane == j) mine = best;
+        if (lane == 0) ids[j] = bi;
+    }
+    float sum = 0.f; /* in pick order, as the CPU */
+    for (int j = 0; j < K; j++) sum += expf(__shfl_sync(0xffffffffu, mine, j) - top);
+    if (lane < K) w[lane] = expf(mine - top) / sum;
+    __syncwarp();
+}
+
 /* The sigmoid router's parameters as a kernel argument (on = 0: the softmax router). */
 typedef struct {
     const float *bias; /* device memory, or NULL */
@@ -124,6 +173,8 @@ int cu_route_sig_of(cu_backend *c, const moet_moe_args *a, cu_route_sig *rs);
 /* moe.cu: MOET_ROUTER_SIGMOID's own launch, a warp a token: logits [T][E] -> topk_ids / topk_w, which the expert
  * kernels then read instead of routing themselves (their logits argument NULL). */
 void cu_moe_route_sigmoid(cu_backend *c, const moet_moe_args *a, const float *logits, int64_t T);
+/* moe.cu: MOET_ROUTER_TOPK_SOFTMAX's launch, the same way. */
+void cu_moe_route_topk(cu_backend *c, const moet_moe_args *a, const float *logits, int64_t T);
 
 /* moe_tc.cu: the tensor-core path (tab->tiled). Decode (T < MOE_GROUP_MIN): router + top-k, gate/up, down, three
  * launches. Grouped: gate/up and down over the work list of moe.cu's k_moe_prep / k_moe_items. */

@@ -40,6 +40,7 @@ int moet_rope_init(moet_hparams *hp, char *err, size_t errlen) {
         for (int i = 0; i < half; i++) r->inv_freq[i] = (float)(1.0 / pow(base, (double)(2 * i) / (double)dim));
         return MOET_OK;
     }
+    if (!(base > 1.0)) return moet_err(err, errlen, MOET_EFORMAT, "yarn: rope_theta %g must exceed 1", base);
     const double factor = hp->rope_factor, omax = hp->rope_orig_max_pos;
     if (!(factor > 0) || !(omax >= 1) || !(hp->rope_beta_fast > 0) || !(hp->rope_beta_slow > 0))
         return moet_err(err, errlen, MOET_EFORMAT, "yarn: factor, original_max_position_embeddings, beta_fast and "
@@ -56,7 +57,12 @@ int moet_rope_init(moet_hparams *hp, char *err, size_t errlen) {
         ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
         const double ef = 1.0 - ramp; /* the extrapolated share: 1 for the fast (low-index) pairs */
         r->inv_freq[i] = (float)(inter * (1.0 - ef) + extra * ef);
+        if (!(r->inv_freq[i] > 0) || !isfinite(r->inv_freq[i]))
+            return moet_err(err, errlen, MOET_EFORMAT, "yarn: factor %g gives frequency %g for pair %d", factor,
+                            (double)r->inv_freq[i], i);
     }
+    if (!(r->attn_factor > 0) || !isfinite(r->attn_factor))
+        return moet_err(err, errlen, MOET_EFORMAT, "yarn: attention factor %g", (double)r->attn_factor);
     return MOET_OK;
 }
 

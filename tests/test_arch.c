@@ -21,6 +21,8 @@
 #include "format/gguf.h"
 #include "model/model.h"
 #include "model/pack.h"
+#include "quant/formats.h"
+#include "quant/types.h"
 #include "quant/requant.h"
 #include "test_util.h"
 
@@ -34,7 +36,8 @@ static float rnd(float scale) {
 }
 
 /* one checkpoint's tensors: name, shape, data (f32), appended in order */
-typedef struct { char name[128]; int nd; int64_t shape[4]; float *data; int u8; } tensor; /* u8: data holds bytes */
+/* u8: data holds bytes (1: U8, 2: F8_E4M3) */
+typedef struct { char name[128]; int nd; int64_t shape[4]; float *data; int u8; } tensor;
 typedef struct { tensor t[256]; int n; } ckpt;
 
 static void add(ckpt *c, const char *name, int nd, int64_t a, int64_t b, int64_t d, const float *src) {
@@ -74,7 +77,7 @@ static void write_ckpt_p(const char *dir, const ckpt *c, const char *config, int
         for (int d = 0; d < t->nd; d++) n *= (size_t)t->shape[d];
         const size_t es = t->u8 ? 1 : 4;
         hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", t->name,
-                               t->u8 ? "U8" : "F32");
+                               t->u8 == 2 ? "F8_E4M3" : t->u8 ? "U8" : "F32");
         for (int d = 0; d < t->nd; d++) hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "%s%lld", d ? "," : "", (long long)t->shape[d]);
         hl += (size_t)snprintf(hdr + hl, sizeof hdr - hl, "],\"data_offsets\":[%zu,%zu]}", off, off + es * n);
         off += es * n;
@@ -407,8 +410,8 @@ static void glm_section(const char *tokdir) {
  * A random DeepSeek-V3-shaped model: MLA (q bottleneck DQ or q_proj, latent DKV, DN + DR dims a q/k head with the
  * rope pairs interleaved, DV a v head), YaRN x4 with an attention factor, layer 0 dense, layers 1-2 GLM's MoE block.
  * It must load and give finite, varied logits (and the CPU's on a device); without the q bottleneck too; a W2 pack
- * must keep MLA's and YaRN's hyperparameters and equal the in-memory W2 model; FP8 checkpoints and softmax scoring
- * are refused by name. */
+ * must keep MLA's and YaRN's hyperparameters and equal the in-memory W2 model; an unknown quantization_config and
+ * softmax scoring are refused by name. */
 enum { DQ = 32, DKV = 32, DN = 16, DR = 8, DV = 16 };
 
 static const char *ds_config(int q_lora, const char *extra) {
@@ -431,11 +434,10 @@ static const char *ds_config(int q_lora, const char *extra) {
     return c;
 }
 
-static void ds_section(const char *tokdir) {
+/* c[0] with the q bottleneck, c[1] with q_proj (each its own random values) */
+static void ds_build(ckpt c[2]) {
     static float buf[V * H];
-    static ckpt c[2]; /* with the q bottleneck, with q_proj */
-    memset(c, 0, sizeof c); /* with the q bottleneck, with q_proj */
-    char n[128], err[1024];
+    char n[128];
     static const char *const ck[3] = {"gate_proj", "up_proj", "down_proj"};
     for (int v = 0; v < 2; v++) add_common(&c[v], -1, 0, 0);
     for (int l = 0; l < GL; l++) {
@@ -489,6 +491,12 @@ static void ds_section(const char *tokdir) {
                 for (int v = 0; v < 2; v++) add(&c[v], n, 2, k == 2 ? H : F, k == 2 ? F : H, 0, buf);
             }
     }
+}
+
+static void ds_section(const char *tokdir) {
+    static ckpt c[2]; /* with the q bottleneck, with q_proj */
+    char err[1024];
+    ds_build(c);
     const int T = 7;
     char d[2][512];
     float *lg[2];
@@ -547,8 +555,8 @@ static void ds_section(const char *tokdir) {
         CHECK(mw > 1e-4, "deepseek: W2 experts gave the logits of the unquantized ones (%.3g)", mw);
         moet_model_free(pm); moet_model_free(m);
     }
-    { /* refusals: an FP8 checkpoint, softmax scoring */
-        static const char *const extra[2] = {", \"quantization_config\": {\"quant_method\": \"fp8\"}",
+    { /* refusals: a quantization_config moet does not read (bitsandbytes), softmax scoring */
+        static const char *const extra[2] = {", \"quantization_config\": {\"quant_method\": \"bitsandbytes\"}",
                                              ", \"scoring_func\": \"softmax\""};
         static const char *const want[2] = {"quantization_config", "scoring_func"};
         for (int i = 0; i < 2; i++) {
@@ -571,6 +579,119 @@ static void ds_section(const char *tokdir) {
         free(lg[v]);
         for (int i = 0; i < c[v].n; i++) free(c[v].t[i].data);
     }
+}
+
+/* ---- FP8 checkpoints (DeepSeek-V3's, Kimi-K2's, Qwen3-FP8's) -------------------------------------------------
+ * A random DeepSeek whose projections and experts (not kv_a_proj_with_mqa: its latent / rotary split at row 32 is
+ * not a 128-row block edge) are e4m3 with 128 x 128 block scales (weight_scale_inv), beside the same values in f32:
+ * the logits must be the same bits; a W2 pack of it holds the dense FP8 matrices as BF16 (each the dequantized value
+ * rounded) and no scales; other block sizes are refused by name. CPU only: the CUDA backend refuses FP8 weights. */
+static void fp8_section(const char *tokdir) {
+    static ckpt c[2], f8, f32;
+    char n[600], err[1024];
+    ds_build(c);
+    static uint8_t q[V * H];
+    static float dq[V * H], sc[64];
+    int n_f8 = 0;
+    for (int i = 0; i < c[0].n; i++) {
+        const tensor *t = &c[0].t[i];
+        const size_t ln = strlen(t->name);
+        const int is8 = t->nd == 2 && ln > 12 && !strcmp(t->name + ln - 12, "_proj.weight") && !strstr(t->name, "kv_a_proj");
+        if (!is8) {
+            add(&f8, t->name, t->nd, t->shape[0], t->shape[1], t->shape[2], t->data);
+            add(&f32, t->name, t->nd, t->shape[0], t->shape[1], t->shape[2], t->data);
+            continue;
+        }
+        const int64_t R = t->shape[0], C = t->shape[1], sr = (R + 127) / 128, scn = (C + 127) / 128;
+        REQUIRE(sr * scn <= 64, "test setup");
+        for (int64_t b = 0; b < sr * scn; b++) { /* amax / 448 a block, as DeepSeek's quantizer */
+            float amax = 0;
+            for (int64_t r = (b / scn) * 128; r < R && r < (b / scn + 1) * 128; r++)
+                for (int64_t cc = (b % scn) * 128; cc < C && cc < (b % scn + 1) * 128; cc++)
+                    amax = fmaxf(amax, fabsf(t->data[r * C + cc]));
+            sc[b] = amax > 0 ? amax / 448.0f : 1.0f;
+        }
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t cc = 0; cc < C; cc++) {
+                const float s = sc[(r / 128) * scn + cc / 128];
+                q[r * C + cc] = moet_f32_to_e4m3(t->data[r * C + cc] / s);
+                dq[r * C + cc] = moet_e4m3_to_f32(q[r * C + cc]) * s;
+            }
+        const int64_t shp[2] = {R, C};
+        add_u8(&f8, t->name, 2, shp, q);
+        f8.t[f8.n - 1].u8 = 2;
+        snprintf(n, sizeof n, "%s_scale_inv", t->name);
+        add(&f8, n, 2, sr, scn, 0, sc);
+        add(&f32, t->name, 2, R, C, 0, dq);
+        n_f8++;
+    }
+    static const char *const qc = ", \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+                                  "\"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128]}";
+    char d8[512], d32[512];
+    snprintf(d8, sizeof d8, "%s/fp8", g_dir);
+    snprintf(d32, sizeof d32, "%s/fp8_f32", g_dir);
+    write_ckpt(d8, &f8, ds_config(1, qc));
+    copy_tokenizer(tokdir, d8);
+    write_ckpt(d32, &f32, ds_config(1, ""));
+    copy_tokenizer(tokdir, d32);
+    const int T = 7;
+    int rc;
+    float *l8 = run_on("cpu", d8, T, err, sizeof err, &rc);
+    REQUIRE(l8, "fp8: load: %s", err);
+    float *l32 = run_on("cpu", d32, T, err, sizeof err, &rc);
+    REQUIRE(l32, "fp8 twin: load: %s", err);
+    CHECK(n_f8 > 20 && !memcmp(l8, l32, sizeof(float) * (size_t)T * V),
+          "fp8: the e4m3 checkpoint's logits differ from its dequantized twin's (%d FP8 matrices)", n_f8);
+    fprintf(stderr, "fp8: %d block-scaled e4m3 matrices: logits identical to the dequantized f32 twin\n", n_f8);
+    { /* a W2 pack: dense FP8 as BF16, no scales */
+        char path[600];
+        snprintf(path, sizeof path, "%s/fp8.pack", g_dir);
+        moet_model_options mo = moet_model_default_options();
+        mo.device = "cpu";
+        moet_model *m, *pm;
+        REQUIRE(moet_model_load(d8, &mo, &m, err, sizeof err) == 0, "%s", err);
+        moet_pack_options po = {.q = moet_matq_default_options(MOET_QF_W2), .calib = NULL, .n_threads = 2};
+        REQUIRE(moet_pack_write(m, d8, path, &po, err, sizeof err) == 0, "pack: %s", err);
+        moet_gguf g;
+        REQUIRE(moet_gguf_open(path, &g, err, sizeof err) == 0, "read: %s", err);
+        const moet_gguf_tensor *pt = moet_gguf_find_tensor(&g, "model.layers.1.self_attn.o_proj.weight");
+        const moet_weight *wo = &m->layers[1].wo;
+        int exact = pt && pt->type == MOET_TYPE_BF16 && wo->type == MOET_TYPE_F8_E4M3;
+        float row[256];
+        for (int64_t r = 0; exact && r < wo->rows; r++) {
+            moet_weight_row_f32(wo, r, row);
+            for (int64_t cc = 0; cc < wo->cols; cc++) {
+                uint16_t h;
+                memcpy(&h, pt->data + ((size_t)r * (size_t)wo->cols + (size_t)cc) * 2, 2);
+                exact &= h == moet_f32_to_bf16(row[cc]);
+            }
+        }
+        CHECK(exact && !moet_gguf_find_tensor(&g, "model.layers.1.self_attn.o_proj.weight_scale_inv"),
+              "fp8 pack: o_proj is not the BF16 rounding of its dequantized values, or its scales were packed");
+        moet_gguf_close(&g);
+        REQUIRE(moet_model_load(path, &mo, &pm, err, sizeof err) == 0, "load pack: %s", err);
+        double mw;
+        const double dd = pack_vs_memory(m, pm, &po, T, l8, &mw);
+        fprintf(stderr, "fp8: W2 pack (dense BF16) vs in-memory W2 (dense FP8): max |diff| / max |logit| = %.3g\n", dd);
+        CHECK(dd < 0.05, "fp8: the pack's logits differ from the in-memory W2 model's by %.3g", dd);
+        moet_model_free(pm); moet_model_free(m);
+    }
+    { /* other block sizes are refused by name */
+        static const char *const bad = ", \"quantization_config\": {\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+                                       "\"weight_block_size\": [64, 64]}";
+        char db[512];
+        snprintf(db, sizeof db, "%s/fp8_bad", g_dir);
+        write_ckpt(db, &f8, ds_config(1, bad));
+        copy_tokenizer(tokdir, db);
+        float *x = run_on("cpu", db, T, err, sizeof err, &rc);
+        CHECK(!x && strstr(err, "weight_block_size"), "fp8: 64 x 64 blocks: '%s'", x ? "(loaded)" : err);
+        free(x);
+    }
+    free(l8); free(l32);
+    for (int v = 0; v < 2; v++)
+        for (int i = 0; i < c[v].n; i++) free(c[v].t[i].data);
+    for (int i = 0; i < f8.n; i++) free(f8.t[i].data);
+    for (int i = 0; i < f32.n; i++) free(f32.t[i].data);
 }
 
 /* ---- GptOssForCausalLM ---------------------------------------------------------------------------------------
@@ -840,6 +961,7 @@ int main(int argc, char **argv) {
     glm_section(argv[1]);
     ds_section(argv[1]);
     oss_section(argv[1]);
+    fp8_section(argv[1]);
     for (int i = 0; i < 3; i++) free(lg[i]);
     for (int c = 0; c < 3; c++)
         for (int i = 0; i < cs[c]->n; i++) free(cs[c]->t[i].data);

@@ -38,6 +38,10 @@ typedef struct {
     float qscale, qbeta;
     uint32_t rot_seed;
     int32_t rotated;
+    /* MOET_TYPE_F8_E4M3 only: the f32 scales of 128 x 128 blocks, row r's at bscale + (r / 128) * bscale_ld (one per
+     * 128 columns); host memory (the checkpoint's weight_scale_inv) */
+    const float *bscale;
+    int64_t bscale_ld;
 } moet_weight;
 
 /* The rotary embedding of a model's attention (rope, attn_prep, attn_fused, attn_rows): rotate-half (NeoX/HF form)

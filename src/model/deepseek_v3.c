@@ -26,8 +26,8 @@
  * num_hidden_layers are not used (transformers skips them too).
  *
  * Not supported (refused by name): attention_bias, a scoring_func other than sigmoid, topk_method other than
- * noaux_tc, moe_layer_freq != 1, FP8 checkpoints (quantization_config; their block-scaled e4m3 weights would need
- * dequantizing first), rope scaling other than YaRN.
+ * noaux_tc, moe_layer_freq != 1, rope scaling other than YaRN. FP8 checkpoints (DeepSeek's and Kimi's own: e4m3 in
+ * 128 x 128 blocks with weight_scale_inv) bind as MOET_TYPE_F8_E4M3 (model.c), for the CPU backend and `moet quantize`.
  */
 #include <math.h>
 #include <stdio.h>
@@ -45,9 +45,6 @@
 static int ds_parse_config(const json_t *cfg, moet_hparams *hp, char *err, size_t errlen) {
     TRY(moet_hf_parse_common(cfg, 1.0, hp, err, errlen));
     if (hp->attn_bias) return moet_err(err, errlen, MOET_EUNSUP, "attention_bias is not supported with MLA");
-    if (json_object_get(cfg, "quantization_config"))
-        return moet_err(err, errlen, MOET_EUNSUP, "quantization_config (an FP8 checkpoint) is not supported: "
-                        "dequantize its weights to BF16 first");
     const char *sf = NULL, *tm = NULL;
     TRY(moet_cfg_str(cfg, "scoring_func", &sf, err, errlen));
     if (sf && strcmp(sf, "sigmoid") != 0)

@@ -38,8 +38,29 @@ static int st_to_type(const moet_st_tensor *t) {
     case MOET_ST_F32: return MOET_TYPE_F32;
     case MOET_ST_F16: return MOET_TYPE_F16;
     case MOET_ST_BF16: return MOET_TYPE_BF16;
+    case MOET_ST_F8_E4M3: return MOET_TYPE_F8_E4M3; /* with its block scales: bind_f8 */
     default: return -1;
     }
+}
+
+/* An FP8 matrix's block scales: <name>_scale_inv, f32 [ceil(total_rows / 128), ceil(cols / 128)] (DeepSeek-V3's and
+ * Qwen3-FP8's weight_scale_inv: the factor each 128 x 128 block is multiplied by); rows from r0 (a multiple of 128). */
+static int bind_f8(struct moet_model *m, const char *name, int64_t total_rows, int64_t r0, int64_t cols, moet_weight *w,
+                   char *err, size_t errlen) {
+    char sn[512];
+    snprintf(sn, sizeof sn, "%s_scale_inv", name);
+    const moet_st_tensor *s = moet_st_find(&m->st, sn);
+    const int64_t sr = (total_rows + 127) / 128, sc = (cols + 127) / 128;
+    if (!s) return moet_err(err, errlen, MOET_EFORMAT, "FP8 tensor '%s' has no block scales '%s'", name, sn);
+    if (s->dtype != MOET_ST_F32 || s->ndim != 2 || s->shape[0] != sr || s->shape[1] != sc || (uintptr_t)s->data % 4)
+        return moet_err(err, errlen, MOET_EUNSUP, "%s: '%s' is not f32 [%lld, %lld] (128 x 128 blocks are supported)",
+                        m->st.paths[s->file], sn, (long long)sr, (long long)sc);
+    if (r0 % 128) return moet_err(err, errlen, MOET_EUNSUP, "FP8 tensor '%s': rows from %lld (not a block edge)", name,
+                                  (long long)r0);
+    m->st_used[s - m->st.tensors] = 1;
+    w->bscale = (const float *)s->data + (r0 / 128) * sc;
+    w->bscale_ld = sc;
+    return MOET_OK;
 }
 
 /* A tensor's elements are read in place from the mapping, so each must sit at a multiple of its size: a file whose
@@ -107,9 +128,12 @@ int moet_bind_matrix_slice(struct moet_model *m, const char *name, int64_t n, in
     }
     int type = st_to_type(t);
     if (type < 0)
-        return moet_err(err, errlen, MOET_EUNSUP, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16)",
-                        m->st.paths[t->file], name, moet_st_dtype_name(t->dtype));
-    int rc = check_aligned(m, t, name, type, err, errlen);
+        return moet_err(err, errlen, MOET_EUNSUP, "%s: tensor '%s' has dtype %s (supported: F32, F16, BF16, F8_E4M3 "
+                        "with block scales)", m->st.paths[t->file], name, moet_st_dtype_name(t->dtype));
+    int rc = type == MOET_TYPE_F8_E4M3 ? (n ? moet_err(err, errlen, MOET_EUNSUP, "FP8 tensor '%s': 3-D expert tensors "
+                                                       "are not supported", name)
+                                             : bind_f8(m, name, total_rows, r0, cols, w, err, errlen))
+                                       : check_aligned(m, t, name, type, err, errlen);
     if (rc) return rc;
     w->type = type;
     w->rows = rows;
@@ -289,6 +313,31 @@ int moet_model_backend_open(moet_model *m, const moet_model_options *o, char *er
 
 /* ---- load ------------------------------------------------------------------------------------------------------ */
 
+/* A checkpoint's quantization_config: none; fp8 in 128 x 128 blocks of e4m3 (DeepSeek-V3, Kimi-K2, Qwen3-FP8: its
+ * tensors bind as MOET_TYPE_F8_E4M3 with their weight_scale_inv); or mxfp4 (gpt-oss: its experts' _blocks and
+ * _scales, gpt_oss.c). Anything else is refused by name. */
+static int check_quant_config(const json_t *cfg, char *err, size_t errlen) {
+    const json_t *q = json_object_get(cfg, "quantization_config");
+    if (!q || json_is_null(q)) return MOET_OK;
+    if (!json_is_object(q)) return moet_err(err, errlen, MOET_EFORMAT, "key 'quantization_config' must be an object");
+    const char *meth = NULL, *fmt = NULL;
+    int rc;
+    if ((rc = moet_cfg_str(q, "quant_method", &meth, err, errlen)) || (rc = moet_cfg_str(q, "fmt", &fmt, err, errlen)))
+        return rc;
+    if (meth && !strcmp(meth, "mxfp4")) return MOET_OK;
+    if (!meth || strcmp(meth, "fp8") != 0)
+        return moet_err(err, errlen, MOET_EUNSUP, "quantization_config: quant_method '%s' is not supported (supported: "
+                        "fp8 in 128 x 128 blocks, mxfp4)", meth ? meth : "(none)");
+    if (fmt && strcmp(fmt, "e4m3") != 0)
+        return moet_err(err, errlen, MOET_EUNSUP, "quantization_config: fp8 fmt '%s' is not supported (supported: e4m3)",
+                        fmt);
+    const json_t *bs = json_object_get(q, "weight_block_size");
+    if (!json_is_array(bs) || json_array_size(bs) != 2 || json_integer_value(json_array_get(bs, 0)) != 128 ||
+        json_integer_value(json_array_get(bs, 1)) != 128)
+        return moet_err(err, errlen, MOET_EUNSUP, "quantization_config: fp8 weight_block_size must be [128, 128]");
+    return MOET_OK;
+}
+
 static int read_json(const char *path, json_t **out, char *err, size_t errlen) {
     char *txt;
     size_t len;
@@ -410,7 +459,7 @@ int moet_model_load(const char *path, const moet_model_options *opt, moet_model 
     }
     snprintf(m->hp.architecture, sizeof m->hp.architecture, "%s", aname);
     m->hp.bos_id = -1;
-    if ((rc = m->arch->parse_config(cfg, &m->hp, sub, sizeof sub))) {
+    if ((rc = m->arch->parse_config(cfg, &m->hp, sub, sizeof sub)) || (rc = check_quant_config(cfg, sub, sizeof sub))) {
         moet_err(err, errlen, rc, "%s: %s", p, sub);
         goto fail;
     }

@@ -104,6 +104,38 @@ static int is_dense_projection(const moet_st_tensor *t) {
     return t->ndim == 2 && t->shape[1] % 32 == 0 && (proj || !strcmp(t->name, "lm_head.weight"));
 }
 
+/* An FP8 checkpoint's dense matrix (e4m3 times its 128 x 128 block scales, <name>_scale_inv) as BF16 rows (rounded to
+ * nearest even: a pack holds no FP8), or as Q8_0 with q8; NULL when its scales are missing or malformed (binding
+ * checked them already) or out of memory. */
+static uint8_t *f8_dense(const moet_model *m, const moet_st_tensor *t, int q8, size_t *nbytes) {
+    char sn[512];
+    snprintf(sn, sizeof sn, "%s_scale_inv", t->name);
+    const moet_st_tensor *s = moet_st_find(&m->st, sn);
+    if (t->ndim != 2 || !s || s->dtype != MOET_ST_F32 || s->ndim != 2 || s->shape[0] != (t->shape[0] + 127) / 128 ||
+        s->shape[1] != (t->shape[1] + 127) / 128 || (q8 && t->shape[1] % 32))
+        return NULL;
+    const int64_t rows = t->shape[0], cols = t->shape[1];
+    const size_t rb = q8 ? moet_type_row_bytes(MOET_TYPE_Q8_0, cols) : (size_t)cols * 2;
+    uint8_t *out = malloc(rb * (size_t)rows + 1);
+    float *row = malloc((size_t)cols * sizeof(float));
+    if (!out || !row) { free(out); free(row); return NULL; }
+    for (int64_t r = 0; r < rows; r++) {
+        const float *sc = (const float *)s->data + (r / 128) * s->shape[1];
+        for (int64_t c = 0; c < cols; c++) row[c] = moet_e4m3_to_f32(t->data[(size_t)r * (size_t)cols + (size_t)c]) * sc[c / 128];
+        if (q8) {
+            moet_q8_0_quantize_row(row, (moet_block_q8_0 *)(out + (size_t)r * rb), cols);
+        } else {
+            for (int64_t c = 0; c < cols; c++) {
+                const uint16_t h = moet_f32_to_bf16(row[c]);
+                memcpy(out + (size_t)r * rb + 2 * (size_t)c, &h, 2);
+            }
+        }
+    }
+    free(row);
+    *nbytes = rb * (size_t)rows;
+    return out;
+}
+
 static uint8_t *dense_to_q8_0(const moet_st_tensor *t) {
     const int64_t rows = t->shape[0], cols = t->shape[1];
     const size_t rb = moet_type_row_bytes(MOET_TYPE_Q8_0, cols);
@@ -281,6 +313,18 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
         /* what the architecture does not bind (GLM-4.5's and DeepSeek-V3's multi-token-prediction layers, buffers
          * of old checkpoints) is not needed to load the pack either: left out */
         if (m->st_used && !m->st_used[i]) { n_unbound++; continue; }
+        const size_t nl = strlen(t->name);
+        if (nl > 10 && !strcmp(t->name + nl - 10, "_scale_inv")) continue; /* an FP8 matrix's scales: applied below */
+        if (t->dtype == MOET_ST_F8_E4M3) { /* FP8 (DeepSeek-V3, Kimi-K2, Qwen3-FP8): dequantized, as BF16 or Q8_0 */
+            const int q8 = o->dense_q8 && is_dense_projection(t);
+            size_t nb = 0;
+            uint8_t *d = f8_dense(m, t, q8, &nb);
+            if (!d) { rc = moet_err(err, errlen, MOET_ENOMEM, "FP8 tensor '%s': out of memory or bad scales", t->name); goto out; }
+            x.dense_bufs[x.n_dense++] = d;
+            const int64_t ne2[2] = {t->shape[1], t->shape[0]};
+            moet_gguf_writer_tensor(w, t->name, q8 ? MOET_TYPE_Q8_0 : MOET_TYPE_BF16, 2, ne2, d, nb, 32);
+            continue;
+        }
         int ty = t->dtype == MOET_ST_F32 ? MOET_TYPE_F32 : t->dtype == MOET_ST_F16 ? MOET_TYPE_F16
                  : t->dtype == MOET_ST_BF16 ? MOET_TYPE_BF16 : -1;
         if (ty < 0 || t->ndim < 1 || t->ndim > 4) {

@@ -1,6 +1,8 @@
 /* requant.c — see requant.h. One task per (layer, expert): three matrices, quantized independently in parallel. */
 #include "quant/requant.h"
 
+#include "quant/formats.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,12 +28,20 @@ typedef struct {
     double t0;
 } rq_ctx;
 
+void moet_weight_row_f32(const moet_weight *w, int64_t r, float *dst) {
+    const uint8_t *src = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+    if (w->type == MOET_TYPE_F8_E4M3) {
+        const float *s = w->bscale + (r / 128) * w->bscale_ld;
+        for (int64_t c = 0; c < w->cols; c++) dst[c] = moet_e4m3_to_f32(src[c]) * s[c / 128];
+        return;
+    }
+    moet_type_row_to_f32_p(w->type, src, dst, w->cols, w->qscale, w->qbeta);
+}
+
 float *moet_weight_widen(const moet_weight *w) {
     float *f = malloc((size_t)(w->rows * w->cols) * sizeof(float) + 1);
     if (!f) return NULL;
-    for (int64_t r = 0; r < w->rows; r++)
-        moet_type_row_to_f32_p(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, f + r * w->cols, w->cols,
-                               w->qscale, w->qbeta);
+    for (int64_t r = 0; r < w->rows; r++) moet_weight_row_f32(w, r, f + r * w->cols);
     return f;
 }
 

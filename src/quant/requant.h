@@ -20,6 +20,8 @@ typedef struct {
 
 /* The matrix widened to f32 (malloc'd, rows × cols), or NULL when out of memory. */
 float *moet_weight_widen(const moet_weight *w);
+/* Row r of w as f32 (every type, MOET_TYPE_F8_E4M3 with its block scales): the widening every host path uses. */
+void moet_weight_row_f32(const moet_weight *w, int64_t r, float *dst);
 
 int moet_model_requant_experts(moet_model *m, const moet_matq_options *o, const moet_calib *c, int n_threads,
                                moet_requant_stats *st, char *err, size_t errlen);

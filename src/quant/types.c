@@ -12,7 +12,8 @@ static const moet_type_traits k_f32 = {"f32", 1, 4}, k_f16 = {"f16", 1, 2}, k_bf
                               k_nvfp4 = {"nvfp4", MOET_QK_NVFP4, sizeof(moet_block_nvfp4)},
                               k_int2 = {"int2", MOET_QK, sizeof(moet_block_q2)},
                               k_sym2 = {"sym2", MOET_QK, sizeof(moet_block_q2)},
-                              k_asym2 = {"asym2", MOET_QK, sizeof(moet_block_asym2)};
+                              k_asym2 = {"asym2", MOET_QK, sizeof(moet_block_asym2)},
+                              k_f8 = {"f8_e4m3_b128", 1, 1};
 
 const moet_type_traits *moet_type_get(int32_t type) {
     switch (type) {
@@ -26,6 +27,7 @@ const moet_type_traits *moet_type_get(int32_t type) {
     case MOET_TYPE_INT2: return &k_int2;
     case MOET_TYPE_SYM2: return &k_sym2;
     case MOET_TYPE_ASYM2: return &k_asym2;
+    case MOET_TYPE_F8_E4M3: return &k_f8;
     default: return NULL;
     }
 }
@@ -40,6 +42,9 @@ void moet_type_row_to_f32_p(int32_t type, const void *src, float *dst, int64_t n
     moet_q2_params q2 = {.kind = MOET_Q2_W2, .base = qscale, .beta = qbeta};
     switch (type) {
     case MOET_TYPE_Q8_0: moet_q8_0_dequantize_row(src, dst, n); break;
+    case MOET_TYPE_F8_E4M3: /* the values alone (scale 1): moet_weight_row_f32 applies the block scales */
+        for (int64_t i = 0; i < n; i++) dst[i] = moet_e4m3_to_f32(((const uint8_t *)src)[i]);
+        break;
     case MOET_TYPE_MXFP4: moet_mxfp4_dequantize_row(src, dst, n); break;
     case MOET_TYPE_NVFP4: moet_nvfp4_dequantize_row(src, qscale, dst, n); break;
     case MOET_TYPE_ASYM2: moet_asym2_dequantize_row(src, qscale, dst, n); break;

@@ -27,6 +27,9 @@ typedef enum {
     MOET_TYPE_INT2 = 1026,  /* moet_block_q2, levels {-2,-1,0,1} (ablation) */
     MOET_TYPE_SYM2 = 1027,  /* moet_block_q2, levels {-1.5,-.5,.5,1.5} (ablation) */
     MOET_TYPE_ASYM2 = 1028, /* moet_block_asym2 (qscale = base) (ablation) */
+    MOET_TYPE_F8_E4M3 = 1029, /* e4m3 bytes (OCP "fn": no inf) times an f32 scale per 128 x 128 block kept beside
+                               * them (moet_weight.bscale): FP8 checkpoints (DeepSeek-V3, Kimi-K2, Qwen3-FP8) as they
+                               * lie; host only, never in a pack (packs store them as BF16) */
 } moet_type;
 
 typedef struct {

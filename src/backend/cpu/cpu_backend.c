@@ -17,6 +17,7 @@
 #include "core/util.h"
 #include "quant/formats.h"
 #include "quant/matq.h"
+#include "quant/requant.h"
 #include "quant/synth.h"
 #include "quant/types.h"
 
@@ -175,7 +176,7 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
             if (w->type == MOET_TYPE_F32) {
                 rows[j] = (const float *)src;
             } else {
-                if (j < nr) moet_type_row_to_f32_p(w->type, src, buf + (size_t)j * K, K, w->qscale, w->qbeta);
+                if (j < nr) moet_weight_row_f32(w, r0 + rj, buf + (size_t)j * K);
                 rows[j] = buf + (size_t)rj * K;
             }
         }
@@ -281,9 +282,7 @@ static void cpu_kv_store(moet_backend *be, float *pool, const int32_t *blocks, i
 
 static void cpu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y) {
     (void)be;
-    for (int64_t i = 0; i < n; i++)
-        moet_type_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes, y + (size_t)i * w->cols,
-                             w->cols);
+    for (int64_t i = 0; i < n; i++) moet_weight_row_f32(w, ids[i], y + (size_t)i * w->cols);
 }
 
 static void cpu_add(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim) {

@@ -105,6 +105,11 @@ extern "C" int cu_mirror_put(cu_backend *c, const cu_mirror *m) {
 }
 
 extern "C" const uint8_t *cu_weight_mat(cu_backend *c, const moet_weight *w) {
+    if (w->type == MOET_TYPE_F8_E4M3) { /* block-scaled FP8 as a checkpoint stores it: no kernel reads it */
+        cu_fail(c, cudaErrorNotSupported, "FP8 checkpoint weights: make a pack first (moet quantize), or --device cpu",
+                __FILE__, __LINE__);
+        return NULL;
+    }
     return (const uint8_t *)cu_weight(c, w->data, (size_t)w->rows * w->row_bytes);
 }
 

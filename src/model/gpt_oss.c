@@ -33,6 +33,7 @@
 #include "model/hf_common.h"
 #include "model/model.h"
 #include "quant/blocks.h"
+#include "quant/requant.h"
 #include "quant/types.h"
 
 #define TRY(x) do { int rc_ = (x); if (rc_) return rc_; } while (0)
@@ -86,10 +87,6 @@ static void *owned(moet_model *m, size_t n) {
     return p;
 }
 
-/* A 2-D [rows x cols] view of slice e of a 3-D tensor, as f32 row r (any of F32 / F16 / BF16). */
-static void row_f32(const moet_weight *w, int64_t r, float *dst) {
-    moet_type_row_to_f32_p(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, dst, w->cols, 1.0f, 0.0f);
-}
 
 /* The biases [E, 2F] (interleaved gate / up) or [E, H] into owned f32 arrays. */
 static int bind_bias(moet_model *m, const char *name, int64_t E, int64_t n, int interleaved, float **a, float **b,
@@ -102,7 +99,7 @@ static int bind_bias(moet_model *m, const char *name, int64_t E, int64_t n, int 
     if (b) *b = owned(m, (size_t)(E * F) * sizeof(float));
     if (!row || !*a || (b && !*b)) { free(row); return moet_err(err, errlen, MOET_ENOMEM, "out of memory"); }
     for (int64_t e = 0; e < E; e++) {
-        row_f32(&w, e, row);
+        moet_weight_row_f32(&w, e, row);
         for (int64_t f = 0; f < F; f++) {
             (*a)[e * F + f] = interleaved ? row[2 * f] : row[f];
             if (b) (*b)[e * F + f] = row[2 * f + 1];

@@ -2,6 +2,7 @@
 #include "format/gguf.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,6 +285,7 @@ typedef struct {
     int64_t ne[MOET_GGUF_MAX_DIMS];
     const void *data;
     uint64_t nbytes, align, offset;
+    int put;          /* a deferred tensor's data has been written */
 } wtensor;
 
 struct moet_gguf_writer {
@@ -295,6 +297,8 @@ struct moet_gguf_writer {
     wtensor *t;
     size_t n_t, cap_t;
     int oom;
+    int fd;              /* the temporary, once begun (-1 before) */
+    uint64_t data_start; /* the data section's file offset */
 };
 
 static void put(moet_gguf_writer *w, const void *p, size_t n) {
@@ -324,6 +328,7 @@ moet_gguf_writer *moet_gguf_writer_create(const char *path, uint32_t alignment) 
     moet_gguf_writer *w = calloc(1, sizeof(*w));
     if (!w) return NULL;
     w->alignment = alignment ? alignment : MOET_GGUF_DEFAULT_ALIGNMENT;
+    w->fd = -1;
     w->path = strdup(path);
     w->tmp = malloc(strlen(path) + 5);
     if (!w->path || !w->tmp) { moet_gguf_writer_abort(w); return NULL; }
@@ -347,7 +352,7 @@ int moet_gguf_writer_kv_arr_i32(moet_gguf_writer *w, const char *key, const int3
 
 int moet_gguf_writer_tensor(moet_gguf_writer *w, const char *name, int32_t type, int n_dims, const int64_t *ne,
                             const void *data, uint64_t nbytes, uint64_t align) {
-    if (n_dims < 1 || n_dims > MOET_GGUF_MAX_DIMS) return -1;
+    if (n_dims < 1 || n_dims > MOET_GGUF_MAX_DIMS || w->fd >= 0) return -1;
     if (w->n_t == w->cap_t) {
         size_t nc = w->cap_t ? w->cap_t * 2 : 256;
         wtensor *nt = realloc(w->t, nc * sizeof(*nt));
@@ -370,6 +375,7 @@ int moet_gguf_writer_tensor(moet_gguf_writer *w, const char *name, int32_t type,
 
 void moet_gguf_writer_abort(moet_gguf_writer *w) {
     if (!w) return;
+    if (w->fd >= 0) close(w->fd);
     if (w->tmp) unlink(w->tmp);
     for (size_t i = 0; i < w->n_t; i++) free(w->t[i].name);
     free(w->t);
@@ -379,20 +385,26 @@ void moet_gguf_writer_abort(moet_gguf_writer *w) {
     free(w);
 }
 
-static int write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n ? 0 : -1; }
-static int write_zeros(FILE *f, uint64_t n) {
-    static const uint8_t z[4096];
+/* All n bytes at file offset off (pwrite may write fewer): 0, or -1 with errno. */
+static int pwrite_all(int fd, const void *p, size_t n, uint64_t off) {
+    const uint8_t *b = p;
     while (n) {
-        size_t k = n > sizeof z ? sizeof z : (size_t)n;
-        if (write_all(f, z, k)) return -1;
-        n -= k;
+        const ssize_t k = pwrite(fd, b, n, (off_t)off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        b += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
     }
     return 0;
 }
 
-int moet_gguf_writer_finish(moet_gguf_writer *w, char *err, size_t errlen) {
-    if (w->oom) { moet_gguf_writer_abort(w); return moet_err(err, errlen, MOET_ENOMEM, "out of memory"); }
-    /* data offsets: each tensor at its own alignment */
+/* Lays the file out (every tensor's offset, at its own alignment), writes the header and every tensor whose data was
+ * given; deferred tensors (data NULL) come later through moet_gguf_writer_put. The gaps stay holes, which read as the
+ * zero padding GGUF wants. */
+int moet_gguf_writer_begin(moet_gguf_writer *w, char *err, size_t errlen) {
+    if (w->fd >= 0) return MOET_OK;
+    if (w->oom) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     uint64_t off = 0;
     for (size_t i = 0; i < w->n_t; i++) {
         off = (off + w->t[i].align - 1) / w->t[i].align * w->t[i].align;
@@ -410,39 +422,74 @@ int moet_gguf_writer_finish(moet_gguf_writer *w, char *err, size_t errlen) {
         for (size_t i = 0; i < w->n_t; i++) h += 8 + strlen(w->t[i].name) + 4 + 8 * (uint64_t)w->t[i].n_dims + 12;
         uint64_t padlen = (maxal - h % maxal) % maxal;
         char *pad = malloc(padlen + 1);
-        if (!pad) { moet_gguf_writer_abort(w); return moet_err(err, errlen, MOET_ENOMEM, "out of memory"); }
+        if (!pad) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
         memset(pad, ' ', padlen);
         moet_gguf_writer_kv_str(w, pk, pad, padlen);
         free(pad);
-        if (w->oom) { moet_gguf_writer_abort(w); return moet_err(err, errlen, MOET_ENOMEM, "out of memory"); }
+        if (w->oom) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     }
-    FILE *f = fopen(w->tmp, "wb");
-    if (!f) { int e = errno; moet_gguf_writer_abort(w); return moet_err(err, errlen, MOET_EIO, "cannot create temporary file: %s", strerror(e)); }
-    int rc = 0;
+    /* the header, built where the kv section is (it ends with the tensor infos) */
+    const size_t kvlen = w->kvlen;
     uint32_t v3 = 3;
     uint64_t nt = w->n_t;
-    rc |= write_all(f, "GGUF", 4) | write_all(f, &v3, 4) | write_all(f, &nt, 8) | write_all(f, &w->n_kv, 8);
-    rc |= write_all(f, w->kvbuf, w->kvlen);
-    uint64_t hdr = 24 + w->kvlen;
-    for (size_t i = 0; i < w->n_t && !rc; i++) {
-        wtensor *t = &w->t[i];
+    for (size_t i = 0; i < w->n_t; i++) {
+        const wtensor *t = &w->t[i];
         uint64_t nl = strlen(t->name);
         uint32_t nd = (uint32_t)t->n_dims, ty = (uint32_t)t->type;
-        rc |= write_all(f, &nl, 8) | write_all(f, t->name, nl) | write_all(f, &nd, 4);
-        for (int d = 0; d < t->n_dims; d++) { uint64_t ne = (uint64_t)t->ne[d]; rc |= write_all(f, &ne, 8); }
-        rc |= write_all(f, &ty, 4) | write_all(f, &t->offset, 8);
-        hdr += 8 + nl + 4 + 8 * (uint64_t)t->n_dims + 12;
+        put(w, &nl, 8);
+        put(w, t->name, nl);
+        put(w, &nd, 4);
+        for (int d = 0; d < t->n_dims; d++) { uint64_t ne = (uint64_t)t->ne[d]; put(w, &ne, 8); }
+        put(w, &ty, 4);
+        put(w, &t->offset, 8);
     }
-    uint64_t data_start = (hdr + w->alignment - 1) / w->alignment * w->alignment;
-    rc |= write_zeros(f, data_start - hdr);
-    uint64_t pos = 0;
-    for (size_t i = 0; i < w->n_t && !rc; i++) {
-        rc |= write_zeros(f, w->t[i].offset - pos);
-        rc |= write_all(f, w->t[i].data, w->t[i].nbytes);
-        pos = w->t[i].offset + w->t[i].nbytes;
+    if (w->oom) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    const uint64_t hdr = 24 + w->kvlen;
+    w->data_start = (hdr + w->alignment - 1) / w->alignment * w->alignment;
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) return moet_err(err, errlen, MOET_EIO, "cannot create temporary file: %s", strerror(errno));
+    uint8_t head[24];
+    memcpy(head, "GGUF", 4);
+    memcpy(head + 4, &v3, 4);
+    memcpy(head + 8, &nt, 8);
+    memcpy(head + 16, &w->n_kv, 8);
+    if (pwrite_all(w->fd, head, 24, 0) || pwrite_all(w->fd, w->kvbuf, w->kvlen, 24))
+        return moet_err(err, errlen, MOET_EIO, "write failed: %s", strerror(errno));
+    w->kvlen = kvlen; /* the tensor infos are written; the kv section is what it was */
+    for (size_t i = 0; i < w->n_t; i++)
+        if (w->t[i].data && moet_gguf_writer_put(w, i, w->t[i].data))
+            return moet_err(err, errlen, MOET_EIO, "write failed (disk full?): %s", strerror(errno));
+    return MOET_OK;
+}
+
+int moet_gguf_writer_put(moet_gguf_writer *w, size_t i, const void *data) {
+    if (w->fd < 0 || i >= w->n_t) return -1;
+    if (pwrite_all(w->fd, data, w->t[i].nbytes, w->data_start + w->t[i].offset)) return -1;
+    w->t[i].put = 1;
+    return 0;
+}
+
+size_t moet_gguf_writer_n_tensors(const moet_gguf_writer *w) { return w->n_t; }
+
+int moet_gguf_writer_finish(moet_gguf_writer *w, char *err, size_t errlen) {
+    int rc = moet_gguf_writer_begin(w, err, errlen);
+    if (rc) { moet_gguf_writer_abort(w); return rc; }
+    uint64_t end = w->data_start;
+    for (size_t i = 0; i < w->n_t; i++) {
+        if (!w->t[i].put) {
+            rc = moet_err(err, errlen, MOET_EINVAL, "tensor '%s' was never written", w->t[i].name);
+            moet_gguf_writer_abort(w);
+            return rc;
+        }
+        if (w->data_start + w->t[i].offset + w->t[i].nbytes > end) end = w->data_start + w->t[i].offset + w->t[i].nbytes;
     }
-    if (!rc) rc = fflush(f) || fsync(fileno(f));
-    if (fclose(f)) rc = -1;
+    /* the file ends where its last tensor does, even when that one is empty */
+    if (ftruncate(w->fd, (off_t)end) || fsync(w->fd)) {
+        moet_gguf_writer_abort(w);
+        return moet_err(err, errlen, MOET_EIO, "write failed (disk full?)");
+    }
+    rc = close(w->fd);
+    w->fd = -1;
     if (rc) { moet_gguf_writer_abort(w); return moet_err(err, errlen, MOET_EIO, "write failed (disk full?)"); }
     if (rename(w->tmp, w->path)) {
         int e = errno;

@@ -83,10 +83,18 @@ int moet_gguf_writer_kv_f32(moet_gguf_writer *w, const char *key, float v);
 int moet_gguf_writer_kv_bool(moet_gguf_writer *w, const char *key, int v);
 int moet_gguf_writer_kv_str(moet_gguf_writer *w, const char *key, const char *s, size_t len);
 int moet_gguf_writer_kv_arr_i32(moet_gguf_writer *w, const char *key, const int32_t *v, size_t n);
-/* Adds a tensor; data must stay valid until finish. align: its offset is a multiple of this (>= alignment,
+/* Adds a tensor (tensor i: the i-th added); data must stay valid until begin (or finish) writes it, or NULL: a
+ * deferred tensor, written later by moet_gguf_writer_put. align: its offset is a multiple of this (>= alignment,
  * a multiple of it; 4096 for the first tensor of an expert record). */
 int moet_gguf_writer_tensor(moet_gguf_writer *w, const char *name, int32_t type, int n_dims, const int64_t *ne,
                             const void *data, uint64_t nbytes, uint64_t align);
+size_t moet_gguf_writer_n_tensors(const moet_gguf_writer *w);
+/* Streaming writes (a pack's experts, written as they are quantized, none held back): once every tensor is added,
+ * begin lays out the file and writes the header and the data given so far; put writes deferred tensor i (its
+ * nbytes from data; any order, from several threads at once: positional writes); finish fails if one was never put.
+ * Without begin, finish does it all (every tensor's data given at add). */
+int moet_gguf_writer_begin(moet_gguf_writer *w, char *err, size_t errlen);
+int moet_gguf_writer_put(moet_gguf_writer *w, size_t i, const void *data); /* 0, or -1 (errno) */
 int moet_gguf_writer_finish(moet_gguf_writer *w, char *err, size_t errlen); /* frees w */
 void moet_gguf_writer_abort(moet_gguf_writer *w);                           /* removes the temporary, frees w */
 

@@ -85,7 +85,8 @@ typedef struct {
     const moet_pack_options *o;
     int64_t *task_layer;
     int64_t n_tasks;
-    uint8_t **blocks;    /* [task*3+k] */
+    moet_gguf_writer *w; /* the pack: each expert matrix is written as soon as it is quantized (none held back) */
+    size_t *tidx;        /* [task*3+k]: its tensor's index in w */
     float *qparams;      /* [task*3+k][4] */
     int failed;
     moet_progress prog;
@@ -190,7 +191,8 @@ static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
             if (!src || !deq || !blk) { x->failed = 1; free(src); free(deq); free(blk); continue; }
             if (moet_matq_quantize(src, w->rows, w->cols, k == 2 ? hdn : hin, &q, deq, blk, &info, NULL)) x->failed = 1;
             put_qparams(x->qparams + (t * 3 + k) * 4, &info);
-            x->blocks[t * 3 + k] = blk;
+            if (!x->failed && moet_gguf_writer_put(x->w, x->tidx[t * 3 + k], blk)) x->failed = 2; /* 2: the write */
+            free(blk);
             if (x->delta) { /* the residual in the original basis, NVFP4 with the options the in-memory path uses */
                 for (int64_t i = 0; i < w->rows * w->cols; i++) src[i] -= deq[i];
                 moet_matq_options dq = x->o->q;
@@ -229,7 +231,7 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     snprintf(what, sizeof what, "quantizing experts to %s", moet_qformat_name(o->q.format));
     moet_progress_init(&x.prog, what, "experts", x.n_tasks);
     x.task_layer = calloc((size_t)x.n_tasks + 1, sizeof(int64_t));
-    x.blocks = calloc((size_t)x.n_tasks * 3 + 1, sizeof(uint8_t *));
+    x.tidx = calloc((size_t)x.n_tasks * 3 + 1, sizeof(size_t));
     x.qparams = calloc((size_t)x.n_tasks * 12 + 1, sizeof(float));
     x.dense_bufs = calloc(m->st.n_tensors + 1, sizeof(uint8_t *));
     x.dblocks = calloc((size_t)x.n_tasks * 3 + 1, sizeof(uint8_t *));
@@ -244,17 +246,10 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     char *tok_json = NULL, *tmpl = NULL;
     int rc = MOET_OK;
     moet_gguf_writer *w = NULL;
-    if (!x.task_layer || !x.blocks || !x.qparams || !x.dense_bufs || !x.dblocks || !x.dqparams) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    if (!x.task_layer || !x.tidx || !x.qparams || !x.dense_bufs || !x.dblocks || !x.dqparams) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
     for (int l = 0, t = 0; l < hp->n_layers; l++)
         if (hp->layer_moe[l])
             for (int64_t e = 0; e < E; e++) x.task_layer[t++] = l;
-    {
-        moet_pool *pool = moet_pool_create(o->n_threads);
-        moet_pool_for(pool, x.n_tasks, pw_task, &x);
-        moet_pool_free(pool);
-        moet_progress_end(&x.prog);
-    }
-    if (x.failed) { rc = moet_err(err, errlen, MOET_ENOMEM, "quantization failed (out of memory)"); goto out; }
     char p[4096];
     size_t tl;
     if (!moet_path_join(p, sizeof p, src_dir, "tokenizer.json") || (rc = moet_file_read_all(p, 512u << 20, &tok_json, &tl, err, errlen)))
@@ -358,7 +353,9 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
             moet_gguf_writer_tensor(w, nm, MOET_TYPE_F32, 1, ne, bv[k], (uint64_t)ne[0] * sizeof(float), 32);
         }
     }
-    /* Experts: one 4 KiB-aligned record each (gate, up, down back to back), then the layer's qparams. */
+    /* Experts: one 4 KiB-aligned record each (gate, up, down back to back), then the layer's qparams. Their data is
+     * deferred: the file is laid out first, and each matrix is written the moment it is quantized (a 671B model's
+     * 183 GB of W2 records never sit in memory); the qparams go last. */
     int32_t ty = moet_qformat_type(bfmt);
     for (int64_t t = 0; t < x.n_tasks; t++) {
         int l = (int)x.task_layer[t];
@@ -368,7 +365,8 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
         for (int k = 0; k < 3; k++) {
             char nm[256];
             int64_t ne[2] = {ws[k]->cols, ws[k]->rows};
-            moet_gguf_writer_tensor(w, matrix_name(nm, sizeof nm, l, e, k), ty, 2, ne, x.blocks[t * 3 + k],
+            x.tidx[t * 3 + k] = moet_gguf_writer_n_tensors(w);
+            moet_gguf_writer_tensor(w, matrix_name(nm, sizeof nm, l, e, k), ty, 2, ne, NULL,
                                     moet_type_row_bytes(ty, ws[k]->cols) * (uint64_t)ws[k]->rows,
                                     k == 0 ? MOET_PACK_RECORD_ALIGN : 32);
         }
@@ -376,10 +374,29 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
             char nm[256];
             snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.qparams", l);
             int64_t ne[2] = {4, 3 * E};
-            moet_gguf_writer_tensor(w, nm, MOET_TYPE_F32, 2, ne, x.qparams + (t - (E - 1)) * 12,
-                                    (uint64_t)(12 * E) * sizeof(float), 32);
+            moet_gguf_writer_tensor(w, nm, MOET_TYPE_F32, 2, ne, NULL, (uint64_t)(12 * E) * sizeof(float), 32);
         }
     }
+    if ((rc = moet_gguf_writer_begin(w, err, errlen))) goto out;
+    x.w = w;
+    for (size_t i = 0; i < x.n_dense; i++) free(x.dense_bufs[i]); /* written by begin */
+    x.n_dense = 0;
+    {
+        moet_pool *pool = moet_pool_create(o->n_threads);
+        moet_pool_for(pool, x.n_tasks, pw_task, &x);
+        moet_pool_free(pool);
+        moet_progress_end(&x.prog);
+    }
+    if (x.failed) {
+        rc = x.failed == 2 ? moet_err(err, errlen, MOET_EIO, "writing %s failed (disk full?)", out_path)
+                           : moet_err(err, errlen, MOET_ENOMEM, "quantization failed (out of memory)");
+        goto out;
+    }
+    for (int64_t t = E - 1; t < x.n_tasks; t += E) /* each layer's qparams, after its last expert's record */
+        if (moet_gguf_writer_put(w, x.tidx[t * 3 + 2] + 1, x.qparams + (t - (E - 1)) * 12)) {
+            rc = moet_err(err, errlen, MOET_EIO, "writing %s failed (disk full?)", out_path);
+            goto out;
+        }
     rc = moet_gguf_writer_finish(w, err, errlen);
     w = NULL;
     if (!rc && delta) {
@@ -390,8 +407,7 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
 out:
     free(ex_starts);
     if (w) moet_gguf_writer_abort(w);
-    if (x.blocks) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.blocks[i]);
-    free(x.blocks);
+    free(x.tidx);
     free(x.qparams);
     if (x.dblocks) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.dblocks[i]);
     free(x.dblocks);

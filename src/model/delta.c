@@ -30,10 +30,12 @@ int moet_delta_default_path(const char *pack_path, char *out, size_t cap) {
 
 /* ---- write ---------------------------------------------------------------------------------------------------- */
 
-int moet_delta_write(const moet_model *m, const char *path, const moet_delta_data *d, char *err, size_t errlen) {
+int moet_delta_begin(const moet_model *m, const char *path, const moet_delta_data *d, moet_gguf_writer **out,
+                     size_t *tidx, char *err, size_t errlen) {
     const moet_hparams *hp = &m->hp;
     const int64_t E = hp->n_experts;
     moet_gguf_writer *w = moet_gguf_writer_create(path, 32);
+    *out = NULL;
     if (!w) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
     moet_gguf_writer_kv_str(w, "general.architecture", "moet-delta", strlen("moet-delta"));
     moet_gguf_writer_kv_u32(w, "moet.format_version", MOET_DELTA_FORMAT_VERSION);
@@ -54,18 +56,31 @@ int moet_delta_write(const moet_model *m, const char *path, const moet_delta_dat
             char nm[256];
             delta_name(nm, sizeof nm, l, e, k);
             const int64_t ne[2] = {ws[k]->cols, ws[k]->rows};
-            moet_gguf_writer_tensor(w, nm, MOET_TYPE_NVFP4, 2, ne, d->blocks[t * 3 + k],
+            tidx[t * 3 + k] = moet_gguf_writer_n_tensors(w);
+            moet_gguf_writer_tensor(w, nm, MOET_TYPE_NVFP4, 2, ne, NULL,
                                     moet_type_row_bytes(MOET_TYPE_NVFP4, ws[k]->cols) * (uint64_t)ws[k]->rows,
                                     k == 0 ? 4096 : 32);
         }
-        if (e == E - 1) {
+        if (e == E - 1) { /* deferred too: written by finish, tensor tidx[t * 3 + 2] + 1 */
             char nm[256];
             snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.delta_qparams", l);
             const int64_t ne[2] = {4, 3 * E};
-            moet_gguf_writer_tensor(w, nm, MOET_TYPE_F32, 2, ne, d->qparams + (t - (E - 1)) * 12,
-                                    (uint64_t)(12 * E) * sizeof(float), 32);
+            moet_gguf_writer_tensor(w, nm, MOET_TYPE_F32, 2, ne, NULL, (uint64_t)(12 * E) * sizeof(float), 32);
         }
     }
+    int rc = moet_gguf_writer_begin(w, err, errlen);
+    if (rc) { moet_gguf_writer_abort(w); return rc; }
+    *out = w;
+    return MOET_OK;
+}
+
+int moet_delta_finish(moet_gguf_writer *w, const moet_delta_data *d, const size_t *tidx, int64_t n_experts, char *err,
+                      size_t errlen) {
+    for (int64_t t = n_experts - 1; t < d->n_tasks; t += n_experts)
+        if (moet_gguf_writer_put(w, tidx[t * 3 + 2] + 1, d->qparams + (t - (n_experts - 1)) * 12)) {
+            moet_gguf_writer_abort(w);
+            return moet_err(err, errlen, MOET_EIO, "writing the delta pack failed (disk full?)");
+        }
     return moet_gguf_writer_finish(w, err, errlen);
 }
 

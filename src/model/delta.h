@@ -23,13 +23,17 @@
 typedef struct {
     const int64_t *task_layer; /* [n_tasks] layer of each (layer, expert) task, experts in order within a layer */
     int64_t n_tasks;
-    uint8_t *const *blocks;    /* [task*3+k] NVFP4 blocks of the residual of matrix k */
-    const float *qparams;      /* [task*3+k][4] (qscale, qbeta, rot_seed, rotated) of each delta matrix */
+    const float *qparams;      /* [task*3+k][4] (qscale, qbeta, rot_seed, rotated) of each delta matrix (finish) */
     const char *pack_id;       /* the base pack's moet.pack_id */
 } moet_delta_data;
 
-/* Writes the delta pack of base model m (its routed experts' shapes) crash-safely (temporary + rename). */
-int moet_delta_write(const moet_model *m, const char *path, const moet_delta_data *d, char *err, size_t errlen);
+/* The delta pack of base model m (its routed experts' shapes), written as a stream, crash-safely (temporary +
+ * rename): begin lays it out and writes its header (tidx[task*3+k] = the tensor of matrix k's residual, for
+ * moet_gguf_writer_put as each is quantized); finish writes the qparams (d->qparams, complete by then) and closes it. */
+int moet_delta_begin(const moet_model *m, const char *path, const moet_delta_data *d, moet_gguf_writer **out,
+                     size_t *tidx, char *err, size_t errlen);
+int moet_delta_finish(moet_gguf_writer *w, const moet_delta_data *d, const size_t *tidx, int64_t n_experts, char *err,
+                      size_t errlen);
 /* Loads a delta pack over m (loaded from a pack): validates it against m and installs dres_* (the mapping moves to
  * m->delta_pack). A load-time step; n_threads is unused (nothing is computed). */
 int moet_delta_load(moet_model *m, const char *path, int n_threads, char *err, size_t errlen);

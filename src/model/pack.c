@@ -93,8 +93,9 @@ typedef struct {
     uint8_t **dense_bufs;  /* Q8_0 copies of dense projections (--dense q8_0), alive until the file is written */
     size_t n_dense;
     int delta;           /* w2+nvfp4: also the NVFP4 residual of each matrix */
-    uint8_t **dblocks;   /* [task*3+k] */
-    float *dqparams;     /* [task*3+k][4] */
+    moet_gguf_writer *dw; /* the delta pack, streamed the same way */
+    size_t *dtidx;        /* [task*3+k]: its residual's tensor in dw */
+    float *dqparams;      /* [task*3+k][4] */
 } pw_ctx;
 
 /* --dense q8_0 converts the linear projections: attention, dense MLP, lm_head. Embeddings stay as stored (a row
@@ -203,7 +204,8 @@ static void pw_task(void *vctx, int64_t b, int64_t e, int tid) {
                 moet_matq_info di;
                 if (!dblk || moet_matq_quantize(src, w->rows, w->cols, k == 2 ? hdn : hin, &dq, deq, dblk, &di, NULL)) x->failed = 1;
                 put_qparams(x->dqparams + (t * 3 + k) * 4, &di);
-                x->dblocks[t * 3 + k] = dblk;
+                if (!x->failed && moet_gguf_writer_put(x->dw, x->dtidx[t * 3 + k], dblk)) x->failed = 2;
+                free(dblk);
             }
             free(src);
             free(deq);
@@ -234,7 +236,7 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     x.tidx = calloc((size_t)x.n_tasks * 3 + 1, sizeof(size_t));
     x.qparams = calloc((size_t)x.n_tasks * 12 + 1, sizeof(float));
     x.dense_bufs = calloc(m->st.n_tensors + 1, sizeof(uint8_t *));
-    x.dblocks = calloc((size_t)x.n_tasks * 3 + 1, sizeof(uint8_t *));
+    x.dtidx = calloc((size_t)x.n_tasks * 3 + 1, sizeof(size_t));
     x.dqparams = calloc((size_t)x.n_tasks * 12 + 1, sizeof(float));
     /* ties a delta pack to this pack: a fresh random id (time, clock, address, pid mixed) */
     char pack_id[40];
@@ -246,7 +248,7 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     char *tok_json = NULL, *tmpl = NULL;
     int rc = MOET_OK;
     moet_gguf_writer *w = NULL;
-    if (!x.task_layer || !x.tidx || !x.qparams || !x.dense_bufs || !x.dblocks || !x.dqparams) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
+    if (!x.task_layer || !x.tidx || !x.qparams || !x.dense_bufs || !x.dtidx || !x.dqparams) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto out; }
     for (int l = 0, t = 0; l < hp->n_layers; l++)
         if (hp->layer_moe[l])
             for (int64_t e = 0; e < E; e++) x.task_layer[t++] = l;
@@ -379,6 +381,8 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
     }
     if ((rc = moet_gguf_writer_begin(w, err, errlen))) goto out;
     x.w = w;
+    moet_delta_data dd = {.task_layer = x.task_layer, .n_tasks = x.n_tasks, .qparams = x.dqparams, .pack_id = pack_id};
+    if (delta && (rc = moet_delta_begin(m, o->delta_path, &dd, &x.dw, x.dtidx, err, errlen))) goto out;
     for (size_t i = 0; i < x.n_dense; i++) free(x.dense_bufs[i]); /* written by begin */
     x.n_dense = 0;
     {
@@ -399,18 +403,18 @@ int moet_pack_write(const moet_model *m, const char *src_dir, const char *out_pa
         }
     rc = moet_gguf_writer_finish(w, err, errlen);
     w = NULL;
-    if (!rc && delta) {
-        moet_delta_data dd = {.task_layer = x.task_layer, .n_tasks = x.n_tasks, .blocks = x.dblocks,
-                              .qparams = x.dqparams, .pack_id = pack_id};
-        rc = moet_delta_write(m, o->delta_path, &dd, err, errlen);
+    if (delta) { /* its qparams, then closed (or removed when the pack failed) */
+        if (!rc) rc = moet_delta_finish(x.dw, &dd, x.dtidx, E, err, errlen);
+        else moet_gguf_writer_abort(x.dw);
+        x.dw = NULL;
     }
 out:
     free(ex_starts);
     if (w) moet_gguf_writer_abort(w);
     free(x.tidx);
     free(x.qparams);
-    if (x.dblocks) for (int64_t i = 0; i < x.n_tasks * 3; i++) free(x.dblocks[i]);
-    free(x.dblocks);
+    if (x.dw) moet_gguf_writer_abort(x.dw);
+    free(x.dtidx);
     free(x.dqparams);
     free(x.task_layer);
     for (size_t i = 0; i < x.n_dense; i++) free(x.dense_bufs[i]);

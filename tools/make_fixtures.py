@@ -19,6 +19,7 @@ Writes into OUTDIR:
                             must fit a device call's 64 MiB); --only-deepseek writes just this one
   gpt-oss-mini/             a small GptOssForCausalLM (sinks, a sliding layer, YaRN untruncated, biased router and
                             experts, the clamped SwiGLU), the same way; --only-gpt-oss writes just this one
+                            (--only-new: both, each on its own even if the other fails)
   dev_ids.i32               the whole dev text tokenized (little-endian int32), if --dev is given
   ppl_ref.json              transformers' fp32 perplexity of moe-mini-a on dev windows (ctx 512, 16 chunks)
 """
@@ -325,6 +326,7 @@ def main():
     ap.add_argument("--only-glm4moe", action="store_true")
     ap.add_argument("--only-deepseek", action="store_true")
     ap.add_argument("--only-gpt-oss", action="store_true")
+    ap.add_argument("--only-new", action="store_true", help="deepseek-mini and gpt-oss-mini (one device call)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     print("transformers", transformers.__version__, "torch", torch.__version__, flush=True)
@@ -346,6 +348,13 @@ def main():
         windows = [[(7 * i + 13 * j) % 4000 + 3 for j in range(40)] for i in range(4)]
     if a.only_glm4moe:
         make_model_glm4moe(a.out, windows)
+        return
+    if a.only_new:
+        for make in (make_model_deepseek, make_model_gpt_oss):
+            try:  # one failing (an API change in transformers) must not cost the other
+                make(a.out, windows)
+            except Exception as ex:
+                print(f"{make.__name__} failed: {type(ex).__name__}: {ex}", flush=True)
         return
     if a.only_deepseek:
         make_model_deepseek(a.out, windows)

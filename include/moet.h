@@ -85,7 +85,8 @@ typedef struct {
     const char *device;        /* what computes: "NVIDIA H200 (sm_90, ...)", "cpu, 2 threads" */
     int32_t has_delta;         /* base + delta experts are loaded (a delta pack, or experts requantized with one) */
     int64_t expert_slots;      /* the expert cache's slots (0: every expert resident) */
-    const char *router;        /* "softmax" (Qwen3-MoE, Mixtral) or "sigmoid" (a choice bias, group-limited: GLM-4.5) */
+    const char *router;        /* "softmax" (Qwen3-MoE, Mixtral), "sigmoid" (a choice bias, group-limited: GLM-4.5,
+                                * DeepSeek-V3) or "top-k softmax" (gpt-oss) */
     int32_t norm_topk;         /* the top-k weights renormalised */
     int32_t n_group, topk_group; /* the sigmoid router's expert groups and how many a token keeps */
     float route_scale;         /* the weights' factor (routed_scaling_factor) */
@@ -95,6 +96,8 @@ typedef struct {
     float rope_factor;         /* YaRN's factor (0 without) */
     int32_t q_lora_rank, kv_lora_rank; /* MLA (DeepSeek-V3): the q and kv bottlenecks (kv_lora_rank 0: not MLA) */
     int32_t v_head_dim;        /* MLA: a value head's width (head_dim is the q/k head's) */
+    int32_t sliding_window, n_sliding; /* gpt-oss: the window, and how many layers slide (0: none) */
+    float swiglu_limit;        /* gpt-oss: the experts' clamped SwiGLU (0: plain SiLU) */
 } moet_model_info;
 
 void moet_model_info_get(const moet_model *m, moet_model_info *info);

@@ -72,7 +72,7 @@ int cmd_inspect(int argc, char **argv) {
            f.n_heads, f.n_kv_heads, f.head_dim, f.n_experts, f.n_experts_used, f.expert_ffn, f.dense_ffn,
            f.max_positions);
     if (f.n_experts > 0) {
-        printf("router         %s%s", f.router, f.norm_topk ? ", top-k renormalised" : "");
+        printf("router         %s%s", f.router, f.norm_topk && strcmp(f.router, "top-k softmax") ? ", top-k renormalised" : "");
         if (!strcmp(f.router, "sigmoid"))
             printf(", %d groups (keep %d), x %g", f.n_group, f.topk_group, (double)f.route_scale);
         printf("\n");
@@ -84,6 +84,8 @@ int cmd_inspect(int argc, char **argv) {
     else if (f.rope_dim != f.head_dim)
         printf("rope           %d of %d dims a head\n", f.rope_dim, f.head_dim);
     if (strcmp(f.rope_scaling, "none") != 0) printf("rope scaling   %s x %g\n", f.rope_scaling, (double)f.rope_factor);
+    if (f.n_sliding > 0) printf("sliding window %d keys on %d of %d layers\n", f.sliding_window, f.n_sliding, f.n_layers);
+    if (f.swiglu_limit > 0) printf("expert act     clamped SwiGLU (limit %g)\n", (double)f.swiglu_limit);
     printf("delta          %s\n", f.has_delta ? "loaded (base + delta experts: --delta on|gate)" : "none");
     moet_model_free(m);
     return 0;

@@ -555,7 +555,8 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     info->backend = m->be ? m->be->ops->name : "none";
     info->device = m->be ? m->be->ops->device_name(m->be) : "none";
     info->expert_slots = m->expert_slots;
-    info->router = hp->router_scoring == MOET_ROUTER_SIGMOID ? "sigmoid" : "softmax";
+    info->router = hp->router_scoring == MOET_ROUTER_SIGMOID ? "sigmoid"
+                   : hp->router_scoring == MOET_ROUTER_TOPK_SOFTMAX ? "top-k softmax" : "softmax";
     info->norm_topk = hp->norm_topk;
     info->n_group = hp->n_group;
     info->topk_group = hp->topk_group;
@@ -567,6 +568,10 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     info->q_lora_rank = hp->q_lora_rank;
     info->kv_lora_rank = hp->kv_lora_rank;
     info->v_head_dim = hp->kv_lora_rank > 0 ? hp->v_head_dim : hp->head_dim;
+    info->sliding_window = hp->sliding_window;
+    info->n_sliding = 0;
+    for (int l = 0; hp->layer_sliding && l < hp->n_layers; l++) info->n_sliding += hp->layer_sliding[l];
+    info->swiglu_limit = hp->swiglu_limit;
     info->has_delta = 0;
     for (int l = 0; l < m->hp.n_layers && !info->has_delta; l++) info->has_delta = m->layers && (m->layers[l].dexp_gate || m->layers[l].dres_gate);
 }

@@ -182,6 +182,25 @@ int main(int argc, char **argv) {
     char *c5 = config_with(src, "\"vocab_size\": 4096", "\"vocab_size\": \"many\"");
     expect_model_reject("mistyped config", make_model(src, "m_type", c5, SIZE_MAX), "'vocab_size' must be an integer");
     expect_model_reject("config not JSON", make_model(src, "m_json", "{\"architectures\": [", SIZE_MAX), "invalid JSON");
+    { /* YaRN (a long-context Qwen3 config): accepted, its table blended, its attention factor 0.1 ln(4) + 1 */
+        char *c6 = config_with(src, "\"rope_type\": \"default\"",
+                               "\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 128");
+        moet_model_options o = moet_model_default_options();
+        o.device = "cpu";
+        moet_model *m = NULL;
+        char err[512];
+        const int rc = moet_model_load(make_model(src, "m_yarn", c6, SIZE_MAX), &o, &m, err, sizeof err);
+        CHECK(rc == 0, "yarn config: %s", err);
+        if (!rc) {
+            moet_model_info f;
+            moet_model_info_get(m, &f);
+            CHECK(!strcmp(f.rope_scaling, "yarn") && f.rope_factor == 4.0f, "yarn config: scaling %s x %g",
+                  f.rope_scaling, (double)f.rope_factor);
+            moet_model_free(m);
+            fprintf(stderr, "accepted yarn rope           x %g\n", (double)f.rope_factor);
+        }
+        free(c6);
+    }
     free(c1); free(c2); free(c3); free(c4); free(c5);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);

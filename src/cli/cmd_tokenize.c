@@ -72,7 +72,8 @@ int cmd_inspect(int argc, char **argv) {
            f.n_heads, f.n_kv_heads, f.head_dim, f.n_experts, f.n_experts_used, f.expert_ffn, f.dense_ffn,
            f.max_positions);
     if (f.n_experts > 0) {
-        printf("router         %s%s", f.router, f.norm_topk && strcmp(f.router, "top-k softmax") ? ", top-k renormalised" : "");
+        const int renorm = f.norm_topk && strcmp(f.router, "top-k softmax") != 0; /* top-k softmax sums to 1 anyway */
+        printf("router         %s%s", f.router, renorm ? ", top-k renormalised" : "");
         if (!strcmp(f.router, "sigmoid"))
             printf(", %d groups (keep %d), x %g", f.n_group, f.topk_group, (double)f.route_scale);
         printf("\n");

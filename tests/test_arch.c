@@ -719,7 +719,7 @@ static const char *oss_config(const char *layer0) {
 
 static void oss_section(const char *tokdir) {
     static float buf[V * H];
-    static ckpt c[2]; /* transformers' layout, the hub's MXFP4 */
+    static ckpt c[3]; /* transformers' layout, the hub's MXFP4, [E, out, in] rows */
     char n[128], err[1024];
     add_common(&c[0], -1, 0, 0); /* then copied into c[1] below: add_common draws new values each call */
     static const float e2m1[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -.5f, -1, -1.5f, -2, -3, -4, -6};
@@ -747,7 +747,7 @@ static void oss_section(const char *tokdir) {
         for (int k = 0; k < 2; k++) {
             const int64_t R = k ? H : 2 * OF, C = k ? OF : H, nb = C / 32;
             static uint8_t blk[OE * 2 * OF * (H / 32) * 16], scl[OE * 2 * OF * (H / 32)];
-            static float tr[OE * 2 * OF * H]; /* transformers' [E, in, out] */
+            static float tr[OE * 2 * OF * H], ro[OE * 2 * OF * H]; /* transformers' [E, in, out]; [E, out, in] */
             for (int64_t e = 0; e < OE; e++)
                 for (int64_t r = 0; r < R; r++)
                     for (int64_t b = 0; b < nb; b++) {
@@ -758,11 +758,13 @@ static void oss_section(const char *tokdir) {
                         for (int j = 0; j < 32; j++) { /* element 2i in byte i's low nibble, 2i + 1 high */
                             const float val = e2m1[(q[j / 2] >> (4 * (j & 1))) & 15] * ldexpf(1.0f, (int)*s - 127);
                             tr[(e * C + b * 32 + j) * R + r] = val;
+                            ro[(e * R + r) * C + b * 32 + j] = val;
                         }
                     }
             const char *nm = k ? "down_proj" : "gate_up_proj";
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%s", l, nm);
             add(&c[0], n, 3, OE, C, R, tr);
+            add(&c[2], n, 3, OE, R, C, ro);
             const int64_t sb[4] = {OE, R, nb, 16}, ss[3] = {OE, R, nb};
             snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%s_blocks", l, nm);
             add_u8(&c[1], n, 4, sb, blk);
@@ -776,23 +778,25 @@ static void oss_section(const char *tokdir) {
         if ((ln > 12 && !strcmp(t->name + ln - 12, "gate_up_proj")) || (ln > 9 && !strcmp(t->name + ln - 9, "down_proj")))
             continue;
         add(&c[1], t->name, t->nd, t->shape[0], t->shape[1], t->shape[2], t->data);
+        add(&c[2], t->name, t->nd, t->shape[0], t->shape[1], t->shape[2], t->data);
     }
     const int T = 7;
-    char d[3][512];
-    float *lg[3];
+    char d[4][512];
+    float *lg[4];
     int rc;
-    for (int v = 0; v < 3; v++) { /* transformers' layout, the hub's, and transformers' with no sliding layer */
+    for (int v = 0; v < 4; v++) { /* transformers' layout, the hub's, transformers' with no sliding layer, rows */
         snprintf(d[v], sizeof d[v], "%s/oss%d", g_dir, v);
-        write_ckpt(d[v], &c[v == 1], oss_config(v == 2 ? "full_attention" : "sliding_attention"));
+        write_ckpt(d[v], &c[v == 1 ? 1 : v == 3 ? 2 : 0], oss_config(v == 2 ? "full_attention" : "sliding_attention"));
         copy_tokenizer(tokdir, d[v]);
         lg[v] = run_on("cpu", d[v], T, err, sizeof err, &rc);
         REQUIRE(lg[v], "gpt-oss %d: load: %s", v, err);
     }
-    double md = 0, mr = 0, mw = 0, spread = 0;
+    double md = 0, mr = 0, mw = 0, spread = 0, mro = 0;
     int finite = 1;
     for (size_t i = 0; i < (size_t)T * V; i++) {
         finite &= isfinite(lg[0][i]);
         md = fmax(md, fabs((double)lg[0][i] - lg[1][i]));
+        mro = fmax(mro, fabs((double)lg[0][i] - lg[3][i]));
         mw = fmax(mw, fabs((double)lg[0][i] - lg[2][i]));
         mr = fmax(mr, fabs((double)lg[0][i]));
         spread = fmax(spread, fabs((double)lg[0][i] - lg[0][i % V]));
@@ -801,6 +805,7 @@ static void oss_section(const char *tokdir) {
             "sliding layer 0: %.3g; spread %.3g\n", md / mr, mw / mr, spread);
     CHECK(finite && spread > 1e-3, "gpt-oss: logits not finite or all alike (spread %g)", spread);
     CHECK(md / mr < 1e-5, "gpt-oss: the MXFP4 layout's logits differ from transformers' layout by %.3g", md / mr);
+    CHECK(mro == 0, "gpt-oss: the [E, out, in] layout's logits differ from transformers' layout by %.3g", mro / mr);
     CHECK(mw / mr > 1e-4, "gpt-oss: the sliding window changed nothing over %d tokens (window %d)", T, OW);
     { /* a W2 pack of the MXFP4 model keeps the biases, sinks, windows, the router */
         char path[600];
@@ -834,8 +839,8 @@ static void oss_section(const char *tokdir) {
             free(x);
         }
     }
-    for (int v = 0; v < 3; v++) free(lg[v]);
-    for (int v = 0; v < 2; v++)
+    for (int v = 0; v < 4; v++) free(lg[v]);
+    for (int v = 0; v < 3; v++)
         for (int i = 0; i < c[v].n; i++) free(c[v].t[i].data);
 }
 

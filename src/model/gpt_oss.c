@@ -12,7 +12,8 @@
  * The experts come in three layouts, each turned here into moet's rows (gate / up [F x H], down [H x F], F =
  * intermediate_size) and de-interleaved biases:
  *   transformers'  mlp.experts.gate_up_proj [E, H, 2F] (x @ W) + gate_up_proj_bias [E, 2F], down_proj [E, F, H] +
- *                  down_proj_bias [E, H]: copied, transposed, into owned rows of the same dtype;
+ *                  down_proj_bias [E, H]: copied, transposed, into owned rows of the same dtype (or, stored
+ *                  [E, 2F, H] and [E, H, F], copied as rows);
  *   the hub's      the same names with _blocks [E, rows, cols/32, 16] (u8, e2m1 pairs, first element in the low
  *                  nibble) and _scales [E, rows, cols/32] (u8, e8m0) for the weights: MXFP4, its nibbles reordered
  *                  into moet's block (quant/blocks.h: element j and j + 16 in a byte), rows as they are;
@@ -126,6 +127,19 @@ static int gather_cols(moet_model *m, const char *name, int64_t E, int64_t e, in
     return MOET_OK;
 }
 
+/* The same from a [E, out, in] tensor (rows already): rows o0, o0 + step, .. (n of them) of expert e, copied. */
+static int gather_rows(moet_model *m, const char *name, int64_t E, int64_t e, int64_t out, int64_t in, int64_t o0,
+                       int64_t step, int64_t n, moet_weight *dst, char *err, size_t errlen) {
+    moet_weight w;
+    TRY(moet_bind_matrix_slice(m, name, E, e, out, 0, out, in, &w, err, errlen));
+    uint8_t *d = owned(m, (size_t)n * w.row_bytes);
+    if (!d) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+    for (int64_t r = 0; r < n; r++)
+        memcpy(d + (size_t)r * w.row_bytes, (const uint8_t *)w.data + (size_t)(o0 + r * step) * w.row_bytes, w.row_bytes);
+    *dst = (moet_weight){.data = d, .type = w.type, .rows = n, .cols = in, .row_bytes = w.row_bytes, .qscale = 1.0f};
+    return MOET_OK;
+}
+
 /* The hub's MXFP4 layout: rows o0, o0 + step, .. (n of them) of expert e of <base>_blocks [E, R, C/32, 16] and
  * <base>_scales [E, R, C/32] into owned moet MXFP4 rows. */
 static int gather_mxfp4(moet_model *m, const char *base, int64_t E, int64_t e, int64_t R, int64_t C, int64_t o0,
@@ -192,11 +206,19 @@ static int oss_bind_experts(moet_model *m, int il, char *err, size_t errlen) {
     snprintf(n2, sizeof n2, "model.layers.%d.mlp.experts.down_proj", il);
     const int mx = !moet_has_tensor(m, n);
     if (mx && m->pack) return moet_err(err, errlen, MOET_EFORMAT, "%s: layer %d's experts are missing", m->pack->path, il);
+    /* transformers lays the experts out [E, in, out] (x @ W); a checkpoint that stores them [E, out, in] is told apart
+     * by gate_up's shape (2F != H in every released config), and down_proj is taken the same way */
+    const moet_st_tensor *tg = mx || m->pack ? NULL : moet_st_find(&m->st, n);
+    const int rows_first = tg && tg->ndim == 3 && tg->shape[1] == 2 * F && tg->shape[2] == H && 2 * F != H;
     for (int64_t e = 0; e < E; e++) {
         if (mx) { /* the hub's MXFP4: [out, in] rows already, gate / up interleaved */
             TRY(gather_mxfp4(m, n, E, e, 2 * F, H, 0, 2, F, &L->exp_gate[e], err, errlen));
             TRY(gather_mxfp4(m, n, E, e, 2 * F, H, 1, 2, F, &L->exp_up[e], err, errlen));
             TRY(gather_mxfp4(m, n2, E, e, H, F, 0, 1, H, &L->exp_down[e], err, errlen));
+        } else if (rows_first) { /* [out, in]: rows as they are, de-interleaved */
+            TRY(gather_rows(m, n, E, e, 2 * F, H, 0, 2, F, &L->exp_gate[e], err, errlen));
+            TRY(gather_rows(m, n, E, e, 2 * F, H, 1, 2, F, &L->exp_up[e], err, errlen));
+            TRY(gather_rows(m, n2, E, e, H, F, 0, 1, H, &L->exp_down[e], err, errlen));
         } else { /* transformers': [in, out], transposed */
             TRY(gather_cols(m, n, E, e, H, 2 * F, 0, 2, F, &L->exp_gate[e], err, errlen));
             TRY(gather_cols(m, n, E, e, H, 2 * F, 1, 2, F, &L->exp_up[e], err, errlen));

@@ -528,6 +528,42 @@ static void ds_section(const char *tokdir) {
             free(lc);
         }
     }
+    { /* the latent cache (mla_attn, the CPU's) against full keys and values (MOET_MLA_NAIVE=1), in one prefill and
+       * token by token (the latent rows written, then read back by later steps) */
+        float *ln = NULL, *lt = NULL;
+        for (int naive = 0; naive < 2; naive++) {
+            if (naive) setenv("MOET_MLA_NAIVE", "1", 1);
+            float *l = run_on("cpu", d[0], T, err, sizeof err, &rc);
+            REQUIRE(l, "deepseek (naive %d): %s", naive, err);
+            if (naive) { ln = l; unsetenv("MOET_MLA_NAIVE"); } else lt = l;
+        }
+        moet_model_options mo = moet_model_default_options();
+        mo.device = "cpu";
+        moet_model *m;
+        REQUIRE(moet_model_load(d[0], &mo, &m, err, sizeof err) == 0, "%s", err);
+        moet_session_options so = moet_session_default_options();
+        so.n_ctx = 64;
+        moet_session *s;
+        REQUIRE(moet_session_create(m, &so, &s, err, sizeof err) == 0, "%s", err);
+        double md = 0, mi = 0, mr = 0;
+        for (int i = 0; i < T; i++) {
+            const int32_t tok = (int32_t)((37 * i + 11) % V);
+            REQUIRE(moet_session_eval(s, &tok, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+            const float *row = moet_session_logits(s, NULL);
+            for (int j = 0; j < V; j++) {
+                mi = fmax(mi, fabs((double)row[j] - lt[(size_t)i * V + j]));
+                mr = fmax(mr, fabs((double)lt[(size_t)i * V + j]));
+            }
+        }
+        for (size_t i = 0; i < (size_t)T * V; i++) md = fmax(md, fabs((double)lt[i] - ln[i]));
+        fprintf(stderr, "deepseek_v3: latent cache vs full keys and values: max |diff| / max |logit| = %.3g; token by "
+                "token vs prefill: %.3g\n", md / mr, mi / mr);
+        CHECK(md / mr < 1e-5 && mi / mr < 1e-5, "deepseek: the latent cache differs (%.3g vs full, %.3g by token)",
+              md / mr, mi / mr);
+        moet_session_free(s);
+        moet_model_free(m);
+        free(ln); free(lt);
+    }
     { /* a W2 pack keeps MLA's widths, the interleave, YaRN's table and the softmax scale */
         char path[600];
         snprintf(path, sizeof path, "%s/ds.pack", g_dir);

@@ -56,7 +56,9 @@ int moet_kv_create_on(const moet_model *m, moet_backend *be, int32_t n_tokens, i
     int32_t shift = 0;
     while ((1 << shift) < block_tokens) shift++;
     const int64_t n_blocks = ((int64_t)n_tokens + block_tokens - 1) >> shift;
-    const size_t Dkv = (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
+    /* MLA's latent cache: [k_pe', c] a token, no values (backend.h, mla_attn); otherwise keys and values a head */
+    const int latent = moet_kv_mla_latent(m, be ? be : m->be);
+    const size_t Dkv = latent ? (size_t)(hp->rope_dim + hp->kv_lora_rank) : (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
     size_t rows, bytes;
     if (n_blocks > INT32_MAX || !moet_mul_size((size_t)n_blocks, (size_t)block_tokens, &rows) ||
         !moet_mul_size(rows, Dkv * sizeof(float), &bytes))
@@ -68,6 +70,8 @@ int moet_kv_create_on(const moet_model *m, moet_backend *be, int32_t n_tokens, i
     kv->n_blocks = (int32_t)n_blocks;
     kv->shift = shift;
     kv->refs = 1;
+    kv->kdim = Dkv;
+    kv->vdim = latent ? 0 : Dkv;
     kv->k = calloc((size_t)hp->n_layers, sizeof(float *));
     kv->v = calloc((size_t)hp->n_layers, sizeof(float *));
     kv->free_ids = malloc((size_t)n_blocks * sizeof(int32_t));
@@ -91,7 +95,7 @@ int moet_kv_create_on(const moet_model *m, moet_backend *be, int32_t n_tokens, i
     }
     for (int32_t l = 0; l < hp->n_layers; l++) {
         if (!(kv->k[l] = kv->be->ops->alloc(kv->be, bytes))) goto oom;
-        if (!(kv->v[l] = kv->be->ops->alloc(kv->be, bytes))) goto oom;
+        if (!latent && !(kv->v[l] = kv->be->ops->alloc(kv->be, bytes))) goto oom;
     }
     for (int32_t i = 0; i < kv->n_blocks; i++) kv->free_ids[i] = kv->n_blocks - 1 - i;
     kv->n_free = kv->n_blocks;
@@ -100,7 +104,7 @@ int moet_kv_create_on(const moet_model *m, moet_backend *be, int32_t n_tokens, i
 oom:
     kv_destroy(kv);
     return moet_err(err, errlen, MOET_ENOMEM, "out of memory for a KV pool of %lld blocks of %d tokens (%.1f MiB)",
-                    (long long)n_blocks, block_tokens, 2.0 * (double)hp->n_layers * (double)bytes / 1048576.0);
+                    (long long)n_blocks, block_tokens, (latent ? 1.0 : 2.0) * (double)hp->n_layers * (double)bytes / 1048576.0);
 }
 
 int moet_kv_create(const moet_model *m, const moet_kv_options *opt, moet_kv **out, char *err, size_t errlen) {

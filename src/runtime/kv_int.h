@@ -3,14 +3,18 @@
 #ifndef MOET_RUNTIME_KV_INT_H
 #define MOET_RUNTIME_KV_INT_H
 
+#include <stdlib.h>
+
 #include "backend/backend.h"
+#include "model/model.h"
 #include "moet.h"
 
 struct moet_kv {
     const moet_model *m;
     moet_backend *be;
     int32_t n_blocks, shift, n_free, refs;
-    float **k, **v;    /* [layer] pools: [n_blocks << shift][n_kv * head_dim] floats, backend memory */
+    float **k, **v;    /* [layer] pools: [n_blocks << shift][kdim] and [vdim] floats, backend memory (v NULL: vdim 0) */
+    size_t kdim, vdim; /* floats a token: n_kv * head_dim each, or MLA's latent row (moet_kv_mla_latent) and none */
     int32_t *free_ids; /* a stack of the free block ids: the lowest id on top at first (deterministic layouts) */
     int32_t *ref;      /* [n_blocks] sessions holding the block */
     /* prefix cache (prefix != 0): a sealed block holds the KV of a full block whose tokens (toks) and the hash of
@@ -46,5 +50,12 @@ void moet_kv_seal(moet_kv *kv, int32_t id, uint64_t hash, const int32_t *toks);
 void moet_kv_unseal(moet_kv *kv, int32_t id);
 /* The prefix hash chained over one block's tokens. */
 uint64_t moet_kv_chain(uint64_t h, const int32_t *toks, int32_t n);
+
+/* Whether MLA runs on the latent cache (backend.h, mla_attn) for model m on backend be: the backend has the op and
+ * MOET_MLA_NAIVE is not 1 (full keys and values, the A/B). The KV pool and the forward ask the same question. */
+static inline int moet_kv_mla_latent(const moet_model *m, const moet_backend *be) {
+    const char *e = getenv("MOET_MLA_NAIVE");
+    return m->hp.kv_lora_rank > 0 && be->ops->mla_attn && !(e && e[0] == '1');
+}
 
 #endif

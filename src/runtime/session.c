@@ -37,6 +37,7 @@ struct moet_session {
     int kv_mixed;                   /* its KV mixes base and delta steps: kept out of the prefix cache */
     float *x, *h, *q, *k, *v, *att, *tmp, *mlp_scr, *moe_scr, *att_scr, *topk_w;
     float *mla_cq, *mla_ckv, *mla_kpe, *mla_kvb, *mla_o; /* MLA's intermediates (hp.kv_lora_rank > 0), else NULL */
+    int mla_latent;                 /* MLA on the latent cache (backend.h, mla_attn; kv_int.h) */
     int32_t *topk_ids;
     int32_t *tok_dev, *pos_dev;     /* backend memory: the chunk's token ids and positions [n_batch] */
     int32_t *pos_host;              /* [n_batch] staging for pos_dev */
@@ -211,6 +212,7 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
     A(s->tok_dev, B);
     A(s->pos_dev, B);
     A(s->mlp_scr, 2 * B * F);
+    s->mla_latent = moet_kv_mla_latent(m, s->be);
     if (hp->kv_lora_rank > 0) {
         const size_t nh = (size_t)hp->n_heads;
         A(s->mla_cq, B * (size_t)(hp->q_lora_rank > 0 ? hp->q_lora_rank : 1));
@@ -286,6 +288,7 @@ static void mla_inputs(moet_session *s, const moet_layer *L, int32_t n) {
         op->mul_mat(be, &L->wq, s->mla_cq, n, s->q);
     }
     op->rms_norm(be, s->mla_ckv, L->kv_a_norm, n, hp->kv_lora_rank, hp->mla_eps, s->mla_ckv);
+    if (s->mla_latent) return; /* mla_attn takes q, the latent and the rotary key as they are */
     op->mul_mat(be, &L->kv_b, s->mla_ckv, n, s->mla_kvb);
     op->mla_prep(be, s->q, s->mla_kvb, s->mla_kpe, n, hp->n_heads, hp->qk_nope_dim, hp->rope_dim, hp->v_head_dim,
                  hp->rope_interleave, s->k, s->v);
@@ -321,7 +324,17 @@ static void forward_chunk(void *vctx) {
         /* the only per-sequence work: a row's keys and values go to its own cache, and it attends over that: all
          * rows in one op where the backend takes them (caches from a table in backend memory), else row by row */
         int rows_done = 0;
-        if (ca->rows && ca->kvtab && op->attn_rows) {
+        if (s->mla_latent) { /* MLA on the latent cache: rows one by one (each its own cache), else the chunk */
+            for (int32_t r = 0; r < (ca->rows ? n : 1); r++) {
+                const moet_kv_ref kv = session_kv_ref(ca->rows ? ca->rows[r] : s, il);
+                op->mla_attn(be, s->q + r * Dq, s->mla_ckv + (size_t)r * (size_t)hp->kv_lora_rank,
+                             s->mla_kpe + (size_t)r * (size_t)hp->rope_dim, &L->kv_b, ca->rows ? 1 : n, (int32_t)nh,
+                             hp->qk_nope_dim, hp->rope_dim, hp->v_head_dim, hp->kv_lora_rank, hp->rope_interleave,
+                             &hp->rope, s->pos_dev + r, &kv, ascale, s->mla_o + (size_t)r * (size_t)(nh * hp->v_head_dim));
+            }
+            rows_done = 1;
+        }
+        if (!rows_done && ca->rows && ca->kvtab && op->attn_rows) {
             moet_attn_args aa = {.q = s->q, .pos = s->pos_dev, .n_tok = n, .n_heads = (int32_t)nh,
                                  .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd, .n_ctx = s->n_ctx,
                                  .scale = ascale, .sinks = L->sinks, .window = L->window, .out = s->att,
@@ -348,8 +361,8 @@ static void forward_chunk(void *vctx) {
             }
         }
         const float *att = s->att;
-        if (hp->kv_lora_rank > 0) { /* MLA: each head's output back from the q/k width to v_head_dim */
-            op->heads_narrow(be, s->att, n, (int32_t)nh, (int32_t)hd, hp->v_head_dim, s->mla_o);
+        if (hp->kv_lora_rank > 0) { /* MLA: each head's output back from the q/k width to v_head_dim (latent: there) */
+            if (!s->mla_latent) op->heads_narrow(be, s->att, n, (int32_t)nh, (int32_t)hd, hp->v_head_dim, s->mla_o);
             att = s->mla_o;
         }
         if (L->bo) { /* (o + bias) then the residual, in the order of the unfused reference */
@@ -488,11 +501,13 @@ static void session_writable(moet_session *s) {
     if (kv->ref[b] > 1) {
         const int32_t nb = moet_kv_take(kv);
         const moet_hparams *hp = &s->m->hp;
-        const size_t rows = (size_t)1 << kv->shift, Dkv = (size_t)hp->n_kv_heads * (size_t)hp->head_dim,
-                     bytes = rows * Dkv * sizeof(float);
+        const size_t rows = (size_t)1 << kv->shift, kd = kv->kdim, vd = kv->vdim;
         for (int32_t l = 0; l < hp->n_layers; l++) {
-            s->be->ops->copy(s->be, kv->k[l] + (size_t)nb * rows * Dkv, kv->k[l] + (size_t)b * rows * Dkv, bytes);
-            s->be->ops->copy(s->be, kv->v[l] + (size_t)nb * rows * Dkv, kv->v[l] + (size_t)b * rows * Dkv, bytes);
+            s->be->ops->copy(s->be, kv->k[l] + (size_t)nb * rows * kd, kv->k[l] + (size_t)b * rows * kd,
+                             rows * kd * sizeof(float));
+            if (vd)
+                s->be->ops->copy(s->be, kv->v[l] + (size_t)nb * rows * vd, kv->v[l] + (size_t)b * rows * vd,
+                                 rows * vd * sizeof(float));
         }
         moet_kv_give(kv, b);
         s->blk_host[i] = nb;

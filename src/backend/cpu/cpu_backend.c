@@ -39,6 +39,8 @@ typedef struct {
     size_t rowbuf_cap;  /* floats per thread buffer */
     float *xrot;        /* rotated activations for matrices stored as W·R */
     size_t xrot_cap;
+    float *mla_buf;     /* mla_attn: per thread a head's widened kv_b rows, its query, scores and latent output */
+    size_t mla_cap;     /* floats in all */
     moet_ecache ec;     /* the expert cache's protocol (nothing moves on the CPU: every expert lies in host memory) */
     int ec_prefetch;    /* guess the next MoE layer's experts from this one's output (MOET_EXPERT_PREFETCH=0: off) */
     char desc[64];
@@ -369,6 +371,96 @@ static void cpu_mla_prep(moet_backend *be, float *q, const float *kvb, const flo
         }
 }
 
+/* Rotate-half RoPE of one vector of rp->dim at position p, cpu_rope's arithmetic. */
+static void rope_vec(float *v, const moet_rope *rp, int32_t p) {
+    const int half = rp->dim / 2;
+    for (int i = 0; i < half; i++) {
+        const float ang = (float)p * rp->inv_freq[i];
+        const float co = (float)cos((double)ang) * rp->attn_factor, si = (float)sin((double)ang) * rp->attn_factor;
+        const float a = v[i], b = v[i + half];
+        v[i] = a * co - b * si;
+        v[i + half] = b * co + a * si;
+    }
+}
+
+typedef struct {
+    const float *q;
+    const moet_weight *kv_b;
+    int32_t nh, nope, rope, vd, kvlr, interleave;
+    const moet_rope *rp;
+    const int32_t *pos;
+    const moet_kv_ref *kv;
+    float scale;
+    float *out;
+    float *buf;
+    size_t per;
+} mla_ctx;
+
+/* One (token, head) of mla_attn: the head's kv_b rows widened, q absorbed, attention over the latent rows, the output
+ * through W_UV. */
+static void mla_task(void *vctx, int64_t b, int64_t e, int tid) {
+    const mla_ctx *c = vctx;
+    const int32_t nope = c->nope, rope = c->rope, vd = c->vd, kvlr = c->kvlr, qd = nope + rope, rd = rope + kvlr;
+    float *W = c->buf + (size_t)tid * c->per, *qf = W + (size_t)(nope + vd) * kvlr, *ol = qf + rd, *sc = ol + kvlr;
+    for (int64_t task = b; task < e; task++) {
+        const int64_t t = task / c->nh;
+        const int32_t h = (int32_t)(task % c->nh), p = c->pos[t];
+        const float *qh = c->q + (size_t)task * qd;
+        for (int32_t r = 0; r < nope + vd; r++) moet_weight_row_f32(c->kv_b, (int64_t)h * (nope + vd) + r, W + (size_t)r * kvlr);
+        for (int32_t i = 0; i < rope; i++) { /* q_pe', as mla_prep + rope leave it */
+            const int32_t s = !c->interleave ? i : i < rope / 2 ? 2 * i : 2 * (i - rope / 2) + 1;
+            qf[i] = qh[nope + s];
+        }
+        rope_vec(qf, c->rp, p);
+        float *ql = qf + rope; /* q_lat = W_UK^T q_nope */
+        for (int32_t j = 0; j < kvlr; j++) ql[j] = 0.0f;
+        for (int32_t i = 0; i < nope; i++) axpy(ql, W + (size_t)i * kvlr, qh[i], kvlr);
+        float mx = -INFINITY;
+        for (int32_t j = 0; j <= p; j++) {
+            const float *row = c->kv->k + (size_t)moet_kv_row(c->kv->blocks, c->kv->shift, j) * (size_t)rd;
+            sc[j] = dot1(qf, row, rd) * c->scale;
+            if (sc[j] > mx) mx = sc[j];
+        }
+        double sum = 0;
+        for (int32_t j = 0; j <= p; j++) { sc[j] = expf(sc[j] - mx); sum += sc[j]; }
+        const float inv = (float)(1.0 / sum);
+        for (int32_t j = 0; j < kvlr; j++) ol[j] = 0.0f;
+        for (int32_t j = 0; j <= p; j++)
+            axpy(ol, c->kv->k + (size_t)moet_kv_row(c->kv->blocks, c->kv->shift, j) * (size_t)rd + rope, sc[j] * inv, kvlr);
+        float *o = c->out + (size_t)task * vd; /* W_UV o_lat */
+        for (int32_t r = 0; r < vd; r++) o[r] = dot1(W + (size_t)(nope + r) * kvlr, ol, kvlr);
+    }
+}
+
+static void cpu_mla_attn(moet_backend *be, const float *q, const float *ckv, const float *kpe, const moet_weight *kv_b,
+                         int64_t n, int32_t nh, int32_t nope, int32_t rope, int32_t vd, int32_t kvlr, int32_t interleave,
+                         const moet_rope *rp, const int32_t *pos, const moet_kv_ref *kv, float scale, float *out) {
+    cpu_backend *cb = cpu(be);
+    const int32_t rd = rope + kvlr;
+    int32_t pmax = 0;
+    for (int64_t t = 0; t < n; t++) { /* the latent rows first: a token sees the chunk's earlier ones */
+        float *row = kv->k + (size_t)moet_kv_row(kv->blocks, kv->shift, pos[t]) * (size_t)rd;
+        for (int32_t i = 0; i < rope; i++) {
+            const int32_t s = !interleave ? i : i < rope / 2 ? 2 * i : 2 * (i - rope / 2) + 1;
+            row[i] = kpe[(size_t)t * rope + s];
+        }
+        rope_vec(row, rp, pos[t]);
+        memcpy(row + rope, ckv + (size_t)t * kvlr, (size_t)kvlr * sizeof(float));
+        if (pos[t] > pmax) pmax = pos[t];
+    }
+    const size_t per = (size_t)(nope + vd) * kvlr + (size_t)rd + (size_t)kvlr + (size_t)pmax + 1;
+    if (per * (size_t)cb->n_threads > cb->mla_cap) { /* grows with the context, doubling: rare */
+        const size_t cap = per * (size_t)cb->n_threads * 2;
+        float *nb = realloc(cb->mla_buf, cap * sizeof(float));
+        if (!nb) abort(); /* out of memory: nothing sane to return */
+        cb->mla_buf = nb;
+        cb->mla_cap = cap;
+    }
+    mla_ctx c = {q, kv_b, nh, nope, rope, vd, kvlr, interleave, rp, pos, kv, scale, out, cb->mla_buf,
+                 cb->mla_cap / (size_t)cb->n_threads};
+    moet_pool_for(cb->pool, n * nh, mla_task, &c);
+}
+
 static void cpu_heads_narrow(moet_backend *be, const float *x, int64_t n, int32_t nh, int32_t xd, int32_t w, float *y) {
     (void)be;
     for (int64_t r = 0; r < n * nh; r++) memmove(y + (size_t)r * w, x + (size_t)r * xd, (size_t)w * sizeof *y);
@@ -636,6 +728,7 @@ static void cpu_destroy(moet_backend *be) {
     for (int t = 0; t < c->n_threads; t++) free(c->rowbuf[t]);
     free(c->rowbuf);
     free(c->xrot);
+    free(c->mla_buf);
     free(c);
 }
 
@@ -745,6 +838,7 @@ static const moet_backend_ops k_cpu_ops = {
     .attention = cpu_attention,
     .mla_prep = cpu_mla_prep,
     .heads_narrow = cpu_heads_narrow,
+    .mla_attn = cpu_mla_attn,
     .attn_scratch_bytes = cpu_attn_scratch_bytes,
     .mlp = cpu_mlp,
     .moe = cpu_moe,

@@ -16,9 +16,9 @@
  * moet runs it as ordinary attention (the "naive" MLA): kv_a_proj_with_mqa is bound as two row ranges so that one
  * fused projection makes c and k_rope with q's; mla_prep (backend.h) moves each head's rope dims first (q . k does
  * not change) so the partial rotate-half RoPE of the other architectures applies, and pads v to the q/k head dim;
- * heads_narrow takes the attention output back to v_head_dim for o_proj. The KV cache holds full keys and values,
- * 2 x n_heads x (qk_nope + qk_rope) floats a token and layer, not the 576-float latent of absorbed MLA: correct and
- * simple, memory-hungry at long contexts (absorbing kv_b_proj into q and o is the next step).
+ * heads_narrow takes the attention output back to v_head_dim for o_proj. That cache holds full keys and values,
+ * 2 x n_heads x (qk_nope + qk_rope) floats a token and layer; a backend with the mla_attn op (the CPU's) runs absorbed
+ * MLA instead, on a cache of the latent and the rotary key (kv_lora_rank + qk_rope floats: docs/design.md).
  * The bottleneck RMSNorms use epsilon 1e-6 (DeepseekV3RMSNorm's default: transformers does not pass rms_norm_eps).
  *
  * Tensor names: model.layers.N.self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa,

@@ -862,6 +862,88 @@ int main(int argc, char **argv) {
         op->forget(be, rw); op->forget(be, rb); op->forget(be, gb); op->forget(be, ub); op->forget(be, db);
         for (int e = 0; e < E; e++) { op->forget(be, gw[e]); op->forget(be, uw[e]); op->forget(be, dw[e]); }
     }
+    /* mla_attn (absorbed MLA, where a backend has it): 3 tokens at positions 5, 6, 7 over a latent cache whose rows
+     * 0-4 are given, q absorbed through kv_b's k rows, the output through its v rows; against the float64 function
+     * written as the full keys and values would compute it (k_nope = W_UK c, v = W_UV c) */
+    if (op->mla_attn) {
+        enum { NT = 3, NH = 2, NOPE = 16, RP = 8, VD = 12, KL = 32, CTX = 16, P0 = 5 };
+        const int RD = RP + KL;
+        static float q[NT * NH * (NOPE + RP)], ckv[NT * KL], kpe[NT * RP], wb[NH * (NOPE + VD) * KL], o[NT * NH * VD];
+        static float cache0[CTX * (RP + KL)];
+        static double rr[NT * NH * VD];
+        for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) q[i] = gauss();
+        for (size_t i = 0; i < sizeof ckv / sizeof ckv[0]; i++) ckv[i] = gauss();
+        for (size_t i = 0; i < sizeof kpe / sizeof kpe[0]; i++) kpe[i] = gauss();
+        for (size_t i = 0; i < sizeof wb / sizeof wb[0]; i++) wb[i] = 0.3f * gauss();
+        for (size_t i = 0; i < sizeof cache0 / sizeof cache0[0]; i++) cache0[i] = gauss();
+        const moet_rope rp = test_rope(RP, 1e4, 4.0, 1.1);
+        const int32_t pos[NT] = {P0, P0 + 1, P0 + 2};
+        for (int il = 0; il < 2; il++) {
+            /* the reference: every key row j < P0 from cache0 ([k_pe', c], as given), rows P0.. from the tokens */
+            static double kr[CTX][RP + KL];
+            for (int j = 0; j < P0 + NT; j++) {
+                if (j < P0) { for (int d = 0; d < RD; d++) kr[j][d] = cache0[j * RD + d]; continue; }
+                const int t = j - P0;
+                double pe[RP];
+                for (int i = 0; i < RP; i++) pe[i] = kpe[t * RP + (!il ? i : i < RP / 2 ? 2 * i : 2 * (i - RP / 2) + 1)];
+                for (int i = 0; i < RP / 2; i++) {
+                    const double ang = (double)((float)j * rp.inv_freq[i]);
+                    const double c = (double)((float)cos(ang) * rp.attn_factor), s = (double)((float)sin(ang) * rp.attn_factor);
+                    kr[j][i] = pe[i] * c - pe[i + RP / 2] * s;
+                    kr[j][i + RP / 2] = pe[i + RP / 2] * c + pe[i] * s;
+                }
+                for (int d = 0; d < KL; d++) kr[j][RP + d] = ckv[t * KL + d];
+            }
+            for (int t = 0; t < NT; t++)
+                for (int h = 0; h < NH; h++) {
+                    const float *qh = q + (t * NH + h) * (NOPE + RP);
+                    const float *Wh = wb + (size_t)h * (NOPE + VD) * KL;
+                    double qp[RP], sc[CTX], mx = -1e300, sum = 0;
+                    for (int i = 0; i < RP; i++) qp[i] = qh[NOPE + (!il ? i : i < RP / 2 ? 2 * i : 2 * (i - RP / 2) + 1)];
+                    double qr[RP];
+                    for (int i = 0; i < RP / 2; i++) {
+                        const double ang = (double)((float)pos[t] * rp.inv_freq[i]);
+                        const double c = (double)((float)cos(ang) * rp.attn_factor), s = (double)((float)sin(ang) * rp.attn_factor);
+                        qr[i] = qp[i] * c - qp[i + RP / 2] * s;
+                        qr[i + RP / 2] = qp[i + RP / 2] * c + qp[i] * s;
+                    }
+                    for (int j = 0; j <= pos[t]; j++) {
+                        double s = 0;
+                        for (int i = 0; i < RP; i++) s += qr[i] * kr[j][i];
+                        for (int i = 0; i < NOPE; i++) { /* q_nope . (W_UK c_j) */
+                            double kn = 0;
+                            for (int d = 0; d < KL; d++) kn += (double)Wh[i * KL + d] * kr[j][RP + d];
+                            s += qh[i] * kn;
+                        }
+                        sc[j] = s * 0.25;
+                        mx = fmax(mx, sc[j]);
+                    }
+                    for (int j = 0; j <= pos[t]; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+                    for (int r = 0; r < VD; r++) { /* sum_j p_j (W_UV c_j) */
+                        double acc = 0;
+                        for (int j = 0; j <= pos[t]; j++) {
+                            double v = 0;
+                            for (int d = 0; d < KL; d++) v += (double)Wh[(NOPE + r) * KL + d] * kr[j][RP + d];
+                            acc += sc[j] / sum * v;
+                        }
+                        rr[(t * NH + h) * VD + r] = acc;
+                    }
+                }
+            test_kv kl = test_kv_make(CTX, 2);
+            float *kd = test_kv_pool(&kl, cache0, CTX, RD);
+            const moet_kv_ref kr_ = test_kv_ref(&kl, kd, NULL);
+            float *qd = dev(q, sizeof q), *cd = dev(ckv, sizeof ckv), *pd_ = dev(kpe, sizeof kpe), *od = dev_poisoned(NT * NH * VD);
+            int32_t *posd = dev(pos, sizeof pos);
+            const moet_weight w = {.data = wb, .type = MOET_TYPE_F32, .rows = NH * (NOPE + VD), .cols = KL,
+                                   .row_bytes = KL * 4, .qscale = 1};
+            op->mla_attn(be, qd, cd, pd_, &w, NT, NH, NOPE, RP, VD, KL, il, &rp, posd, &kr_, 0.25f, od);
+            pull(o, od, NT * NH * VD);
+            report("mla_attn", il ? "interleaved yarn" : "rotate-half yarn", nmse(o, rr, NT * NH * VD), 1e-10);
+            drop(qd); drop(cd); drop(pd_); drop(od); drop(posd); drop(kd);
+            op->forget(be, wb);
+            test_kv_drop(&kl);
+        }
+    }
     /* mla_prep and heads_narrow (MLA's layout ops): exact copies, against the layout written out here */
     if (op->mla_prep && op->heads_narrow) {
         const int n = 3, nh = 4, nope = 16, rope = 8, vd = 12, hd = nope + rope;

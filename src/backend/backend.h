@@ -200,6 +200,7 @@ typedef struct {
                      int32_t nope, int32_t rope, int32_t vd, int32_t interleave, float *k, float *v);
     /* y [n][nh][w] = the first w of each head of x [n][nh][xd] (w <= xd; MLA's attention output, v padded to the q/k
      * head dim, back to v_head_dim for o_proj). y must not overlap x. */
+    void (*heads_narrow)(moet_backend *be, const float *x, int64_t n, int32_t nh, int32_t xd, int32_t w, float *y);
     /* MLA with the latent cache ("absorbed"; optional: NULL, and the session runs mla_prep + attention on full keys
      * and values instead). For n tokens at positions pos[t] (backend memory):
      *   the cache row of token t (kv->k; kv->v unused), rope + kvlr floats: [k_pe', c] with k_pe' = kpe[t]
@@ -213,7 +214,6 @@ typedef struct {
     void (*mla_attn)(moet_backend *be, const float *q, const float *ckv, const float *kpe, const moet_weight *kv_b,
                      int64_t n, int32_t nh, int32_t nope, int32_t rope, int32_t vd, int32_t kvlr, int32_t interleave,
                      const moet_rope *rp, const int32_t *pos, const moet_kv_ref *kv, float scale, float *out);
-    void (*heads_narrow)(moet_backend *be, const float *x, int64_t n, int32_t nh, int32_t xd, int32_t w, float *y);
     /* Optional (NULL: the caller composes). attn_prep(q, k, v, a->n_tok, a->n_heads, a->n_kv, a->head_dim, q_norm,
      * k_norm, eps, rp, a->pos, &a->kv) then attention(a), where a->q == q: exactly that composition,
      * except that k's contents afterwards are unspecified (the cache holds the rotated keys). A backend may run it

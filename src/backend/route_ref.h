@@ -21,6 +21,20 @@
 
 #define MOET_ROUTE_MAX_GROUPS 32
 
+/* The K largest of E scores in descending order, ties to the lower id: every router's choice (the softmax routers
+ * pick on probabilities, the sigmoid one on biased scores, gpt-oss's on logits). */
+static inline void moet_route_pick(const float *score, int32_t E, int32_t K, int32_t *ids) {
+    for (int32_t j = 0; j < K; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int32_t q = 0; q < j && !taken; q++) taken = ids[q] == e;
+            if (!taken && (best < 0 || score[e] > score[best])) best = e;
+        }
+        ids[j] = best;
+    }
+}
+
 /* c: E floats of scratch (the choice scores); ids / w: K entries out. */
 static inline void moet_route_sigmoid_ref(const float *logits, const float *bias, int32_t E, int32_t K,
                                           int32_t n_group, int32_t topk_group, int32_t norm_topk, float scale,
@@ -45,15 +59,9 @@ static inline void moet_route_sigmoid_ref(const float *logits, const float *bias
         }
     }
     float wsum = 0.0f;
+    moet_route_pick(c, E, K, ids);
     for (int32_t j = 0; j < K; j++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < E; e++) {
-            int taken = 0;
-            for (int32_t q = 0; q < j && !taken; q++) taken = ids[q] == e;
-            if (!taken && (best < 0 || c[e] > c[best])) best = e;
-        }
-        ids[j] = best;
-        w[j] = 1.0f / (1.0f + expf(-logits[best]));
+        w[j] = 1.0f / (1.0f + expf(-logits[ids[j]]));
         wsum += w[j];
     }
     for (int32_t j = 0; j < K; j++) w[j] = (norm_topk ? w[j] / (wsum + 1e-20f) : w[j]) * scale;
@@ -62,15 +70,7 @@ static inline void moet_route_sigmoid_ref(const float *logits, const float *bias
 /* MOET_ROUTER_TOPK_SOFTMAX (gpt-oss's GptOssTopKRouter): the K largest logits (ties: the lower id), in that order,
  * weighted by softmax over those K (f32, max subtracted). */
 static inline void moet_route_topk_softmax_ref(const float *logits, int32_t E, int32_t K, int32_t *ids, float *w) {
-    for (int32_t j = 0; j < K; j++) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < E; e++) {
-            int taken = 0;
-            for (int32_t q = 0; q < j && !taken; q++) taken = ids[q] == e;
-            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
-        }
-        ids[j] = best;
-    }
+    moet_route_pick(logits, E, K, ids);
     const float mx = logits[ids[0]];
     float sum = 0.0f;
     for (int32_t j = 0; j < K; j++) { w[j] = expf(logits[ids[j]] - mx); sum += w[j]; }

@@ -312,28 +312,38 @@ static void cpu_rms_norm(moet_backend *be, const float *x, const float *w, int64
     }
 }
 
+/* RoPE's cos and sin of every pair at position p (backend.h, moet_rope), interleaved: cs[2i], cs[2i + 1]. */
+static void rope_cs(const moet_rope *rp, int32_t p, float *cs) {
+    for (int i = 0; i < rp->dim / 2 && i < MOET_ROPE_MAX_FREQ; i++) {
+        const float ang = (float)p * rp->inv_freq[i];
+        cs[2 * i] = (float)cos((double)ang) * rp->attn_factor;
+        cs[2 * i + 1] = (float)sin((double)ang) * rp->attn_factor;
+    }
+}
+
+/* Rotate-half of the first 2 half elements of v by rope_cs's table. */
+static void rope_apply(float *v, const float *cs, int half) {
+    for (int i = 0; i < half; i++) {
+        const float co = cs[2 * i], si = cs[2 * i + 1], a = v[i], b = v[i + half];
+        v[i] = a * co - b * si;
+        v[i + half] = b * co + a * si;
+    }
+}
+
 static void cpu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim,
                      const moet_rope *rp, const int32_t *pos) {
     (void)be;
-    const int half = rp->dim / 2;
     float cs[2 * MOET_ROPE_MAX_FREQ];
     for (int64_t t = 0; t < n_tok; t++) {
-        const float p = (float)pos[t];
-        for (int i = 0; i < half && i < MOET_ROPE_MAX_FREQ; i++) {
-            float ang = p * rp->inv_freq[i];
-            cs[2 * i] = (float)cos((double)ang) * rp->attn_factor;
-            cs[2 * i + 1] = (float)sin((double)ang) * rp->attn_factor;
-        }
-        for (int32_t h = 0; h < n_heads; h++) {
-            float *v = x + ((size_t)t * n_heads + h) * head_dim;
-            for (int i = 0; i < half; i++) {
-                float co = cs[2 * i], si = cs[2 * i + 1];
-                float a = v[i], b = v[i + half];
-                v[i] = a * co - b * si;
-                v[i + half] = b * co + a * si;
-            }
-        }
+        rope_cs(rp, pos[t], cs); /* once a token, for all its heads */
+        for (int32_t h = 0; h < n_heads; h++) rope_apply(x + ((size_t)t * n_heads + h) * head_dim, cs, rp->dim / 2);
     }
+}
+
+/* MLA's rope dims: element i of the rotated vector is element mla_src(i) of the checkpoint's (de-interleaved:
+ * x0, x2, .., x1, x3, .. when interleave). */
+static inline int32_t mla_src(int32_t i, int32_t rope, int32_t interleave) {
+    return !interleave ? i : i < rope / 2 ? 2 * i : 2 * (i - rope / 2) + 1;
 }
 
 static void cpu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
@@ -352,7 +362,7 @@ static void cpu_attn_prep(moet_backend *be, float *q, float *k, const float *v, 
 static void cpu_mla_prep(moet_backend *be, float *q, const float *kvb, const float *kpe, int64_t n, int32_t nh,
                          int32_t nope, int32_t rope, int32_t vd, int32_t interleave, float *k, float *v) {
     (void)be;
-    const int32_t hd = nope + rope, half = rope / 2;
+    const int32_t hd = nope + rope;
     float pe[2 * MOET_ROPE_MAX_FREQ];
     for (int64_t t = 0; t < n; t++)
         for (int32_t h = 0; h < nh; h++) {
@@ -361,9 +371,8 @@ static void cpu_mla_prep(moet_backend *be, float *q, const float *kvb, const flo
             for (int32_t i = 0; i < rope; i++) pe[i] = qh[nope + i];
             memmove(qh + rope, qh, (size_t)nope * sizeof *qh);
             for (int32_t i = 0; i < rope; i++) {
-                const int32_t s = !interleave ? i : i < half ? 2 * i : 2 * (i - half) + 1;
-                qh[i] = pe[s];
-                kh[i] = kp[s];
+                qh[i] = pe[mla_src(i, rope, interleave)];
+                kh[i] = kp[mla_src(i, rope, interleave)];
             }
             memcpy(kh + rope, src, (size_t)nope * sizeof *kh);
             memcpy(vh, src + nope, (size_t)vd * sizeof *vh);
@@ -373,14 +382,9 @@ static void cpu_mla_prep(moet_backend *be, float *q, const float *kvb, const flo
 
 /* Rotate-half RoPE of one vector of rp->dim at position p, cpu_rope's arithmetic. */
 static void rope_vec(float *v, const moet_rope *rp, int32_t p) {
-    const int half = rp->dim / 2;
-    for (int i = 0; i < half; i++) {
-        const float ang = (float)p * rp->inv_freq[i];
-        const float co = (float)cos((double)ang) * rp->attn_factor, si = (float)sin((double)ang) * rp->attn_factor;
-        const float a = v[i], b = v[i + half];
-        v[i] = a * co - b * si;
-        v[i + half] = b * co + a * si;
-    }
+    float cs[2 * MOET_ROPE_MAX_FREQ];
+    rope_cs(rp, p, cs);
+    rope_apply(v, cs, rp->dim / 2);
 }
 
 typedef struct {
@@ -407,10 +411,7 @@ static void mla_task(void *vctx, int64_t b, int64_t e, int tid) {
         const int32_t h = (int32_t)(task % c->nh), p = c->pos[t];
         const float *qh = c->q + (size_t)task * qd;
         for (int32_t r = 0; r < nope + vd; r++) moet_weight_row_f32(c->kv_b, (int64_t)h * (nope + vd) + r, W + (size_t)r * kvlr);
-        for (int32_t i = 0; i < rope; i++) { /* q_pe', as mla_prep + rope leave it */
-            const int32_t s = !c->interleave ? i : i < rope / 2 ? 2 * i : 2 * (i - rope / 2) + 1;
-            qf[i] = qh[nope + s];
-        }
+        for (int32_t i = 0; i < rope; i++) qf[i] = qh[nope + mla_src(i, rope, c->interleave)]; /* q_pe', as mla_prep */
         rope_vec(qf, c->rp, p);
         float *ql = qf + rope; /* q_lat = W_UK^T q_nope */
         for (int32_t j = 0; j < kvlr; j++) ql[j] = 0.0f;
@@ -440,10 +441,7 @@ static void cpu_mla_attn(moet_backend *be, const float *q, const float *ckv, con
     int32_t pmax = 0;
     for (int64_t t = 0; t < n; t++) { /* the latent rows first: a token sees the chunk's earlier ones */
         float *row = kv->k + (size_t)moet_kv_row(kv->blocks, kv->shift, pos[t]) * (size_t)rd;
-        for (int32_t i = 0; i < rope; i++) {
-            const int32_t s = !interleave ? i : i < rope / 2 ? 2 * i : 2 * (i - rope / 2) + 1;
-            row[i] = kpe[(size_t)t * rope + s];
-        }
+        for (int32_t i = 0; i < rope; i++) row[i] = kpe[(size_t)t * rope + mla_src(i, rope, interleave)];
         rope_vec(row, rp, pos[t]);
         memcpy(row + rope, ckv + (size_t)t * kvlr, (size_t)kvlr * sizeof(float));
         if (pos[t] > pmax) pmax = pos[t];
@@ -612,16 +610,10 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
         int32_t *ids = a->topk_ids + (size_t)t * K;
         float *w = a->topk_w + (size_t)t * K;
         float wsum = 0;
+        moet_route_pick(p, E, K, ids);
         for (int32_t j = 0; j < K; j++) {
-            int32_t best = -1;
-            for (int32_t e = 0; e < E; e++) {
-                int taken = 0;
-                for (int32_t q = 0; q < j && !taken; q++) taken = ids[q] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            ids[j] = best;
-            w[j] = p[best];
-            wsum += p[best];
+            w[j] = p[ids[j]];
+            wsum += w[j];
         }
         if (a->route_stats) { /* before renormalising: the K-th pick's probability against the best unpicked one */
             float best_out = 0.0f;

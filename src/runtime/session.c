@@ -202,23 +202,25 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
     size_t F = (size_t)(hp->dense_ffn > 0 ? hp->dense_ffn : 1);
     if ((size_t)hp->shared_ffn > F) F = (size_t)hp->shared_ffn; /* the shared expert runs through mlp as well */
 #define A(ptr, count) do { if (!((ptr) = salloc(s, (size_t)(count) * sizeof(*(ptr))))) goto oom; } while (0)
+    /* MLA on the latent cache reads q and writes mla_o: no full keys, values or attention rows to hold */
+    s->mla_latent = moet_kv_mla_latent(m, s->be);
+    const size_t Dfull = s->mla_latent ? 0 : Dkv, Dout = s->mla_latent ? 0 : Dq;
     A(s->x, B * H);
     A(s->h, B * H);
     A(s->q, B * Dq);
-    A(s->k, B * Dkv);
-    A(s->v, B * Dkv);
-    A(s->att, B * Dq);
+    A(s->k, B * Dfull + 1);
+    A(s->v, B * Dfull + 1);
+    A(s->att, B * Dout + 1);
     A(s->tmp, B * H);
     A(s->tok_dev, B);
     A(s->pos_dev, B);
     A(s->mlp_scr, 2 * B * F);
-    s->mla_latent = moet_kv_mla_latent(m, s->be);
     if (hp->kv_lora_rank > 0) {
         const size_t nh = (size_t)hp->n_heads;
         A(s->mla_cq, B * (size_t)(hp->q_lora_rank > 0 ? hp->q_lora_rank : 1));
         A(s->mla_ckv, B * (size_t)hp->kv_lora_rank);
         A(s->mla_kpe, B * (size_t)hp->rope_dim);
-        A(s->mla_kvb, B * nh * (size_t)(hp->qk_nope_dim + hp->v_head_dim));
+        A(s->mla_kvb, s->mla_latent ? 1 : B * nh * (size_t)(hp->qk_nope_dim + hp->v_head_dim));
         A(s->mla_o, B * nh * (size_t)hp->v_head_dim);
     }
     A(s->logits_dev, (size_t)o.n_logits * (size_t)hp->vocab);

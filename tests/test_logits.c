@@ -7,7 +7,8 @@
  * greedy_ids starts with that prompt (the shared models' files), 0 when it holds only the generated tokens.
  * Checks, per window:
  *   - max |moet - ref| / max |ref| <= 1e-4 over the window's logits;
- *   - greedy generation from input_ids reproduces greedy_ids token for token;
+ *   - greedy generation from input_ids reproduces greedy_ids token for token (a divergence only at a tie within
+ *     1e-5 of the largest logit is reported and ends that window's comparison);
  *   - prefill (one eval) and token-by-token decode give the same logits (<= 1e-6 relative);
  *   - a chunked prefill (n_batch smaller than the window) gives the same logits too.
  */
@@ -104,7 +105,18 @@ int main(int argc, char **argv) {
         for (int g = 0; g < G; g++) {
             int32_t next = moet_sampler_sample(greedy, cur, NULL, 0);
             if (next != want[g]) {
-                CHECK(0, "window %d: greedy token %d is %d, transformers gave %d", w, g, next, want[g]);
+                /* A tie within our own logits' agreement with transformers (~1e-6 of the largest) is rounding, not
+                 * a defect: said, and the rest of this window (a different continuation) not compared. A wider gap
+                 * fails. */
+                float mx = 0.f;
+                for (int64_t v = 0; v < V; v++) mx = fmaxf(mx, fabsf(cur[v]));
+                const int in_vocab = want[g] >= 0 && want[g] < V;
+                const double gap = in_vocab ? (double)cur[next] - cur[want[g]] : INFINITY;
+                CHECK(gap <= 1e-5 * mx, "window %d: greedy token %d is %d, transformers gave %d (logit gap %.3g of %.3g)",
+                      w, g, next, want[g], gap, mx);
+                if (gap <= 1e-5 * mx)
+                    fprintf(stderr, "window %d: greedy token %d is a tie (logit gap %.3g of %.3g): %d tokens equal, the "
+                                    "rest not compared\n", w, g, gap, mx, g);
                 ok = 0;
                 break;
             }

@@ -180,7 +180,14 @@ static void *make_weight(int qf, const float *W, int64_t rows, int64_t cols, moe
     moet_matq_info info;
     size_t rb = moet_type_row_bytes(moet_qformat_type((moet_qformat)qf), cols);
     void *blk = malloc(rb * (size_t)rows);
-    REQUIRE(moet_matq_quantize(W, rows, cols, NULL, &o, deq, blk, &info, NULL) == 0, "quantize");
+    if (qf == MOET_QF_BF16 && cols % 32) { /* narrower than the quantizer's 32-column groups: rounded here */
+        memset(&info, 0, sizeof info);
+        info.type = MOET_TYPE_BF16;
+        for (int64_t i = 0; i < rows * cols; i++) {
+            ((uint16_t *)blk)[i] = moet_f32_to_bf16(W[i]);
+            deq[i] = moet_bf16_to_f32(((uint16_t *)blk)[i]);
+        }
+    } else REQUIRE(moet_matq_quantize(W, rows, cols, NULL, &o, deq, blk, &info, NULL) == 0, "quantize");
     memset(w, 0, sizeof(*w));
     w->data = blk;
     w->type = info.type;
@@ -388,6 +395,21 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < N2 * C2; i++) x2[i] = gauss();
         const int qf2[] = {MOET_QF_BF16, MOET_QF_W2, MOET_QF_Q8_0}; /* q8_0 at 352 columns: the stored layout */
         for (size_t k = 0; k < 3; k++) check_mul_mat(qf2[k], "300x352 ", W2, dq2, x2, R2, C2, N2, y2, ref2);
+        free(W2); free(dq2); free(x2); free(y2); free(ref2);
+    }
+    /* 16-bit rows narrower than a 32-column group (DeepSeek-V3's q_b_proj reads q_lora_rank columns, which need not
+     * be a multiple of 32): 48 columns at 1, 9 (the 16-bit GEMV, MOET_GEMM=0) and 70 tokens (tensor cores) */
+    {
+        const int64_t R2 = 300, C2 = 48, N2 = 70;
+        float *W2 = malloc(sizeof(float) * R2 * C2), *dq2 = malloc(sizeof(float) * R2 * C2),
+              *x2 = malloc(sizeof(float) * N2 * C2), *y2 = malloc(sizeof(float) * N2 * R2);
+        double *ref2 = malloc(sizeof(double) * N2 * R2);
+        for (int64_t i = 0; i < R2 * C2; i++) W2[i] = gauss() * 0.05f;
+        for (int64_t i = 0; i < N2 * C2; i++) x2[i] = gauss();
+        setenv("MOET_GEMM", "0", 1);
+        check_mul_mat(MOET_QF_BF16, "300x48 ", W2, dq2, x2, R2, C2, 9, y2, ref2);
+        unsetenv("MOET_GEMM");
+        check_mul_mat(MOET_QF_BF16, "300x48 ", W2, dq2, x2, R2, C2, N2, y2, ref2);
         free(W2); free(dq2); free(x2); free(y2); free(ref2);
     }
     /* Q8_0 rows of whole 8-block groups (CUDA rewrites them into the q8t layout): 4096 columns (two groups of 32

@@ -525,10 +525,6 @@ static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int
 static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y, int acc) {
     cu_backend *c = cu_of(be);
     if (n <= 0 || w->rows <= 0 || c->err[0]) return;
-    if (w->cols % 32) {
-        cu_fail(c, cudaErrorInvalidValue, "mul_mat: cols not a multiple of 32", __FILE__, __LINE__);
-        return;
-    }
     if (mm_attrs(c)) return;
     int32_t type = w->type;
     const uint8_t *d;
@@ -551,6 +547,12 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
             mv16_launch(c, &set, w->type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);
             return;
         }
+    }
+    /* k_mul_mat decodes whole 32-column groups; the 16-bit GEMVs above take any width of 16-byte rows (DeepSeek's
+     * q_lora_rank need not be a multiple of 32), cuBLAS any width */
+    if (w->cols % 32) {
+        cu_fail(c, cudaErrorInvalidValue, "mul_mat: cols not a multiple of 32", __FILE__, __LINE__);
+        return;
     }
     const size_t row_f = (size_t)CU_PAD(w->cols);
     ch = (int)(MM_SMEM_MAX / (row_f * sizeof(float)));

@@ -528,24 +528,26 @@ static void ds_section(const char *tokdir) {
             free(lc);
         }
     }
-    { /* the latent cache (mla_attn, the CPU's) against full keys and values (MOET_MLA_NAIVE=1), in one prefill and
-       * token by token (the latent rows written, then read back by later steps) */
+    { /* the latent cache (mla_attn: the CPU's, CUDA's mla.cu) against full keys and values (MOET_MLA_NAIVE=1), on
+       * the test's device, in one prefill and token by token (the latent rows written, then read back by later
+       * steps); then two sequences in one batch (each row's own latent cache) against them alone */
         float *ln = NULL, *lt = NULL;
         for (int naive = 0; naive < 2; naive++) {
             if (naive) setenv("MOET_MLA_NAIVE", "1", 1);
-            float *l = run_on("cpu", d[0], T, err, sizeof err, &rc);
+            float *l = run_on(device(), d[0], T, err, sizeof err, &rc);
             REQUIRE(l, "deepseek (naive %d): %s", naive, err);
             if (naive) { ln = l; unsetenv("MOET_MLA_NAIVE"); } else lt = l;
         }
         moet_model_options mo = moet_model_default_options();
-        mo.device = "cpu";
+        mo.device = device();
         moet_model *m;
         REQUIRE(moet_model_load(d[0], &mo, &m, err, sizeof err) == 0, "%s", err);
         moet_session_options so = moet_session_default_options();
         so.n_ctx = 64;
-        moet_session *s;
+        moet_session *s, *s2;
         REQUIRE(moet_session_create(m, &so, &s, err, sizeof err) == 0, "%s", err);
-        double md = 0, mi = 0, mr = 0;
+        REQUIRE(moet_session_create(m, &so, &s2, err, sizeof err) == 0, "%s", err);
+        double md = 0, mi = 0, mr = 0, mb = 0;
         for (int i = 0; i < T; i++) {
             const int32_t tok = (int32_t)((37 * i + 11) % V);
             REQUIRE(moet_session_eval(s, &tok, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
@@ -556,10 +558,37 @@ static void ds_section(const char *tokdir) {
             }
         }
         for (size_t i = 0; i < (size_t)T * V; i++) md = fmax(md, fabs((double)lt[i] - ln[i]));
-        fprintf(stderr, "deepseek_v3: latent cache vs full keys and values: max |diff| / max |logit| = %.3g; token by "
-                "token vs prefill: %.3g\n", md / mr, mi / mr);
-        CHECK(md / mr < 1e-5 && mi / mr < 1e-5, "deepseek: the latent cache differs (%.3g vs full, %.3g by token)",
-              md / mr, mi / mr);
+        /* batched: s (T tokens in) and s2 (none yet) step together; s2 replays the window, s goes on, each row
+         * against the same tokens run alone (s2's rows are lt's; s's continuation through a third session) */
+        moet_batch *bt;
+        moet_session *s3;
+        REQUIRE(moet_batch_create(m, 2, 64, &bt, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_create(m, &so, &s3, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < T; i++) {
+            const int32_t tok = (int32_t)((37 * i + 11) % V);
+            REQUIRE(moet_session_eval(s3, &tok, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+        }
+        for (int i = 0; i < 4; i++) {
+            const int32_t toks[2] = {(int32_t)((53 * i + 5) % V), (int32_t)((37 * i + 11) % V)};
+            moet_session *const rows[2] = {s, s2};
+            REQUIRE(moet_batch_decode(bt, rows, toks, 2, err, sizeof err) == 0, "batch: %s", err);
+            REQUIRE(moet_session_eval(s3, &toks[0], 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+            const float *b0 = moet_batch_logits(bt, 0), *b1 = moet_batch_logits(bt, 1), *r3 = moet_session_logits(s3, NULL);
+            REQUIRE(b0 && b1 && r3, "batch logits missing");
+            for (int j = 0; j < V; j++) {
+                mb = fmax(mb, fabs((double)b0[j] - r3[j]));
+                mb = fmax(mb, fabs((double)b1[j] - lt[(size_t)i * V + j]));
+            }
+        }
+        fprintf(stderr, "deepseek_v3 (%s): latent cache vs full keys and values: max |diff| / max |logit| = %.3g; "
+                "token by token vs prefill: %.3g; two rows batched vs alone: %.3g\n", device(), md / mr, mi / mr,
+                mb / mr);
+        CHECK(md / mr < 1e-5 && mi / mr < 1e-5 && mb / mr < 1e-5,
+              "deepseek: the latent cache differs (%.3g vs full, %.3g by token, %.3g batched)", md / mr, mi / mr,
+              mb / mr);
+        moet_batch_free(bt);
+        moet_session_free(s3);
+        moet_session_free(s2);
         moet_session_free(s);
         moet_model_free(m);
         free(ln); free(lt);

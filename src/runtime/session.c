@@ -335,6 +335,9 @@ static void forward_chunk(void *vctx) {
                              &hp->rope, s->pos_dev + r, &kv, ascale, s->mla_o + (size_t)r * (size_t)(nh * hp->v_head_dim));
             }
             rows_done = 1;
+            /* each row's cache went in by value: a recorded step would keep these rows' caches, so a batch of
+             * rows runs eagerly (as when attn_rows declines) */
+            if (ca->rows && ca->declined) *ca->declined = 1;
         }
         if (!rows_done && ca->rows && ca->kvtab && op->attn_rows) {
             moet_attn_args aa = {.q = s->q, .pos = s->pos_dev, .n_tok = n, .n_heads = (int32_t)nh,

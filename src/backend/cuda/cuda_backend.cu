@@ -521,7 +521,7 @@ static const moet_backend_ops k_cuda_ops = {
     /* .attention = */ cu_attention,
     /* .mla_prep = */ cu_mla_prep,
     /* .heads_narrow = */ cu_heads_narrow,
-    /* .mla_attn = */ NULL, /* not yet: MLA runs on full keys and values here (mla_prep + attention) */
+    /* .mla_attn = */ cu_mla_attn, /* mla.cu: the latent cache (MOET_MLA_NAIVE=1: full keys and values) */
     /* .attn_fused = */ cu_attn_fused,
     /* .attn_scratch_bytes = */ cu_attn_scratch_bytes,
     /* .mlp = */ cu_mlp,

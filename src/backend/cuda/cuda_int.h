@@ -192,6 +192,9 @@ int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v, const flo
 void cu_mla_prep(moet_backend *be, float *q, const float *kvb, const float *kpe, int64_t n, int32_t nh, int32_t nope,
                  int32_t rope, int32_t vd, int32_t interleave, float *k, float *v);
 void cu_heads_narrow(moet_backend *be, const float *x, int64_t n, int32_t nh, int32_t xd, int32_t w, float *y);
+void cu_mla_attn(moet_backend *be, const float *q, const float *ckv, const float *kpe, const moet_weight *kv_b,
+                 int64_t n, int32_t nh, int32_t nope, int32_t rope, int32_t vd, int32_t kvlr, int32_t interleave,
+                 const moet_rope *rp, const int32_t *pos, const moet_kv_ref *kv, float scale, float *out);
 void cu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
             const float *x, int64_t n, float *scratch, float *y);
 void cu_moe(moet_backend *be, const moet_moe_args *a);

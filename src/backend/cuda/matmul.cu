@@ -127,6 +127,7 @@ typedef struct {
     int32_t cta0[MV16_MATS + 1];
     int64_t r0[MV16_MATS + 1]; /* row prefix sums: matrix i holds rows [r0[i], r0[i+1]) of the set */
     int32_t n;
+    int32_t early; /* trigger the next kernel's launch once the first loads are out (cu_backend.pdl_early) */
 } cu_mv16_set;
 
 /* BF16/F16 GEMV of the matrices in set over n tokens of x (chunks of ch a CTA along y).
@@ -300,6 +301,7 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
         if (Rn < total) { mv16p_row(set, Rn, min_, rn); rown = set.w[min_] + rn * set.row_bytes[min_]; }
     } else { min_ = mi; rn = r; }
     if (rown) mvp_load<FMT>(rown, lane + 32 * UN * gn, U, qn);
+    if (set.early) cu_pdl_trigger();
     cu_pdl_wait();
     cu_stage_f32(xs, x, nt * cols);
     __syncthreads();
@@ -376,7 +378,8 @@ template <typename K> static int mv16p_blocks(cu_backend *c, K k, size_t smem) {
 /* One wave of k_mv16p (at most one CTA a MM_WARPS rows). */
 template <typename K, typename... Args>
 static void mv16p_go(cu_backend *c, K k, const cu_mv16_set *set, size_t sm, Args... args) {
-    const int nb = mv16p_blocks(c, k, sm);
+    int nb = mv16p_blocks(c, k, sm);
+    if (nb > 1 && c->pdl_early) nb--; /* room for the next kernel's CTAs beside these */
     if (nb <= 0) {
         cu_fail(c, cudaErrorInvalidConfiguration, "k_mv16p: no CTA fits an SM", __FILE__, __LINE__);
         return;
@@ -384,7 +387,9 @@ static void mv16p_go(cu_backend *c, K k, const cu_mv16_set *set, size_t sm, Args
     int64_t grid = (int64_t)nb * c->prop.multiProcessorCount;
     const int64_t need = (set->r0[set->n] + MM_WARPS - 1) / MM_WARPS;
     if (grid > need) grid = need;
-    cu_launch_pdl(c, k, dim3((unsigned)grid), dim3(MM_WARPS * 32), sm, *set, args...);
+    cu_mv16_set s = *set;
+    s.early = c->pdl_early;
+    cu_launch_pdl(c, k, dim3((unsigned)grid), dim3(MM_WARPS * 32), sm, s, args...);
 }
 
 static int mm_attrs(cu_backend *c) {

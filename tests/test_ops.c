@@ -1983,5 +1983,46 @@ int perf_main(moet_backend *be) {
         op->release(be, (void *)dg[s * E].data);
     }
     free(gw); free(uw); free(dw); free(rt); free(dg); free(du); free(dd);
+    if (op->mla_attn) { /* absorbed MLA at DeepSeek-V3's shape (128 heads, nope 128, rope 64, v 128, latent 512), one
+                         * token at growing positions: kv_b (BF16, 32 MB) + the latent rows read (576 floats each) */
+        enum { NH = 128, NOPE = 128, RP = 64, VD = 128, KL = 512 };
+        const int32_t ctxs[] = {128, 1024, 4096};
+        const size_t rb = moet_type_row_bytes(MOET_TYPE_BF16, KL), wbytes = (size_t)NH * (NOPE + VD) * rb;
+        moet_weight kvb = {.data = op->alloc(be, wbytes), .type = MOET_TYPE_BF16, .rows = NH * (NOPE + VD), .cols = KL,
+                           .row_bytes = rb, .qscale = 1};
+        REQUIRE(kvb.data, "perf mla weight");
+        op->fill_random(be, (void *)kvb.data, MOET_TYPE_BF16, kvb.rows, KL, 0.02f, 21);
+        float *q = dev(NULL, sizeof(float) * NH * (NOPE + RP)), *ckv = dev(NULL, sizeof(float) * KL),
+              *kpe = dev(NULL, sizeof(float) * RP), *o = dev(NULL, sizeof(float) * NH * VD);
+        op->fill_random(be, q, MOET_TYPE_F32, 1, NH * (NOPE + RP), 1.0f, 22);
+        op->fill_random(be, ckv, MOET_TYPE_F32, 1, KL, 1.0f, 23);
+        op->fill_random(be, kpe, MOET_TYPE_F32, 1, RP, 1.0f, 24);
+        const moet_rope rp = test_rope(RP, 1e4, 40.0, 1.0);
+        printf("%-28s %8s %10s %10s %9s %9s\n", "mla_attn, 1 token, V3 shape", "pos", "us/op", "MB/op", "GB/s", "of copy");
+        for (size_t i = 0; i < sizeof ctxs / sizeof ctxs[0]; i++) {
+            const int32_t P = ctxs[i];
+            test_kv kl = test_kv_make(P + 1, 6);
+            float *kd = test_kv_pool(&kl, NULL, 0, RP + KL);
+            op->fill_random(be, kd, MOET_TYPE_F32, kl.rows, RP + KL, 1.0f, 25); /* every pool row: no NaN read */
+            const moet_kv_ref kr = test_kv_ref(&kl, kd, NULL);
+            int32_t *posd = dev(&P, sizeof P);
+            double best = 1e30;
+            float probe;
+            for (int it = 0; it < 12; it++) {
+                const double t0 = now_s();
+                op->mla_attn(be, q, ckv, kpe, &kvb, 1, NH, NOPE, RP, VD, KL, 1, &rp, posd, &kr, 0.1f, o);
+                op->download(be, &probe, o, sizeof probe);
+                const double d = now_s() - t0;
+                if (it >= 2 && d < best) best = d;
+            }
+            const double bytes = (double)wbytes + (double)(P + 1) * (RP + KL) * 4.0;
+            printf("%-28s %8d %10.2f %10.2f %9.0f %8.1f%%\n", "  mla.cu (eager)", P, best * 1e6, bytes / 1e6,
+                   bytes / best / 1e9, 100.0 * bytes / best / g_copy_bw);
+            drop(posd); drop(kd);
+            test_kv_drop(&kl);
+        }
+        drop(q); drop(ckv); drop(kpe); drop(o);
+        op->release(be, (void *)kvb.data);
+    }
     return 0;
 }

@@ -30,17 +30,23 @@ typedef struct {
      * nope + rope), YaRN's factor (from a 4096-token pre-training context) */
     int32_t mla, q_lora, kv_lora, nope, rope, v_dim;
     float yarn;
+    /* gpt-oss (oss: 1): every other layer (the even ones) slides over `window` keys; sinks, q/k/v/o biases, the
+     * router's bias and the top-k softmax, expert biases and the clamped SwiGLU; YaRN x32 from 4096 tokens */
+    int32_t oss, window;
 } shape_def;
 
 static const shape_def k_shapes[] = {
-    {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768, 151936, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536, 151936, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"glm-4.5-air", 46, 4096, 96, 8, 128, 128, 8, 1408, 151552, 1, 1, 10944, 1408, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768, 151936, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536, 151936, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"glm-4.5-air", 46, 4096, 96, 8, 128, 128, 8, 1408, 151552, 1, 1, 10944, 1408, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* 671B: its W2 experts (183 GB) fit no lent GPU; run a slice of it, deepseek-v3:N (N layers, the first 3 dense) */
-    {"deepseek-v3", 61, 7168, 128, 128, 192, 256, 8, 2048, 129280, 1, 3, 18432, 2048, 1, 1536, 512, 128, 64, 128, 40},
-    {"mini", 2, 256, 4, 2, 64, 16, 4, 256, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"glm-mini", 3, 256, 4, 2, 64, 16, 4, 256, 512, 1, 1, 512, 256, 0, 0, 0, 0, 0, 0, 0},
-    {"deepseek-mini", 3, 256, 4, 4, 96, 16, 4, 256, 512, 1, 1, 512, 256, 1, 128, 64, 64, 32, 64, 4},
+    {"deepseek-v3", 61, 7168, 128, 128, 192, 256, 8, 2048, 129280, 1, 3, 18432, 2048, 1, 1536, 512, 128, 64, 128, 40, 0, 0},
+    {"mini", 2, 256, 4, 2, 64, 16, 4, 256, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"glm-mini", 3, 256, 4, 2, 64, 16, 4, 256, 512, 1, 1, 512, 256, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"deepseek-mini", 3, 256, 4, 4, 96, 16, 4, 256, 512, 1, 1, 512, 256, 1, 128, 64, 64, 32, 64, 4, 0, 0},
+    {"gpt-oss-120b", 36, 2880, 64, 8, 64, 128, 4, 2880, 201088, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 128},
+    {"gpt-oss-20b", 24, 2880, 64, 8, 64, 32, 4, 2880, 201088, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 128},
+    {"gpt-oss-mini", 2, 256, 4, 2, 64, 8, 2, 256, 512, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 8},
 };
 
 static void *buf(moet_model *m, size_t bytes) {
@@ -104,7 +110,8 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
         if (strlen(k_shapes[i].name) == nl && !strncmp(shape, k_shapes[i].name, nl)) sd = &k_shapes[i];
     if (!sd)
         return moet_err(err, errlen, MOET_EINVAL, "unknown synthetic shape '%s' (qwen3-30b-a3b, qwen3-235b-a22b, "
-                        "glm-4.5-air, deepseek-v3, mini, glm-mini, deepseek-mini; SHAPE:N for its first N layers)", shape);
+                        "glm-4.5-air, deepseek-v3, gpt-oss-120b, gpt-oss-20b, mini, glm-mini, deepseek-mini, gpt-oss-mini; SHAPE:N "
+                        "for its first N layers)", shape);
     if (colon) {
         char *end;
         const long n = strtol(colon + 1, &end, 10);
@@ -165,7 +172,8 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
     }
     moet_hparams *hp = &m->hp;
     snprintf(hp->architecture, sizeof hp->architecture, "%s",
-             sd->mla ? "DeepseekV3ForCausalLM" : sd->glm ? "Glm4MoeForCausalLM" : "Qwen3MoeForCausalLM");
+             sd->mla ? "DeepseekV3ForCausalLM" : sd->glm ? "Glm4MoeForCausalLM" : sd->oss ? "GptOssForCausalLM"
+                                                                                      : "Qwen3MoeForCausalLM");
     hp->vocab = sd->vocab;
     hp->hidden = sd->hidden;
     hp->n_layers = sd->layers;
@@ -203,10 +211,27 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
         hp->attn_scale = (float)(ms * ms / sqrt((double)sd->head_dim));
         hp->route_scale = 2.5f;
     }
+    if (sd->oss) { /* gpt-oss's config: theta 150000, YaRN x32 from 4096 tokens, untruncated, attention factor
+                    * 0.1 ln 32 + 1 */
+        hp->router_scoring = MOET_ROUTER_TOPK_SOFTMAX;
+        hp->rms_eps = 1e-5f;
+        hp->rope_theta = 150000;
+        hp->rope_type = MOET_ROPE_YARN;
+        hp->rope_factor = 32;
+        hp->rope_orig_max_pos = 4096;
+        hp->rope_beta_fast = 32;
+        hp->rope_beta_slow = 1;
+        hp->rope_truncate = 0;
+        hp->rope_attn_factor = (float)(0.1 * log(32.0) + 1.0);
+        hp->swiglu_limit = 7.0f;
+        hp->sliding_window = sd->window;
+        if (!(hp->layer_sliding = calloc((size_t)sd->layers, 1))) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto fail; }
+        for (int l = 0; l < sd->layers; l += 2) hp->layer_sliding[l] = 1;
+    }
     if ((rc = moet_rope_init(hp, err, errlen))) goto fail;
-    hp->max_pos = 40960;
-    hp->qk_norm = !sd->glm;
-    hp->attn_bias = sd->glm && !sd->mla;
+    hp->max_pos = sd->oss ? 131072 : 40960;
+    hp->qk_norm = !sd->glm && !sd->oss;
+    hp->attn_bias = (sd->glm && !sd->mla) || sd->oss;
     hp->bos_id = -1;
     hp->layer_moe = calloc((size_t)sd->layers, 1);
     m->layers = calloc((size_t)sd->layers, sizeof(moet_layer));
@@ -215,9 +240,16 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
                   F = sd->expert_ffn, E = sd->experts;
     const float *ones_h = host_vec(m, H, 1.0f), *ones_d = host_vec(m, sd->head_dim, 1.0f);
     /* GLM: small q/k/v biases and a choice bias (any values: speed does not depend on them) */
-    const float *bias_q = sd->glm ? host_vec(m, Dq, 0.01f) : ones_h, *bias_kv = sd->glm ? host_vec(m, Dkv, 0.01f) : ones_h,
-                *bias_e = sd->glm ? host_vec(m, E, 0.001f) : ones_h;
-    if (!ones_h || !ones_d || !bias_q || !bias_kv || !bias_e) { rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory"); goto fail; }
+    const int biased = sd->glm || sd->oss;
+    const float *bias_q = biased ? host_vec(m, Dq, 0.01f) : ones_h, *bias_kv = biased ? host_vec(m, Dkv, 0.01f) : ones_h,
+                *bias_e = biased ? host_vec(m, E, 0.001f) : ones_h;
+    /* gpt-oss: o_proj's bias, the sinks, the experts' biases (gate / up: E x F, down: E x H) */
+    const float *bias_o = sd->oss ? host_vec(m, H, 0.01f) : ones_h, *sinks = sd->oss ? host_vec(m, sd->heads, 0.5f) : ones_h,
+                *bias_f = sd->oss ? host_vec(m, E * F, 0.01f) : ones_h, *bias_h = sd->oss ? host_vec(m, E * H, 0.01f) : ones_h;
+    if (!ones_h || !ones_d || !bias_q || !bias_kv || !bias_e || !bias_o || !sinks || !bias_f || !bias_h) {
+        rc = moet_err(err, errlen, MOET_ENOMEM, "out of memory");
+        goto fail;
+    }
     uint64_t seed = 1000;
     if (dense(m, &m->tok_embd, MOET_TYPE_BF16, sd->vocab, H, seed++) || dense(m, &m->output, proj_type, sd->vocab, H, seed++))
         goto oom;
@@ -243,9 +275,14 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
         }
         if (sd->mla) {
             /* no q/k norms, no biases */
-        } else if (sd->glm) {
+        } else if (sd->glm || sd->oss) {
             L->bq = bias_q;
             L->bk = L->bv = bias_kv;
+            if (sd->oss) {
+                L->bo = bias_o;
+                L->sinks = sinks;
+                L->window = hp->layer_sliding[l] ? sd->window : 0;
+            }
         } else {
             L->q_norm = L->k_norm = ones_d;
         }
@@ -257,6 +294,11 @@ int moet_model_synthetic(const char *shape, int32_t expert_type, int delta, int3
             continue;
         }
         if (dense(m, &L->router, MOET_TYPE_BF16, E, H, seed++)) goto oom;
+        if (sd->oss) {
+            L->router_lbias = bias_e;
+            L->exp_gate_b = L->exp_up_b = bias_f;
+            L->exp_down_b = bias_h;
+        }
         if (sd->glm) {
             L->router_bias = bias_e;
             if (dense(m, &L->sh_gate, proj_type, sd->shared_ffn, H, seed++) ||

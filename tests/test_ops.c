@@ -232,6 +232,101 @@ static void check_mul_mat(int qf, const char *label, const float *W, float *deq,
     free(blk);
 }
 
+/* gpt-oss's MoE block (backend.h: the router's bias, the top-k softmax, the experts' biases, the clamped SwiGLU) on
+ * T tokens with experts of format qf (-1: f32 as given; else quantized, the reference on their dequantized values),
+ * against float64. */
+static void check_moe_oss(int qf, int T, const char *label) {
+    enum { E = 6, K = 2, H = 64, F = 32, TM = 5 };
+    const moet_backend_ops *op = g_be->ops;
+    static float rw[E * H], rb[E], gw[E][F * H], uw[E][F * H], dw[E][H * F], gq[E][F * H], uq[E][F * H], dq[E][H * F],
+        gb[E * F], ub[E * F], db[E * H], xs[TM * H], o[TM * H];
+    static double rr[TM * H];
+    for (int i = 0; i < E * H; i++) rw[i] = 0.3f * gauss();
+    for (int e = 0; e < E; e++) rb[e] = 0.5f * gauss();
+    for (int e = 0; e < E; e++)
+        for (int i = 0; i < F * H; i++) { gw[e][i] = 0.4f * gauss(); uw[e][i] = 0.4f * gauss(); dw[e][i] = 0.2f * gauss(); }
+    for (int i = 0; i < E * F; i++) { gb[i] = gauss(); ub[i] = gauss(); }
+    for (int i = 0; i < E * H; i++) db[i] = 0.3f * gauss();
+    for (int i = 0; i < T * H; i++) xs[i] = 2.0f * gauss(); /* large enough that the clamp at 7 bites */
+    moet_weight gws[E], uws[E], dws[E];
+    void *blk[E][3] = {{0}};
+    for (int e = 0; e < E; e++) {
+        if (qf < 0) {
+            gws[e] = (moet_weight){.data = gw[e], .type = MOET_TYPE_F32, .rows = F, .cols = H, .row_bytes = H * 4, .qscale = 1};
+            uws[e] = (moet_weight){.data = uw[e], .type = MOET_TYPE_F32, .rows = F, .cols = H, .row_bytes = H * 4, .qscale = 1};
+            dws[e] = (moet_weight){.data = dw[e], .type = MOET_TYPE_F32, .rows = H, .cols = F, .row_bytes = F * 4, .qscale = 1};
+            memcpy(gq[e], gw[e], sizeof gq[e]);
+            memcpy(uq[e], uw[e], sizeof uq[e]);
+            memcpy(dq[e], dw[e], sizeof dq[e]);
+        } else {
+            blk[e][0] = make_weight(qf, gw[e], F, H, &gws[e], gq[e]);
+            blk[e][1] = make_weight(qf, uw[e], F, H, &uws[e], uq[e]);
+            blk[e][2] = make_weight(qf, dw[e], H, F, &dws[e], dq[e]);
+        }
+    }
+    const double lim = 7.0;
+    int clamped = 0;
+    for (int t = 0; t < T; t++) {
+        double l[E], w[K];
+        int id[K];
+        for (int e = 0; e < E; e++) {
+            l[e] = rb[e];
+            for (int i = 0; i < H; i++) l[e] += (double)rw[e * H + i] * xs[t * H + i];
+        }
+        for (int j = 0; j < K; j++) {
+            id[j] = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < j; q++) taken |= id[q] == e;
+                if (!taken && (id[j] < 0 || l[e] > l[id[j]])) id[j] = e;
+            }
+        }
+        double s = 0;
+        for (int j = 0; j < K; j++) { w[j] = exp(l[id[j]] - l[id[0]]); s += w[j]; }
+        for (int i = 0; i < H; i++) rr[t * H + i] = 0;
+        for (int j = 0; j < K; j++) {
+            const int e = id[j];
+            double act[F];
+            for (int f = 0; f < F; f++) {
+                double g = gb[e * F + f], u = ub[e * F + f];
+                for (int i = 0; i < H; i++) { g += (double)gq[e][f * H + i] * xs[t * H + i]; u += (double)uq[e][f * H + i] * xs[t * H + i]; }
+                clamped += g > lim || fabs(u) > lim;
+                g = fmin(g, lim);
+                u = fmax(-lim, fmin(u, lim));
+                act[f] = (u + 1) * g / (1 + exp(-1.702 * g));
+            }
+            for (int i = 0; i < H; i++) {
+                double d = db[e * H + i];
+                for (int f = 0; f < F; f++) d += (double)dq[e][i * F + f] * act[f];
+                rr[t * H + i] += w[j] / s * d;
+            }
+        }
+    }
+    CHECK(clamped > 0 || T < 5, "gpt-oss moe test: the clamp never bites");
+    moet_weight router = {.data = rw, .type = MOET_TYPE_F32, .rows = E, .cols = H, .row_bytes = H * 4, .qscale = 1};
+    void *scr = op->alloc(g_be, op->moe_scratch_bytes(g_be, T, H, F, E, K));
+    float *xd = dev(xs, sizeof(float) * T * H), *od = dev_poisoned((size_t)(T * H)), *twd = dev_poisoned((size_t)(T * K));
+    int32_t *tidd = dev(NULL, sizeof(int32_t) * T * K);
+    moet_moe_args ma = {.x = xd, .n_tok = T, .hidden = H, .ffn = F, .router = &router, .n_experts = E, .n_used = K,
+                        .scoring = MOET_ROUTER_TOPK_SOFTMAX, .norm_topk = 1, .router_lbias = rb, .gate = gws,
+                        .up = uws, .down = dws, .gate_b = gb, .up_b = ub, .down_b = db, .swiglu_limit = 7.0f,
+                        .topk_ids = tidd, .topk_w = twd, .y = od, .scratch = scr};
+    op->moe(g_be, &ma);
+    pull(o, od, (size_t)(T * H));
+    char v[96];
+    snprintf(v, sizeof v, "gpt-oss %sbiases, topk-softmax, clamped swiglu T=%d", label, T);
+    report("moe", v, nmse(o, rr, (size_t)(T * H)), qf < 0 ? 1e-10 : 1e-8);
+    drop(xd); drop(od); drop(twd); drop(tidd);
+    op->release(g_be, scr);
+    op->forget(g_be, gws); /* the expert table, keyed on this (stack) array: the next call's may sit at its address */
+    op->forget(g_be, rw); op->forget(g_be, rb); op->forget(g_be, gb); op->forget(g_be, ub); op->forget(g_be, db);
+    for (int e = 0; e < E; e++) {
+        if (qf < 0) { op->forget(g_be, gw[e]); op->forget(g_be, uw[e]); op->forget(g_be, dw[e]); }
+        for (int k = 0; k < 3; k++)
+            if (blk[e][k]) { op->forget(g_be, blk[e][k]); free(blk[e][k]); }
+    }
+}
+
 /* The MoE oracle in double: softmax routing, top-K renormalised, SwiGLU experts of the dequantized matrices dq[k][e]
  * (gate, up, down), the weighted combine, into rr[T][H] (zeroed by the caller). */
 /* rr_t += sum over the K picks of w_j x expert ids[j](x_t), in double (one token of moe_ref) */
@@ -810,80 +905,12 @@ int main(int argc, char **argv) {
         }
     }
     /* gpt-oss's MoE block: the router's bias, the K largest logits softmaxed among themselves, the experts' biases
-     * and the clamped SwiGLU, against float64 (CUDA: moe.cu's per-slot kernels) */
-    {
-        enum { E = 6, K = 2, H = 64, F = 32, T = 5 };
-        static float rw[E * H], rb[E], gw[E][F * H], uw[E][F * H], dw[E][H * F], gb[E * F], ub[E * F], db[E * H],
-            xs[T * H], o[T * H];
-        double rr[T * H];
-        for (int i = 0; i < E * H; i++) rw[i] = 0.3f * gauss();
-        for (int e = 0; e < E; e++) rb[e] = 0.5f * gauss();
-        for (int e = 0; e < E; e++)
-            for (int i = 0; i < F * H; i++) { gw[e][i] = 0.4f * gauss(); uw[e][i] = 0.4f * gauss(); dw[e][i] = 0.2f * gauss(); }
-        for (int i = 0; i < E * F; i++) { gb[i] = gauss(); ub[i] = gauss(); }
-        for (int i = 0; i < E * H; i++) db[i] = 0.3f * gauss();
-        for (int i = 0; i < T * H; i++) xs[i] = 2.0f * gauss(); /* large enough that the clamp at 7 bites */
-        const double lim = 7.0;
-        int clamped = 0;
-        for (int t = 0; t < T; t++) {
-            double l[E], w[K];
-            int id[K];
-            for (int e = 0; e < E; e++) {
-                l[e] = rb[e];
-                for (int i = 0; i < H; i++) l[e] += (double)rw[e * H + i] * xs[t * H + i];
-            }
-            for (int j = 0; j < K; j++) {
-                id[j] = -1;
-                for (int e = 0; e < E; e++) {
-                    int taken = 0;
-                    for (int q = 0; q < j; q++) taken |= id[q] == e;
-                    if (!taken && (id[j] < 0 || l[e] > l[id[j]])) id[j] = e;
-                }
-            }
-            double s = 0;
-            for (int j = 0; j < K; j++) { w[j] = exp(l[id[j]] - l[id[0]]); s += w[j]; }
-            for (int i = 0; i < H; i++) rr[t * H + i] = 0;
-            for (int j = 0; j < K; j++) {
-                const int e = id[j];
-                double act[F];
-                for (int f = 0; f < F; f++) {
-                    double g = gb[e * F + f], u = ub[e * F + f];
-                    for (int i = 0; i < H; i++) { g += (double)gw[e][f * H + i] * xs[t * H + i]; u += (double)uw[e][f * H + i] * xs[t * H + i]; }
-                    clamped += g > lim || fabs(u) > lim;
-                    g = fmin(g, lim);
-                    u = fmax(-lim, fmin(u, lim));
-                    act[f] = (u + 1) * g / (1 + exp(-1.702 * g));
-                }
-                for (int i = 0; i < H; i++) {
-                    double d = db[e * H + i];
-                    for (int f = 0; f < F; f++) d += (double)dw[e][i * F + f] * act[f];
-                    rr[t * H + i] += w[j] / s * d;
-                }
-            }
-        }
-        CHECK(clamped > 0, "gpt-oss moe test: the clamp never bites");
-        moet_weight router = {.data = rw, .type = MOET_TYPE_F32, .rows = E, .cols = H, .row_bytes = H * 4, .qscale = 1};
-        moet_weight gws[E], uws[E], dws[E];
-        for (int e = 0; e < E; e++) {
-            gws[e] = (moet_weight){.data = gw[e], .type = MOET_TYPE_F32, .rows = F, .cols = H, .row_bytes = H * 4, .qscale = 1};
-            uws[e] = (moet_weight){.data = uw[e], .type = MOET_TYPE_F32, .rows = F, .cols = H, .row_bytes = H * 4, .qscale = 1};
-            dws[e] = (moet_weight){.data = dw[e], .type = MOET_TYPE_F32, .rows = H, .cols = F, .row_bytes = F * 4, .qscale = 1};
-        }
-        void *scr = op->alloc(be, op->moe_scratch_bytes(be, T, H, F, E, K));
-        float *xd = dev(xs, sizeof xs), *od = dev_poisoned((size_t)(T * H)), *twd = dev_poisoned((size_t)(T * K));
-        int32_t *tidd = dev(NULL, sizeof(int32_t) * T * K);
-        moet_moe_args ma = {.x = xd, .n_tok = T, .hidden = H, .ffn = F, .router = &router, .n_experts = E, .n_used = K,
-                            .scoring = MOET_ROUTER_TOPK_SOFTMAX, .norm_topk = 1, .router_lbias = rb, .gate = gws,
-                            .up = uws, .down = dws, .gate_b = gb, .up_b = ub, .down_b = db, .swiglu_limit = 7.0f,
-                            .topk_ids = tidd, .topk_w = twd, .y = od, .scratch = scr};
-        op->moe(be, &ma);
-        pull(o, od, (size_t)(T * H));
-        report("moe", "gpt-oss biases, topk-softmax, clamped swiglu", nmse(o, rr, (size_t)(T * H)), 1e-10);
-        drop(xd); drop(od); drop(twd); drop(tidd);
-        op->release(be, scr);
-        op->forget(be, rw); op->forget(be, rb); op->forget(be, gb); op->forget(be, ub); op->forget(be, db);
-        for (int e = 0; e < E; e++) { op->forget(be, gw[e]); op->forget(be, uw[e]); op->forget(be, dw[e]); }
-    }
+     * and the clamped SwiGLU, against float64: f32 experts (CUDA: moe.cu's per-slot kernels), then W2 experts at 1, 2
+     * and 5 tokens with MOET_OSS_TC=1 (CUDA: the tiled tensor-core kernels' decode and grouped forms) */
+    check_moe_oss(-1, 5, "");
+    setenv("MOET_OSS_TC", "1", 1);
+    for (int T = 1; T <= 5; T += T == 2 ? 3 : 1) check_moe_oss(MOET_QF_W2, T, "w2 ");
+    unsetenv("MOET_OSS_TC");
     /* mla_attn (absorbed MLA, where a backend has it): 3 tokens at positions 5, 6, 7 over a latent cache whose rows
      * 0-4 are given, q absorbed through kv_b's k rows, the output through its v rows; against the float64 function
      * written as the full keys and values would compute it (k_nope = W_UK c, v = W_UV c) */

@@ -543,8 +543,9 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
         return;
     }
     if (set_attrs(c)) return;
-    /* gpt-oss (biased router and experts, the clamped SwiGLU): the per-slot kernels below, whatever the token count
-     * (its experts are never tiled: cuda_backend.cu's tiled_ok); the delta is not there yet */
+    /* gpt-oss (biased router and experts, the clamped SwiGLU): the per-slot kernels below, whatever the token count,
+     * unless its experts were tiled (MOET_OSS_TC=1: cuda_backend.cu's tiled_ok), then moe_tc.cu's kernels with ox;
+     * the delta is not there yet */
     const int oss = a->scoring == MOET_ROUTER_TOPK_SOFTMAX || a->router_lbias || a->gate_b || a->swiglu_limit > 0;
     cu_moe_oss ox = {NULL, NULL, NULL, a->swiglu_limit};
     if (oss && a->dgate) {
@@ -576,7 +577,7 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
             if (a->h) pa.h = a->h + t0 * H;
             pa.topk_ids = a->topk_ids + t0 * K;
             pa.topk_w = a->topk_w + t0 * K;
-            cu_moe_tc_decode(c, &pa, tab, dtab, logits, act);
+            cu_moe_tc_decode(c, &pa, tab, dtab, logits, act, NULL);
         }
         return;
     }
@@ -587,7 +588,7 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
     const int pre = tab->gu_uniform;
     if (tab->tiled && T < MOE_GROUP_MIN) { /* the router kernel applies the pre-norm itself */
         if (a->scoring != MOET_ROUTER_SOFTMAX || !cu_moe_fused(c, a, tab, logits, act))
-            cu_moe_tc_decode(c, a, tab, NULL, logits, act);
+            cu_moe_tc_decode(c, a, tab, NULL, logits, act, oss ? &ox : NULL);
         return;
     }
     if (a->norm_w) { /* the pre-norm as its own launch on the other paths */
@@ -602,7 +603,7 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
     if (tks) cu_moe_route_topk(c, a, logits, T);
     const float *rlg = sig || tks ? NULL : logits;
     const size_t sm_gr = (size_t)GR_TB * CU_PAD(H) * sizeof(float), sm_gd = (size_t)GR_TB * CU_PAD(F) * sizeof(float);
-    if (T >= MOE_GROUP_MIN && pre && !oss && (tab->tiled || (sm_gr <= MOE_SMEM_MAX && sm_gd <= MOE_SMEM_MAX))) {
+    if (T >= MOE_GROUP_MIN && pre && (!oss || tab->tiled) && (tab->tiled || (sm_gr <= MOE_SMEM_MAX && sm_gd <= MOE_SMEM_MAX))) {
         float *xr = act + (size_t)T * K * F, *ydn = xr + (size_t)T * CU_PAD(H);
         int32_t *count = (int32_t *)(ydn + (size_t)T * K * H), *n_active = count + E, *n_items = n_active + 1,
                 *active = n_items + 1, *list = active + E, *items = list + (size_t)E * T;
@@ -614,7 +615,7 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
         /* moe_grp.cu's tiles take the delta too (its residuals in a second pass) where the buffers it borrows are
          * 16-byte aligned; MOET_DELTA_GB=0 keeps the delta on moe_tc.cu's 8-slot kernels (A/B) */
         const char *dge = dtab ? getenv("MOET_DELTA_GB") : NULL;
-        const int gb = cu_moe_gb_ok(tab, H, F) &&
+        const int gb = !oss && cu_moe_gb_ok(tab, H, F) &&
                        (!dtab || (!(dge && dge[0] == '0') && !((uintptr_t)ydn & 15) && !((uintptr_t)a->x & 15) &&
                                   dtab->tiled && dtab->aligned16)),
                   tile = gb ? cu_moe_gb_tile(T, E, K) : GR_TB;
@@ -627,8 +628,9 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
             cu_moe_gb(c, tab, dtab, xr, a->x, T, H, F, K, a->topk_ids, count, n_items, items, list, ny, tile, stage,
                       logits, act, ydn);
         } else if (tab->tiled) {
-            cu_moe_tc_gate_up_grp(c, tab, dtab, xr, a->x, T, H, F, K, count, n_items, items, list, ny, act);
-            cu_moe_tc_down_grp(c, tab, dtab, act, T, H, F, count, n_items, items, list, ny, ydn);
+            cu_moe_tc_gate_up_grp(c, tab, dtab, xr, a->x, T, H, F, K, count, n_items, items, list, ny, act,
+                                  oss ? &ox : NULL);
+            cu_moe_tc_down_grp(c, tab, dtab, act, T, H, F, count, n_items, items, list, ny, ydn, oss ? &ox : NULL);
         } else {
             dim3 gg((unsigned)((F + GR_GU_ROWS - 1) / GR_GU_ROWS), ny), gd((unsigned)((H + GR_DN_ROWS - 1) / GR_DN_ROWS), ny);
             if (q2)

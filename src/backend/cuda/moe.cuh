@@ -177,18 +177,21 @@ void cu_moe_route_sigmoid(cu_backend *c, const moet_moe_args *a, const float *lo
 void cu_moe_route_topk(cu_backend *c, const moet_moe_args *a, const float *logits, int64_t T);
 
 /* moe_tc.cu: the tensor-core path (tab->tiled). Decode (T < MOE_GROUP_MIN): router + top-k, gate/up, down, three
- * launches. Grouped: gate/up and down over the work list of moe.cu's k_moe_prep / k_moe_items. */
+ * launches. Grouped: gate/up and down over the work list of moe.cu's k_moe_prep / k_moe_items. ox (NULL: none):
+ * gpt-oss's biases and clamp (tiled only with MOET_OSS_TC=1: cuda_backend.cu's tiled_ok); its decode routes in a
+ * launch of its own (cu_moe_route_topk after the router's bias). */
 void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, const cu_expert_table *dtab,
-                      float *logits, float *act);
+                      float *logits, float *act, const cu_moe_oss *ox);
 /* dtab (NULL: none): the NVFP4 delta residuals, added in the same kernels; x: the unrotated rows (the residuals'
  * input, H apart), read only with dtab. */
 void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *xr,
                            const float *x, int64_t T, int64_t H, int64_t F, int32_t K, const int32_t *count,
                            const int32_t *n_items, const int32_t *items, const int32_t *list, unsigned n_chunks,
-                           float *act);
+                           float *act, const cu_moe_oss *ox);
 void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *act,
                         int64_t T, int64_t H, int64_t F, const int32_t *count, const int32_t *n_items,
-                        const int32_t *items, const int32_t *list, unsigned n_chunks, float *ydn);
+                        const int32_t *items, const int32_t *list, unsigned n_chunks, float *ydn,
+                        const cu_moe_oss *ox);
 
 /* moe_grp.cu: the grouped products with token tiles of up to 32 (H and F multiples of 128, tiled, 16-byte aligned
  * experts; MOET_MOE_GB=0 turns it off). cu_moe_gb_tile: the slots a work-list chunk takes (the k_moe_items tile). */

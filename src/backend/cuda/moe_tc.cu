@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(DL))
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
              const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w,
-             cu_route_sig rs) {
+             cu_route_sig rs, cu_moe_oss ox) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int slot = blockIdx.y, tok = slot / K;
@@ -192,7 +192,15 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         const int r = threadIdx.x;
         float sg = 0.f, su = 0.f;
         for (int w = 0; w < nw; w++) { sg += red[(w * 2) * 16 + r]; su += red[(w * 2 + 1) * 16 + r]; }
-        act[(int64_t)slot * F + ti * 16 + r] = sg / (1.0f + expf(-sg)) * su;
+        if (ox.gb || ox.lim > 0.f) { /* gpt-oss: the expert's biases, the clamped SwiGLU (moe.cu's per-slot form) */
+            if (ox.gb) {
+                sg += ox.gb[(int64_t)e * F + ti * 16 + r];
+                su += ox.ub[(int64_t)e * F + ti * 16 + r];
+            }
+            act[(int64_t)slot * F + ti * 16 + r] = cu_moe_act(sg, su, ox.lim);
+        } else {
+            act[(int64_t)slot * F + ti * 16 + r] = sg / (1.0f + expf(-sg)) * su;
+        }
     }
 }
 
@@ -204,7 +212,7 @@ template <int M, int DL>
 __global__ void __launch_bounds__(DL ? TC_DN_W / 2 * 32 : TC_DN_W * 32)
 k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
-          int accum, const cu_mat *__restrict__ dtable, int32_t early) {
+          int accum, const cu_mat *__restrict__ dtable, int32_t early, const float *db) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok = blockIdx.y;
@@ -271,6 +279,9 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         const int r = threadIdx.x;
         float s = 0.f;
         for (int w = 0; w < nw; w++) s += red[w * 16 + r];
+        if (db) /* gpt-oss: each pick's down bias at its router weight */
+            for (int k = 0; k < K; k++)
+                s += __ldcg(topk_w + tok * K + k) * db[(int64_t)__ldcg(topk_ids + tok * K + k) * H + ti * 16 + r];
         float *yp = y + (int64_t)tok * H + ti * 16 + r;
         *yp = accum ? *yp + s : s;
     }
@@ -338,7 +349,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
                  const cu_mat *__restrict__ table, int32_t type, const int32_t *__restrict__ count,
                  const int32_t *__restrict__ n_items, const int32_t *__restrict__ items,
                  const int32_t *__restrict__ list, float *__restrict__ act, const float *__restrict__ x,
-                 const cu_mat *__restrict__ dtable) {
+                 const cu_mat *__restrict__ dtable, cu_moe_oss ox) {
     extern __shared__ __align__(16) unsigned char smem[];
     if ((int)blockIdx.y >= *n_items) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -410,7 +421,16 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
             sg += red[((size_t)(w * 2 + 0) * GR_TB + j) * 16 + r];
             su += red[((size_t)(w * 2 + 1) * GR_TB + j) * 16 + r];
         }
-        act[(int64_t)list[(int64_t)e * T + c0 + j] * F + ti * 16 + r] = sg / (1.0f + expf(-sg)) * su;
+        float *ap = act + (int64_t)list[(int64_t)e * T + c0 + j] * F + ti * 16 + r;
+        if (ox.gb || ox.lim > 0.f) { /* gpt-oss, as k_tc_gate_up */
+            if (ox.gb) {
+                sg += ox.gb[(int64_t)e * F + ti * 16 + r];
+                su += ox.ub[(int64_t)e * F + ti * 16 + r];
+            }
+            *ap = cu_moe_act(sg, su, ox.lim);
+        } else {
+            *ap = sg / (1.0f + expf(-sg)) * su;
+        }
     }
 }
 
@@ -419,7 +439,7 @@ __global__ void __launch_bounds__(TC_GRP_W * 32)
 k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, const cu_mat *__restrict__ table,
               int32_t type, const int32_t *__restrict__ count, const int32_t *__restrict__ n_items,
               const int32_t *__restrict__ items, const int32_t *__restrict__ list, float *__restrict__ ydn,
-              const cu_mat *__restrict__ dtable) {
+              const cu_mat *__restrict__ dtable, const float *__restrict__ db) {
     extern __shared__ __align__(16) unsigned char smem[];
     if ((int)blockIdx.y >= *n_items) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -472,6 +492,7 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
         const int j = i >> 4, r = i & 15;
         float s = 0.f;
         for (int w = 0; w < nw; w++) s += red[((size_t)w * GR_TB + j) * 16 + r];
+        if (db) s += db[(int64_t)e * H + ti * 16 + r]; /* gpt-oss: the expert's down bias (k_moe_combine weights it) */
         ydn[(int64_t)list[(int64_t)e * T + c0 + j] * H + ti * 16 + r] = s;
     }
 }
@@ -590,7 +611,7 @@ static int tc_attrs(cu_backend *c) {
 }
 
 void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, const cu_expert_table *dtab,
-                      float *logits, float *act) {
+                      float *logits, float *act, const cu_moe_oss *ox) {
     const int64_t T = a->n_tok, H = a->hidden, F = a->ffn;
     const int32_t E = a->n_experts, K = a->n_used;
     const moet_weight *rw = a->router;
@@ -619,12 +640,15 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     cu_route_sig rs;
     if (!cu_route_sig_of(c, a, &rs)) return;
     const int sig = rs.on;
-    const int route_gu = E <= TC_GU_MAX_E && (sig ? rg && rg[0] == '1' : !(rg && rg[0] == '0'));
+    /* gpt-oss (ox): the router's bias, then its own top-k softmax launch, as moe.cu's per-slot path routes */
+    const int tks = ox != NULL || a->scoring == MOET_ROUTER_TOPK_SOFTMAX;
+    const int route_gu = !tks && E <= TC_GU_MAX_E && (sig ? rg && rg[0] == '1' : !(rg && rg[0] == '0'));
+    const cu_moe_oss nox = {NULL, NULL, NULL, 0.f}, oxv = ox ? *ox : nox;
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
                   rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h,      \
-                  !route_gu && !sig, c->pdl_early)
+                  !route_gu && !sig && !tks, c->pdl_early)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;
@@ -637,6 +661,11 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
         cu_moe_route_sigmoid(c, a, logits, T);
         if (c->err[0]) return;
     }
+    if (tks) {
+        if (a->router_lbias) cu_add(&c->base, logits, NULL, a->router_lbias, T, E);
+        cu_moe_route_topk(c, a, logits, T);
+        if (c->err[0]) return;
+    }
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
     const int nwg = tc_warps(H / bh, TC_GU_W), nwd = tc_warps(K * (F / bf), dtab ? TC_DN_W / 2 : TC_DN_W);
     const dim3 ggu((unsigned)(F / 16), (unsigned)(T * K)), gdn((unsigned)(H / 16), (unsigned)T);
@@ -646,18 +675,18 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (dtab)
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs)
+                           a->norm_topk, a->topk_w, rs, oxv)
     else
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 0, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs)
+                           a->norm_topk, a->topk_w, rs, oxv)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     if (dtab)
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, c->pdl_early)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, c->pdl_early, oxv.db)
     else
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 0, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, c->pdl_early)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, c->pdl_early, oxv.db)
     CU_LAUNCHED(c, "k_tc_down");
 }
 
@@ -677,30 +706,33 @@ static size_t tc_smem_grp(int nw, int red_per_warp, int b, int dl) {
 void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *xr,
                            const float *x, int64_t T, int64_t H, int64_t F, int32_t K, const int32_t *count,
                            const int32_t *n_items, const int32_t *items, const int32_t *list, unsigned n_chunks,
-                           float *act) {
+                           float *act, const cu_moe_oss *ox) {
+    const cu_moe_oss nox = {NULL, NULL, NULL, 0.f}, oxv = ox ? *ox : nox;
     if (tc_attrs(c)) return;
     const int b = cu_hadamard_block(H), nw = tc_warps(H / b, TC_GRP_W);
     const dim3 grid((unsigned)(F / 16), n_chunks);
     if (dtab)
         TC_DISPATCH_DL(b, k_tc_gate_up_grp, 1, grid, nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b, 1), xr, T, H, F, K,
-                       tab->table, tab->type, count, n_items, items, list, act, x, dtab->table)
+                       tab->table, tab->type, count, n_items, items, list, act, x, dtab->table, oxv)
     else
         TC_DISPATCH_DL(b, k_tc_gate_up_grp, 0, grid, nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b, 0), xr, T, H, F, K,
-                       tab->table, tab->type, count, n_items, items, list, act, x, (const cu_mat *)NULL)
+                       tab->table, tab->type, count, n_items, items, list, act, x, (const cu_mat *)NULL, oxv)
     CU_LAUNCHED(c, "k_tc_gate_up_grp");
 }
 
 void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *act,
                         int64_t T, int64_t H, int64_t F, const int32_t *count, const int32_t *n_items,
-                        const int32_t *items, const int32_t *list, unsigned n_chunks, float *ydn) {
+                        const int32_t *items, const int32_t *list, unsigned n_chunks, float *ydn,
+                        const cu_moe_oss *ox) {
+    const float *db = ox ? ox->db : NULL;
     if (tc_attrs(c)) return;
     const int b = cu_hadamard_block(F), nw = tc_warps(F / b, TC_GRP_W);
     const dim3 grid((unsigned)(H / 16), n_chunks);
     if (dtab)
         TC_DISPATCH_DL(b, k_tc_down_grp, 1, grid, nw * 32, tc_smem_grp(nw, GR_TB * 16, b, 1), act, T, H, F, tab->table,
-                       tab->type, count, n_items, items, list, ydn, dtab->table)
+                       tab->type, count, n_items, items, list, ydn, dtab->table, db)
     else
         TC_DISPATCH_DL(b, k_tc_down_grp, 0, grid, nw * 32, tc_smem_grp(nw, GR_TB * 16, b, 0), act, T, H, F, tab->table,
-                       tab->type, count, n_items, items, list, ydn, (const cu_mat *)NULL)
+                       tab->type, count, n_items, items, list, ydn, (const cu_mat *)NULL, db)
     CU_LAUNCHED(c, "k_tc_down_grp");
 }

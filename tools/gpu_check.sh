@@ -85,6 +85,9 @@ if [ "${BENCH:-1}" = 1 ]; then
     TAIL=4 run bench_$shape $bin/moet bench --synthetic $shape --device cuda -p 512 -n 128 --reps 2 -b 4 \
       --json "$out/bench-$shape.json"
   done
+  # the same experts tiled for the tensor-core kernels (MOET_OSS_TC=1: their epilogues take the biases and the clamp)
+  TAIL=4 run bench_gpt-oss-20b_tc env MOET_OSS_TC=1 $bin/moet bench --synthetic gpt-oss-20b --device cuda -p 512 \
+    -n 128 --reps 2 -b 4 --json "$out/bench-gpt-oss-20b-tc.json"
   # DeepSeek-V3's first 8 layers (3 dense, 5 MoE): MLA on the latent cache (mla.cu), then on full keys and values
   TAIL=4 run bench_deepseek_v3_8 $bin/moet bench --synthetic deepseek-v3:8 --device cuda -p 128 -n 64 --reps 2 -b 4 \
     --json "$out/bench-deepseek-v3-8.json"

@@ -14,7 +14,7 @@ fail=0
 run() { local name=$1; shift; echo "== $name: $*"; "$@" > "$out/$name.log" 2>&1; local rc=$?; tail -n "${TAIL:-6}" "$out/$name.log"; echo "   rc=$rc"; [ $rc -eq 0 ] || fail=1; }
 # TESTS=0 skips the correctness half (a second call of a short device window: perf and benches only)
 if [ "${TESTS:-1}" = 1 ]; then
-TAIL=40 run ops_cuda $bin/test_ops cuda
+TAIL=40 run ops_cuda env MOET_MLA_LATENT=1 $bin/test_ops cuda  # (CUDA's mla_attn is opt-in: MOET_MLA_LATENT)
 TAIL=12 run cuda_vs_cpu $bin/test_cuda models/moe-mini-a
 run logits_a_cuda $bin/test_logits models/moe-mini-a .carry/shared/reference_fp32.safetensors 16 1
 TAIL=3 run batch_cuda $bin/test_batch models/moe-mini-a
@@ -27,12 +27,15 @@ for fx in deepseek-mini gpt-oss-mini; do # DeepSeek-V3 (MLA, YaRN) and gpt-oss (
   [ -f tests/models/$fx/reference_fp32.safetensors ] &&
     run logits_${fx}_cuda $bin/test_logits tests/models/$fx tests/models/$fx/reference_fp32.safetensors 24 0
 done
+[ -f tests/models/deepseek-mini/reference_fp32.safetensors ] && run logits_deepseek-mini_latent_cuda \
+  env MOET_MLA_LATENT=1 $bin/test_logits tests/models/deepseek-mini tests/models/deepseek-mini/reference_fp32.safetensors 24 0
 # (the FP4 delta end to end: tests/test_delta.sh runs in CI on the CPU; on the GPU its model, moe-mini-b, is not in
 # the tiled layout the delta kernels need (widths multiples of 128), so test_ops's tiled delta shapes check them)
 # the expert cache on the GPU: 40 of moe-mini-a's 256 experts in device slots (fp32 kernels), then a W2 pack with
 # its delta (tiled slots, residuals beside them), each bit-identical to the resident model
 # Mixtral and GLM-4.5 on the GPU: their tensor layouts and W2 packs, GLM against the CPU
 MOET_DEVICE=cuda TAIL=4 run arch_cuda $bin/test_arch models/moe-mini-a
+MOET_DEVICE=cuda TAIL=4 run arch_cuda_mla_latent env MOET_MLA_LATENT=1 $bin/test_arch models/moe-mini-a
 TAIL=6 run ecache_cuda $bin/test_ecache models/moe-mini-a cuda
 # (moe-mini-a's W2 pack is not tiled either: no delta pack for it here)
 EXPERTS=w2 TAIL=6 run ecache_pack_cuda bash tests/test_ecache_pack.sh $bin/moet $bin/test_ecache models/moe-mini-a cuda
@@ -88,10 +91,11 @@ if [ "${BENCH:-1}" = 1 ]; then
   # the same experts tiled for the tensor-core kernels (MOET_OSS_TC=1: their epilogues take the biases and the clamp)
   TAIL=4 run bench_gpt-oss-20b_tc env MOET_OSS_TC=1 $bin/moet bench --synthetic gpt-oss-20b --device cuda -p 512 \
     -n 128 --reps 2 -b 4 --json "$out/bench-gpt-oss-20b-tc.json"
-  # DeepSeek-V3's first 8 layers (3 dense, 5 MoE): MLA on the latent cache (mla.cu), then on full keys and values
-  TAIL=4 run bench_deepseek_v3_8 $bin/moet bench --synthetic deepseek-v3:8 --device cuda -p 128 -n 64 --reps 2 -b 4 \
-    --json "$out/bench-deepseek-v3-8.json"
-  TAIL=4 run bench_deepseek_v3_8_naive env MOET_MLA_NAIVE=1 $bin/moet bench --synthetic deepseek-v3:8 --device cuda \
+  # DeepSeek-V3's first 8 layers (3 dense, 5 MoE): MLA on the latent cache (mla.cu, MOET_MLA_LATENT=1), then on full
+  # keys and values (the default on CUDA until mla.cu has run)
+  TAIL=4 run bench_deepseek_v3_8 env MOET_MLA_LATENT=1 $bin/moet bench --synthetic deepseek-v3:8 --device cuda \
+    -p 128 -n 64 --reps 2 -b 4 --json "$out/bench-deepseek-v3-8.json"
+  TAIL=4 run bench_deepseek_v3_8_naive $bin/moet bench --synthetic deepseek-v3:8 --device cuda \
     -p 128 -n 64 --reps 2 -b 4 --json "$out/bench-deepseek-v3-8-naive.json"
   TAIL=4 run bench_mini_a $bin/moet bench -m models/moe-mini-a --device cuda -p 512 -n 128 --reps 3 --json "$out/bench-moe-mini-a.json"
   # the attention projections and lm_head as Q8_0 (a pack's --dense q8_0): at batch 1 ~2.4 of a 30b token's ~3.0 GB

@@ -10,16 +10,18 @@ B=.carry/bin
 export LD_LIBRARY_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)
 nvidia-smi --query-gpu=name --format=csv,noheader
-# the op harness: mla_attn, bf16 48-column mul_mat, gpt-oss's W2 block on the tiled kernels (MOET_OSS_TC=1 inside)
-timeout 150 $B/test_ops cuda > "$out/ops.log" 2>&1; echo "test_ops cuda rc=$?"
+# the op harness: mla_attn (CUDA has the op with MOET_MLA_LATENT=1), bf16 48-column mul_mat, gpt-oss's W2 block on
+# the tiled kernels (MOET_OSS_TC=1 inside)
+MOET_MLA_LATENT=1 timeout 150 $B/test_ops cuda > "$out/ops.log" 2>&1; echo "test_ops cuda rc=$?"
 grep "x48\|mla\|gpt-oss\|FAIL\|FATAL\|^ok" "$out/ops.log"
 # DeepSeek-V3 (latent cache, then full keys and values) and gpt-oss against transformers, on CUDA
 for fx in deepseek-mini gpt-oss-mini; do
   $B/test_logits tests/models/$fx tests/models/$fx/reference_fp32.safetensors 24 0 2>&1 | tail -3
 done
-MOET_MLA_NAIVE=1 $B/test_logits tests/models/deepseek-mini tests/models/deepseek-mini/reference_fp32.safetensors 24 0 2>&1 | tail -2
-# CUDA vs CPU on random DeepSeek / gpt-oss / GLM / Mixtral checkpoints, the latent cache batched
-MOET_DEVICE=cuda timeout 120 $B/test_arch models/moe-mini-a > "$out/arch.log" 2>&1; echo "test_arch cuda rc=$?"
+MOET_MLA_LATENT=1 $B/test_logits tests/models/deepseek-mini tests/models/deepseek-mini/reference_fp32.safetensors 24 0 2>&1 | tail -2
+# CUDA vs CPU on random DeepSeek / gpt-oss / GLM / Mixtral checkpoints, the latent cache (vs full keys, batched)
+MOET_MLA_LATENT=1 MOET_DEVICE=cuda timeout 120 $B/test_arch models/moe-mini-a > "$out/arch.log" 2>&1
+echo "test_arch cuda (latent MLA) rc=$?"
 grep -i "deepseek\|oss\|FAIL\|^ok" "$out/arch.log" | tail -8
 # the early PDL trigger: correctness (graph replay bit-identical, CUDA vs CPU), then the 30b decode A/B twice
 MOET_PDL_EARLY=1 timeout 60 $B/test_cuda models/moe-mini-a 2>&1 | tail -2
@@ -28,9 +30,9 @@ for i in 1 2; do for e in 0 1; do
     grep "tg128" | sed "s/^/MOET_PDL_EARLY=$e /"
 done; done
 # DeepSeek-V3's first 8 layers, latent cache vs full keys and values; gpt-oss-20b per-slot vs tiled
-timeout 100 $B/moet bench --synthetic deepseek-v3:8 --device cuda -p 128 -n 32 --reps 1 -b 4 \
+MOET_MLA_LATENT=1 timeout 100 $B/moet bench --synthetic deepseek-v3:8 --device cuda -p 128 -n 32 --reps 1 -b 4 \
   --json "$out/bench-deepseek-v3-8.json" 2>&1 | grep "^|" | tail -3
-MOET_MLA_NAIVE=1 timeout 100 $B/moet bench --synthetic deepseek-v3:8 --device cuda -p 128 -n 32 --reps 1 -b 4 \
+timeout 100 $B/moet bench --synthetic deepseek-v3:8 --device cuda -p 128 -n 32 --reps 1 -b 4 \
   --json "$out/bench-deepseek-v3-8-naive.json" 2>&1 | grep "^|" | tail -3
 for o in 0 1; do
   MOET_OSS_TC=$o timeout 80 $B/moet bench --synthetic gpt-oss-20b --device cuda -p 128 -n 64 --reps 1 -b 4 \

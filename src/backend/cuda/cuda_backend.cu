@@ -524,7 +524,7 @@ static const moet_backend_ops k_cuda_ops = {
     /* .attention = */ cu_attention,
     /* .mla_prep = */ cu_mla_prep,
     /* .heads_narrow = */ cu_heads_narrow,
-    /* .mla_attn = */ cu_mla_attn, /* mla.cu: the latent cache (MOET_MLA_NAIVE=1: full keys and values) */
+    /* .mla_attn = */ NULL, /* mla.cu's cu_mla_attn with MOET_MLA_LATENT=1 (k_cuda_ops_latent, below) */
     /* .attn_fused = */ cu_attn_fused,
     /* .attn_scratch_bytes = */ cu_attn_scratch_bytes,
     /* .mlp = */ cu_mlp,
@@ -538,6 +538,14 @@ static const moet_backend_ops k_cuda_ops = {
     /* .expert_cache_stats = */ cu_expert_cache_stats,
     /* .mem_info = */ cu_mem_info,
 };
+
+/* The same table with mla.cu's op (MOET_MLA_LATENT=1, cu_backend_create): made once, at load. */
+static moet_backend_ops cu_ops_with_mla(void) {
+    moet_backend_ops o = k_cuda_ops;
+    o.mla_attn = cu_mla_attn;
+    return o;
+}
+static const moet_backend_ops k_cuda_ops_latent = cu_ops_with_mla();
 
 extern "C" int moet_backend_cuda_device_count(void) {
     int n = 0;
@@ -554,7 +562,11 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
     }
     cu_backend *c = (cu_backend *)calloc(1, sizeof(*c));
     if (!c) { if (err && errlen) snprintf(err, errlen, "out of memory"); return NULL; }
-    c->base.ops = &k_cuda_ops;
+    /* DeepSeek's latent cache (mla.cu) is opt-in until a GPU has run it (stop 28 wrote it with no device lent after
+     * the first call): MOET_MLA_LATENT=1 gives this backend the mla_attn op, so sessions keep [k_pe', c] a token;
+     * otherwise MLA runs as ordinary attention on full keys and values, as checked on an H100 at stop 28 */
+    const char *ml = getenv("MOET_MLA_LATENT");
+    c->base.ops = ml && ml[0] == '1' ? &k_cuda_ops_latent : &k_cuda_ops;
     c->device = device;
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaGetDeviceProperties(&c->prop, device);

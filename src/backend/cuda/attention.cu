@@ -55,37 +55,7 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
                 vr[g][d] = ok ? vp[i] : 0.f;
             }
         }
-        float s[AT_G];
-#pragma unroll
-        for (int g = 0; g < AT_G; g++) {
-            float a = 0.f;
-#pragma unroll
-            for (int d = 0; d < AT_MAX_D; d++) a = fmaf(qv[d], kr[g][d], a);
-            s[g] = a;
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-#pragma unroll
-            for (int g = 0; g < AT_G; g++) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
-        float mn = m;
-#pragma unroll
-        for (int g = 0; g < AT_G; g++) {
-            s[g] = j0 + g < n_keys ? s[g] * scale : -INFINITY;
-            mn = fmaxf(mn, s[g]);
-        }
-        const float corr = expf(m - mn);
-        float p[AT_G], ps = 0.f;
-#pragma unroll
-        for (int g = 0; g < AT_G; g++) { p[g] = expf(s[g] - mn); ps += p[g]; }
-        l = l * corr + ps;
-#pragma unroll
-        for (int d = 0; d < AT_MAX_D; d++) {
-            float acc = o[d] * corr;
-#pragma unroll
-            for (int g = 0; g < AT_G; g++) acc = fmaf(p[g], vr[g][d], acc);
-            o[d] = acc;
-        }
-        m = mn;
+        cu_osm_step<AT_G, AT_MAX_D>(qv, kr, vr, j0, n_keys, scale, m, l, o);
     }
     if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
 #pragma unroll

@@ -374,6 +374,46 @@ __device__ __forceinline__ float cu_warp_max(float v) {
     return v;
 }
 
+/* One step of a warp's online softmax over G keys j0 .. j0 + G - 1 (those < n_keys count): qv the query and kr the
+ * keys as this lane holds them (dims lane, lane + 32, ..), vr the values; m, l, o the running maximum, sum and output.
+ * The CUDA-core attention kernels (attention.cu, mla.cu) share it, so their arithmetic is one. */
+template <int G, int D>
+__device__ __forceinline__ void cu_osm_step(const float (&qv)[D], const float (&kr)[G][D], const float (&vr)[G][D],
+                                            int32_t j0, int32_t n_keys, float scale, float &m, float &l,
+                                            float (&o)[D]) {
+    float s[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        float a = 0.f;
+#pragma unroll
+        for (int d = 0; d < D; d++) a = fmaf(qv[d], kr[g][d], a);
+        s[g] = a;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+        for (int g = 0; g < G; g++) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
+    float mn = m;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        s[g] = j0 + g < n_keys ? s[g] * scale : -INFINITY;
+        mn = fmaxf(mn, s[g]);
+    }
+    const float corr = expf(m - mn);
+    float p[G], ps = 0.f;
+#pragma unroll
+    for (int g = 0; g < G; g++) { p[g] = expf(s[g] - mn); ps += p[g]; }
+    l = l * corr + ps;
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        float acc = o[d] * corr;
+#pragma unroll
+        for (int g = 0; g < G; g++) acc = fmaf(p[g], vr[g][d], acc);
+        o[d] = acc;
+    }
+    m = mn;
+}
+
 /* quant/matq.c sign_of: the rotation's random sign of column i. */
 __host__ __device__ __forceinline__ float cu_rot_sign(uint64_t seed, int64_t i) {
     uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;

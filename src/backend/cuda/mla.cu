@@ -123,37 +123,7 @@ k_mla_attn(const float *__restrict__ q, const uint8_t *__restrict__ wb, int32_t 
                 kr[g][d] = d < nd && i < rd ? kp[i] : 0.f;
             }
         }
-        float s[MLA_G];
-#pragma unroll
-        for (int g = 0; g < MLA_G; g++) {
-            float a = 0.f;
-#pragma unroll
-            for (int d = 0; d < MLA_MAX_D; d++) a = fmaf(qv[d], kr[g][d], a);
-            s[g] = a;
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-#pragma unroll
-            for (int g = 0; g < MLA_G; g++) s[g] += __shfl_xor_sync(0xffffffffu, s[g], off);
-        float mn = m;
-#pragma unroll
-        for (int g = 0; g < MLA_G; g++) {
-            s[g] = j0 + g < n_keys ? s[g] * scale : -INFINITY;
-            mn = fmaxf(mn, s[g]);
-        }
-        const float corr = expf(m - mn);
-        float pg[MLA_G], ps = 0.f;
-#pragma unroll
-        for (int g = 0; g < MLA_G; g++) { pg[g] = expf(s[g] - mn); ps += pg[g]; }
-        l = l * corr + ps;
-#pragma unroll
-        for (int d = 0; d < MLA_MAX_D; d++) {
-            float acc = o[d] * corr;
-#pragma unroll
-            for (int g = 0; g < MLA_G; g++) acc = fmaf(pg[g], kr[g][d], acc);
-            o[d] = acc;
-        }
-        m = mn;
+        cu_osm_step<MLA_G, MLA_MAX_D>(qv, kr, kr, j0, n_keys, scale, m, l, o); /* each row its own value */
     }
     if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
 #pragma unroll

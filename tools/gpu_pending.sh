@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 # the tiled kernels (MOET_OSS_TC=1 inside)
 MOET_MLA_LATENT=1 timeout 150 $B/test_ops cuda > "$out/ops.log" 2>&1; echo "test_ops cuda rc=$?"
 grep "x48\|mla\|gpt-oss\|FAIL\|FATAL\|^ok" "$out/ops.log"
-# DeepSeek-V3 (latent cache, then full keys and values) and gpt-oss against transformers, on CUDA
+# DeepSeek-V3 (full keys and values, CUDA's default; then the latent cache) and gpt-oss against transformers, on CUDA
 for fx in deepseek-mini gpt-oss-mini; do
   $B/test_logits tests/models/$fx tests/models/$fx/reference_fp32.safetensors 24 0 2>&1 | tail -3
 done

@@ -83,20 +83,21 @@ if [ "${BENCH:-1}" = 1 ]; then
   TAIL=3 run bench_glm_air_route_gu1 env MOET_ROUTE_GU=1 $bin/moet bench --synthetic glm-4.5-air --device cuda -p 0 \
     -n 128 --reps 2
   # gpt-oss's shapes (sinks, sliding windows, biases, the clamped SwiGLU; experts 2880 wide: the per-slot kernels of
-  # moe.cu, not the tiled tensor-core ones)
-  for shape in gpt-oss-20b gpt-oss-120b; do
-    TAIL=4 run bench_$shape $bin/moet bench --synthetic $shape --device cuda -p 512 -n 128 --reps 2 -b 4 \
-      --json "$out/bench-$shape.json"
-  done
-  # the same experts tiled for the tensor-core kernels (MOET_OSS_TC=1: their epilogues take the biases and the clamp)
-  TAIL=4 run bench_gpt-oss-20b_tc env MOET_OSS_TC=1 $bin/moet bench --synthetic gpt-oss-20b --device cuda -p 512 \
-    -n 128 --reps 2 -b 4 --json "$out/bench-gpt-oss-20b-tc.json"
-  # DeepSeek-V3's first 8 layers (3 dense, 5 MoE): MLA on the latent cache (mla.cu, MOET_MLA_LATENT=1), then on full
-  # keys and values (the default on CUDA until mla.cu has run)
-  TAIL=4 run bench_deepseek_v3_8 env MOET_MLA_LATENT=1 $bin/moet bench --synthetic deepseek-v3:8 --device cuda \
-    -p 128 -n 64 --reps 2 -b 4 --json "$out/bench-deepseek-v3-8.json"
-  TAIL=4 run bench_deepseek_v3_8_naive $bin/moet bench --synthetic deepseek-v3:8 --device cuda \
-    -p 128 -n 64 --reps 2 -b 4 --json "$out/bench-deepseek-v3-8-naive.json"
+  # moe.cu, slow at hundreds of tokens, hence -p 128), then gpt-oss-20b's experts tiled for the tensor-core kernels
+  # (MOET_OSS_TC=1); and DeepSeek-V3's first 8 layers (3 dense, 5 MoE) on the latent cache (mla.cu,
+  # MOET_MLA_LATENT=1) and on full keys and values (CUDA's default until mla.cu has run). NEW=0 skips these.
+  if [ "${NEW:-1}" = 1 ]; then
+    for shape in gpt-oss-20b gpt-oss-120b; do
+      TAIL=4 run bench_$shape $bin/moet bench --synthetic $shape --device cuda -p 128 -n 64 --reps 1 -b 4 \
+        --json "$out/bench-$shape.json"
+    done
+    TAIL=4 run bench_gpt-oss-20b_tc env MOET_OSS_TC=1 $bin/moet bench --synthetic gpt-oss-20b --device cuda -p 128 \
+      -n 64 --reps 1 -b 4 --json "$out/bench-gpt-oss-20b-tc.json"
+    TAIL=4 run bench_deepseek_v3_8 env MOET_MLA_LATENT=1 $bin/moet bench --synthetic deepseek-v3:8 --device cuda \
+      -p 128 -n 64 --reps 1 -b 4 --json "$out/bench-deepseek-v3-8.json"
+    TAIL=4 run bench_deepseek_v3_8_naive $bin/moet bench --synthetic deepseek-v3:8 --device cuda \
+      -p 128 -n 64 --reps 1 -b 4 --json "$out/bench-deepseek-v3-8-naive.json"
+  fi
   TAIL=4 run bench_mini_a $bin/moet bench -m models/moe-mini-a --device cuda -p 512 -n 128 --reps 3 --json "$out/bench-moe-mini-a.json"
   # the attention projections and lm_head as Q8_0 (a pack's --dense q8_0): at batch 1 ~2.4 of a 30b token's ~3.0 GB
   # are these BF16 weights (W2 made the experts the small part), so Q8_0 takes a decode step to ~1.8 GB

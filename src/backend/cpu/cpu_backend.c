@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backend/expert_cache.h"
+#include "backend/mla_src.h"
 #include "backend/route_ref.h"
 #include "backend/topk_key.h"
 #include "core/pool.h"
@@ -340,11 +341,6 @@ static void cpu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads,
     }
 }
 
-/* MLA's rope dims: element i of the rotated vector is element mla_src(i) of the checkpoint's (de-interleaved:
- * x0, x2, .., x1, x3, .. when interleave). */
-static inline int32_t mla_src(int32_t i, int32_t rope, int32_t interleave) {
-    return !interleave ? i : i < rope / 2 ? 2 * i : 2 * (i - rope / 2) + 1;
-}
 
 static void cpu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads,
                           int32_t n_kv, int32_t head_dim, const float *q_norm, const float *k_norm, float eps,
@@ -371,8 +367,8 @@ static void cpu_mla_prep(moet_backend *be, float *q, const float *kvb, const flo
             for (int32_t i = 0; i < rope; i++) pe[i] = qh[nope + i];
             memmove(qh + rope, qh, (size_t)nope * sizeof *qh);
             for (int32_t i = 0; i < rope; i++) {
-                qh[i] = pe[mla_src(i, rope, interleave)];
-                kh[i] = kp[mla_src(i, rope, interleave)];
+                qh[i] = pe[moet_mla_src(i, rope, interleave)];
+                kh[i] = kp[moet_mla_src(i, rope, interleave)];
             }
             memcpy(kh + rope, src, (size_t)nope * sizeof *kh);
             memcpy(vh, src + nope, (size_t)vd * sizeof *vh);
@@ -411,7 +407,7 @@ static void mla_task(void *vctx, int64_t b, int64_t e, int tid) {
         const int32_t h = (int32_t)(task % c->nh), p = c->pos[t];
         const float *qh = c->q + (size_t)task * qd;
         for (int32_t r = 0; r < nope + vd; r++) moet_weight_row_f32(c->kv_b, (int64_t)h * (nope + vd) + r, W + (size_t)r * kvlr);
-        for (int32_t i = 0; i < rope; i++) qf[i] = qh[nope + mla_src(i, rope, c->interleave)]; /* q_pe', as mla_prep */
+        for (int32_t i = 0; i < rope; i++) qf[i] = qh[nope + moet_mla_src(i, rope, c->interleave)]; /* q_pe', as mla_prep */
         rope_vec(qf, c->rp, p);
         float *ql = qf + rope; /* q_lat = W_UK^T q_nope */
         for (int32_t j = 0; j < kvlr; j++) ql[j] = 0.0f;
@@ -441,7 +437,7 @@ static void cpu_mla_attn(moet_backend *be, const float *q, const float *ckv, con
     int32_t pmax = 0;
     for (int64_t t = 0; t < n; t++) { /* the latent rows first: a token sees the chunk's earlier ones */
         float *row = kv->k + (size_t)moet_kv_row(kv->blocks, kv->shift, pos[t]) * (size_t)rd;
-        for (int32_t i = 0; i < rope; i++) row[i] = kpe[(size_t)t * rope + mla_src(i, rope, interleave)];
+        for (int32_t i = 0; i < rope; i++) row[i] = kpe[(size_t)t * rope + moet_mla_src(i, rope, interleave)];
         rope_vec(row, rp, pos[t]);
         memcpy(row + rope, ckv + (size_t)t * kvlr, (size_t)kvlr * sizeof(float));
         if (pos[t] > pmax) pmax = pos[t];

@@ -5,6 +5,7 @@
  */
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_int.h"
+#include "backend/mla_src.h"
 #include "quant/synth.h"
 
 __global__ void k_add(float *y, const float *x, const float *bias, int64_t n, int64_t dim) {
@@ -214,14 +215,14 @@ __global__ void k_mla_prep(float *q, const float *kvb, const float *kpe, int32_t
                            int32_t vd, int32_t interleave, float *k, float *v) {
     extern __shared__ float sq[];
     const int64_t th = blockIdx.x, t = th / nh;
-    const int hd = nope + rope, half = rope / 2;
+    const int hd = nope + rope;
     float *qh = q + th * hd, *kh = k + th * hd, *vh = v + th * hd;
     const float *src = kvb + th * (int64_t)(nope + vd), *kp = kpe + t * rope;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) sq[i] = qh[i];
     __syncthreads();
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         if (i < rope) {
-            const int s = !interleave ? i : i < half ? 2 * i : 2 * (i - half) + 1;
+            const int s = moet_mla_src(i, rope, interleave);
             qh[i] = sq[nope + s];
             kh[i] = kp[s];
         } else {

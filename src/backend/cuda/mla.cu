@@ -25,15 +25,11 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_int.h"
+#include "backend/mla_src.h"
 
 #define MLA_WARPS 8
 #define MLA_MAX_D 20 /* rope + kvlr <= 640 (V3 and Kimi-K2: 64 + 512) */
 #define MLA_G 2      /* keys a warp takes at once, both rows requested before any math */
-
-/* Where rope element i of a (possibly interleaved) rope vector comes from: mla_prep's de-interleave. */
-__device__ __forceinline__ int mla_src(int i, int rope, int interleave) {
-    return !interleave ? i : i < rope / 2 ? 2 * i : 2 * (i - rope / 2) + 1;
-}
 
 /* v[0 .. rope) rotate-half by pairs (i, i + rope/2) at position p, as the CPU's rope_vec. All threads; v in shared
  * memory; the caller synchronises before and after. */
@@ -55,7 +51,7 @@ __global__ void k_mla_store(const float *__restrict__ ckv, const float *__restri
     const int64_t t = blockIdx.x;
     const int32_t p = pos[t], rd = rope + kvlr;
     float *row = kv.k + moet_kv_row(kv.blocks, kv.shift, p) * rd;
-    for (int i = threadIdx.x; i < rope; i += blockDim.x) sp[i] = kpe[t * rope + mla_src(i, rope, interleave)];
+    for (int i = threadIdx.x; i < rope; i += blockDim.x) sp[i] = kpe[t * rope + moet_mla_src(i, rope, interleave)];
     __syncthreads();
     mla_rotate(sp, rope, rp, p);
     __syncthreads();
@@ -77,7 +73,7 @@ k_mla_attn(const float *__restrict__ q, const uint8_t *__restrict__ wb, int32_t 
     float *qf = msm, *part = qf + rd, *sm_o = part + MLA_WARPS * kvlr;
     const float *qh = q + (t * nh + h) * (int64_t)(nope + rope);
     const uint8_t *wh = wb + (size_t)h * (size_t)(nope + vd) * row_bytes; /* head h's W_UK rows, then W_UV's */
-    for (int i = threadIdx.x; i < rope; i += blockDim.x) qf[i] = qh[nope + mla_src(i, rope, interleave)];
+    for (int i = threadIdx.x; i < rope; i += blockDim.x) qf[i] = qh[nope + moet_mla_src(i, rope, interleave)];
     /* q_lat: warp w over rows i = w, w + 8, ..; lane over column groups */
     for (int g = lane; g < G; g += 32) {
         float acc[32];

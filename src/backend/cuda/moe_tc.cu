@@ -95,6 +95,17 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
 
 /* ---- decode: gate/up ----------------------------------------------------------------------------------------- */
 
+/* The activation of one row's gate and up sums: silu(g) u (the formula these kernels always had, so their results
+ * stay bit for bit), or for gpt-oss (ox) the expert's biases at index bi (e F + row) and the clamped form. */
+__device__ __forceinline__ float tc_act(float g, float u, const cu_moe_oss &ox, int64_t bi) {
+    if (!ox.gb && !(ox.lim > 0.f)) return g / (1.0f + expf(-g)) * u;
+    if (ox.gb) {
+        g += ox.gb[bi];
+        u += ox.ub[bi];
+    }
+    return cu_moe_act(g, u, ox.lim);
+}
+
 /* DL: the expert's NVFP4 delta residuals (dtable, tiled: blocks.h) are added into the same accumulators after each
  * chunk's base products, x staged again as the residual sees it (unrotated, as the quantizer stores NVFP4 residuals,
  * or by the residual's own rotation). */
@@ -192,15 +203,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         const int r = threadIdx.x;
         float sg = 0.f, su = 0.f;
         for (int w = 0; w < nw; w++) { sg += red[(w * 2) * 16 + r]; su += red[(w * 2 + 1) * 16 + r]; }
-        if (ox.gb || ox.lim > 0.f) { /* gpt-oss: the expert's biases, the clamped SwiGLU (moe.cu's per-slot form) */
-            if (ox.gb) {
-                sg += ox.gb[(int64_t)e * F + ti * 16 + r];
-                su += ox.ub[(int64_t)e * F + ti * 16 + r];
-            }
-            act[(int64_t)slot * F + ti * 16 + r] = cu_moe_act(sg, su, ox.lim);
-        } else {
-            act[(int64_t)slot * F + ti * 16 + r] = sg / (1.0f + expf(-sg)) * su;
-        }
+        act[(int64_t)slot * F + ti * 16 + r] = tc_act(sg, su, ox, (int64_t)e * F + ti * 16 + r);
     }
 }
 
@@ -421,16 +424,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
             sg += red[((size_t)(w * 2 + 0) * GR_TB + j) * 16 + r];
             su += red[((size_t)(w * 2 + 1) * GR_TB + j) * 16 + r];
         }
-        float *ap = act + (int64_t)list[(int64_t)e * T + c0 + j] * F + ti * 16 + r;
-        if (ox.gb || ox.lim > 0.f) { /* gpt-oss, as k_tc_gate_up */
-            if (ox.gb) {
-                sg += ox.gb[(int64_t)e * F + ti * 16 + r];
-                su += ox.ub[(int64_t)e * F + ti * 16 + r];
-            }
-            *ap = cu_moe_act(sg, su, ox.lim);
-        } else {
-            *ap = sg / (1.0f + expf(-sg)) * su;
-        }
+        act[(int64_t)list[(int64_t)e * T + c0 + j] * F + ti * 16 + r] = tc_act(sg, su, ox, (int64_t)e * F + ti * 16 + r);
     }
 }
 

@@ -527,16 +527,18 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < N2 * C2; i++) x2[i] = gauss() * (i % 7 == 0 ? 100.0f : 1.0f); /* a wide range */
         moet_weight w;
         void *blk = make_weight(MOET_QF_Q8_0, W2, R2, C2, &w, dq2);
+        float *bias2 = malloc(sizeof(float) * R2); /* y += x W^T + bias (gpt-oss's o_proj) */
+        for (int64_t i = 0; i < R2; i++) bias2[i] = gauss();
         for (int pass = 0; pass < 2; pass++) {
             if (pass) setenv("MOET_GEMM_Q8_ROWS", "64", 1);
             for (int acc = 0; acc < 2; acc++) {
                 ref_mul_mat(dq2, x2, R2, C2, N2, ref2);
                 for (int64_t i = 0; i < N2 * R2; i++) {
                     y0[i] = acc ? gauss() : NAN;
-                    if (acc) ref2[i] += y0[i];
+                    if (acc) ref2[i] += y0[i] + (double)bias2[i % R2];
                 }
                 float *xd = dev(x2, sizeof(float) * N2 * C2), *yd = dev(y0, sizeof(float) * N2 * R2);
-                if (acc) op->mul_mat_acc(be, &w, xd, N2, yd);
+                if (acc) op->mul_mat_acc(be, &w, xd, N2, bias2, yd);
                 else op->mul_mat(be, &w, xd, N2, yd);
                 pull(y2, yd, (size_t)(N2 * R2));
                 char v[64];
@@ -547,6 +549,8 @@ int main(int argc, char **argv) {
         }
         unsetenv("MOET_GEMM_Q8_ROWS");
         op->forget(be, blk);
+        op->forget(be, bias2);
+        free(bias2);
         free(blk); free(W2); free(dq2); free(x2); free(y2); free(y0); free(ref2);
     }
     /* many tokens of a BF16 matrix (prefill): CUDA's tensor-core GEMM (gemm.cu, x as three BF16 terms) from 4
@@ -561,13 +565,20 @@ int main(int argc, char **argv) {
         check_mul_mat(MOET_QF_BF16, "300x352 ", W3, dq3, x3, R3, C3, N3, y3, ref3);
         moet_weight w;
         void *blk = make_weight(MOET_QF_BF16, W3, R3, C3, &w, dq3);
-        ref_mul_mat(dq3, x3, R3, C3, N3, ref3);
-        for (int64_t i = 0; i < N3 * R3; i++) { y0[i] = gauss(); ref3[i] += y0[i]; }
-        float *xd = dev(x3, sizeof(float) * N3 * C3), *yd = dev(y0, sizeof(float) * N3 * R3);
-        op->mul_mat_acc(be, &w, xd, N3, yd);
-        pull(y3, yd, (size_t)(N3 * R3));
-        report("mul_mat_acc", "bf16 300x352 n=70", nmse(y3, ref3, (size_t)(N3 * R3)), 1e-12);
-        drop(xd); drop(yd);
+        float *bias3 = malloc(sizeof(float) * R3);
+        for (int64_t i = 0; i < R3; i++) bias3[i] = gauss();
+        for (int b = 0; b < 2; b++) {
+            ref_mul_mat(dq3, x3, R3, C3, N3, ref3);
+            for (int64_t i = 0; i < N3 * R3; i++) { y0[i] = gauss(); ref3[i] += y0[i] + (b ? (double)bias3[i % R3] : 0.0); }
+            float *xd = dev(x3, sizeof(float) * N3 * C3), *yd = dev(y0, sizeof(float) * N3 * R3);
+            op->mul_mat_acc(be, &w, xd, N3, b ? bias3 : NULL, yd);
+            pull(y3, yd, (size_t)(N3 * R3));
+            report("mul_mat_acc", b ? "bf16 300x352 n=70 +bias" : "bf16 300x352 n=70", nmse(y3, ref3, (size_t)(N3 * R3)),
+                   1e-12);
+            drop(xd); drop(yd);
+        }
+        op->forget(be, bias3);
+        free(bias3);
         op->forget(be, blk);
         free(blk); free(W3); free(dq3); free(x3); free(y3); free(y0); free(ref3);
     }
@@ -672,30 +683,33 @@ int main(int argc, char **argv) {
         op->forget(be, g);
         free(a); free(g); free(o); free(rr);
     }
-    /* mul_mat_acc: y += x W^T on the 16-bit kernel and the generic one */
+    /* mul_mat_acc: y += x W^T (+ bias) on the 16-bit kernel and the generic one */
     {
         const int qa[3] = {MOET_QF_BF16, MOET_QF_W2, MOET_QF_Q8_0};
-        float *y0 = malloc(sizeof(float) * N * R);
-        for (int k = 0; k < 3; k++) {
+        float *y0 = malloc(sizeof(float) * N * R), *bias = malloc(sizeof(float) * R);
+        for (int64_t i = 0; i < R; i++) bias[i] = gauss();
+        for (int k = 0; k < 6; k++) {
+            const int bi = k & 1;
             moet_weight w;
-            void *blk = make_weight(qa[k], W, R, C, &w, deq);
+            void *blk = make_weight(qa[k / 2], W, R, C, &w, deq);
             ref_mul_mat(deq, x, R, C, N, ref);
-            for (int64_t i = 0; i < N * R; i++) { y0[i] = gauss(); ref[i] += y0[i]; }
+            for (int64_t i = 0; i < N * R; i++) { y0[i] = gauss(); ref[i] += y0[i] + (bi ? (double)bias[i % R] : 0.0); }
             float *xd = dev(x, sizeof(float) * N * C), *yd = dev(y0, sizeof(float) * N * R);
-            op->mul_mat_acc(be, &w, xd, N, yd);
+            op->mul_mat_acc(be, &w, xd, N, bi ? bias : NULL, yd);
             pull(y, yd, (size_t)(N * R));
             char v[48];
-            snprintf(v, sizeof v, "%s n=%lld", moet_qformat_name((moet_qformat)qa[k]), (long long)N);
+            snprintf(v, sizeof v, "%s n=%lld%s", moet_qformat_name((moet_qformat)qa[k / 2]), (long long)N, bi ? " +bias" : "");
             report("mul_mat_acc", v, nmse(y, ref, (size_t)(N * R)), 1e-12);
             drop(xd); drop(yd);
             op->forget(be, blk);
             free(blk);
         }
-        free(y0);
+        op->forget(be, bias);
+        free(y0); free(bias);
     }
     /* norm_mul_mat: pre-norm + three projections (q, k, v shapes: 96, 32, 32 rows) in one op, bf16 (the fused
      * kernel), with a q8_0 matrix among them (the composition) and all q8_0 (CUDA: the fused kernel on q8t), at 1
-     * and 9 tokens (two chunks of 8) */
+     * and 9 tokens (two chunks of 8); then bf16 again with biases on q and v (GLM-4.5, gpt-oss; none on k) */
     {
         const int64_t D = 256, NT = 9, rows[3] = {96, 32, 32};
         float *xa = malloc(sizeof(float) * NT * D), *g = malloc(sizeof(float) * D), *hh = malloc(sizeof(float) * NT * D);
@@ -710,7 +724,12 @@ int main(int argc, char **argv) {
             const double inv = 1 / sqrt(ss / D + 1e-6);
             for (int64_t i = 0; i < D; i++) { hr[t * D + i] = g[i] * xa[t * D + i] * inv; hf[t * D + i] = (float)hr[t * D + i]; }
         }
-        for (int variant = 0; variant < 3; variant++) {
+        float *qb = malloc(sizeof(float) * 96), *vb = malloc(sizeof(float) * 32);
+        for (int i = 0; i < 96; i++) qb[i] = gauss();
+        for (int i = 0; i < 32; i++) vb[i] = gauss();
+        const float *qkv_b[3] = {qb, NULL, vb};
+        for (int variant = 0; variant < 4; variant++) {
+            const int biased = variant == 3;
             moet_weight w[3];
             void *blk[3];
             float *dq[3], *Wm[3];
@@ -718,22 +737,24 @@ int main(int argc, char **argv) {
                 Wm[k] = malloc(sizeof(float) * rows[k] * D);
                 dq[k] = malloc(sizeof(float) * rows[k] * D);
                 for (int64_t i = 0; i < rows[k] * D; i++) Wm[k][i] = gauss() * 0.05f;
-                blk[k] = make_weight(variant == 2 || (variant && k == 1) ? MOET_QF_Q8_0 : MOET_QF_BF16, Wm[k], rows[k], D,
-                                     &w[k], dq[k]);
+                blk[k] = make_weight(variant == 2 || (variant == 1 && k == 1) ? MOET_QF_Q8_0 : MOET_QF_BF16, Wm[k],
+                                     rows[k], D, &w[k], dq[k]);
             }
             for (int64_t nn = 1; nn <= NT; nn += NT - 1) {
                 float *xd = dev(xa, sizeof(float) * nn * D), *hd = dev_poisoned((size_t)(nn * D));
                 float *yd[3];
                 const moet_weight *wp[3] = {&w[0], &w[1], &w[2]};
                 for (int k = 0; k < 3; k++) yd[k] = dev_poisoned((size_t)(nn * rows[k]));
-                op->norm_mul_mat(be, xd, g, 1e-6f, nn, D, hd, 3, wp, yd);
+                op->norm_mul_mat(be, xd, g, 1e-6f, nn, D, hd, 3, wp, biased ? qkv_b : NULL, yd);
                 pull(hh, hd, (size_t)(nn * D));
                 char v[48];
-                const char *vn = variant == 2 ? "q8_0" : variant ? "mixed" : "bf16";
+                const char *vn = biased ? "bf16+bias" : variant == 2 ? "q8_0" : variant ? "mixed" : "bf16";
                 snprintf(v, sizeof v, "%s h n=%lld", vn, (long long)nn);
                 report("norm_mul_mat", v, nmse(hh, hr, (size_t)(nn * D)), 1e-13);
                 for (int k = 0; k < 3; k++) {
                     ref_mul_mat(dq[k], hf, rows[k], D, nn, refb);
+                    if (biased && qkv_b[k])
+                        for (int64_t i = 0; i < nn * rows[k]; i++) refb[i] += qkv_b[k][i % rows[k]];
                     pull(yb, yd[k], (size_t)(nn * rows[k]));
                     snprintf(v, sizeof v, "%s y%d n=%lld", vn, k, (long long)nn);
                     report("norm_mul_mat", v, nmse(yb, refb, (size_t)(nn * rows[k])), 1e-12);
@@ -744,6 +765,9 @@ int main(int argc, char **argv) {
             for (int k = 0; k < 3; k++) { op->forget(be, blk[k]); free(blk[k]); free(dq[k]); free(Wm[k]); }
         }
         op->forget(be, g);
+        op->forget(be, qb);
+        op->forget(be, vb);
+        free(qb); free(vb);
         free(xa); free(g); free(hh); free(hr); free(hf); free(yb); free(refb);
     }
     /* mlp (dense SwiGLU: dense layers, GLM-4.5's shared expert), bf16, against the float64 composition: one token
@@ -1661,9 +1685,9 @@ static void perf_nmv_step(void *v) {
     nmv_ctx *p = v;
     for (int r = 0; r < p->reps; r++) {
         const moet_weight *w = p->w + (size_t)(r % p->n_sets) * p->nw;
-        if (!p->norm_w) { p->be->ops->mul_mat_acc(p->be, w, p->x, 1, p->y[0]); continue; }
+        if (!p->norm_w) { p->be->ops->mul_mat_acc(p->be, w, p->x, 1, NULL, p->y[0]); continue; }
         const moet_weight *ws[3] = {&w[0], p->nw > 1 ? &w[1] : NULL, p->nw > 2 ? &w[2] : NULL};
-        p->be->ops->norm_mul_mat(p->be, p->x, p->norm_w, 1e-6f, 1, w[0].cols, p->h, p->nw, ws, p->y);
+        p->be->ops->norm_mul_mat(p->be, p->x, p->norm_w, 1e-6f, 1, w[0].cols, p->h, p->nw, ws, NULL, p->y);
     }
 }
 static void perf_copy_step(void *v) {

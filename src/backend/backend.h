@@ -163,14 +163,17 @@ typedef struct {
     void (*add)(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim);
     /* y[n][w->rows] = x[n][w->cols] · Wᵀ */
     void (*mul_mat)(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
-    /* y[n][w->rows] += x · Wᵀ: a projection added onto the residual stream (the product rounded to f32 first, then
-     * added: the same two roundings as mul_mat into a temporary and add). */
-    void (*mul_mat_acc)(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
+    /* y[n][w->rows] += x · Wᵀ (+ bias): a projection added onto the residual stream (the product rounded to f32
+     * first, then the bias (w->rows floats, NULL: none) added, then the sum added to y: the same roundings as mul_mat
+     * into a temporary, add of the bias, add onto y). */
+    void (*mul_mat_acc)(moet_backend *be, const moet_weight *w, const float *x, int64_t n, const float *bias,
+                        float *y);
     /* A block's pre-norm and its projections, fused: h = rms_norm(x) · norm_w for n rows of dim (written to h), then
-     * y[i] = h · w[i]ᵀ for i < nw (nw <= 4 matrices of dim columns: q, k, v; or lm_head). Exactly rms_norm then
-     * mul_mat each; a backend may do it in one kernel. h must not alias x or any y[i]. */
+     * y[i] = h · w[i]ᵀ (+ bias[i]) for i < nw (nw <= 4 matrices of dim columns: q, k, v; or lm_head). Exactly
+     * rms_norm, then mul_mat each, then add of each bias (bias NULL, or nw entries each NULL or w[i]->rows floats:
+     * the q/k/v biases of GLM-4.5 and gpt-oss); a backend may do it in one kernel. h must not alias x or any y[i]. */
     void (*norm_mul_mat)(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n, int64_t dim,
-                         float *h, int32_t nw, const moet_weight *const *w, float *const *y);
+                         float *h, int32_t nw, const moet_weight *const *w, const float *const *bias, float *const *y);
     /* y[i] = x[i] / rms(x[i]) * w, for n rows of dim; y may equal x. */
     void (*rms_norm)(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y);
     /* Rotary embedding (moet_rope), in place on n_tok rows of n_heads × head_dim, token t at position pos[t]

@@ -284,7 +284,7 @@ static void mla_inputs(moet_session *s, const moet_layer *L, int32_t n) {
     const int lora = hp->q_lora_rank > 0;
     const moet_weight *w[3] = {lora ? &L->q_a : &L->wq, &L->kv_a, &L->kv_pe};
     float *y[3] = {lora ? s->mla_cq : s->q, s->mla_ckv, s->mla_kpe};
-    op->norm_mul_mat(be, s->x, L->attn_norm, hp->rms_eps, n, H, s->h, 3, w, y);
+    op->norm_mul_mat(be, s->x, L->attn_norm, hp->rms_eps, n, H, s->h, 3, w, NULL, y);
     if (lora) {
         op->rms_norm(be, s->mla_cq, L->q_a_norm, n, hp->q_lora_rank, hp->mla_eps, s->mla_cq);
         op->mul_mat(be, &L->wq, s->mla_cq, n, s->q);
@@ -317,10 +317,9 @@ static void forward_chunk(void *vctx) {
         } else {
             const moet_weight *qkv_w[3] = {&L->wq, &L->wk, &L->wv};
             float *qkv_y[3] = {s->q, s->k, s->v};
-            op->norm_mul_mat(be, s->x, L->attn_norm, hp->rms_eps, n, H, s->h, 3, qkv_w, qkv_y);
-            if (L->bq) op->add(be, s->q, NULL, L->bq, n, Dq);
-            if (L->bk) op->add(be, s->k, NULL, L->bk, n, Dkv);
-            if (L->bv) op->add(be, s->v, NULL, L->bv, n, Dkv);
+            const float *qkv_b[3] = {L->bq, L->bk, L->bv}; /* GLM-4.5, gpt-oss: added in the products' store */
+            op->norm_mul_mat(be, s->x, L->attn_norm, hp->rms_eps, n, H, s->h, 3, qkv_w,
+                             L->bq || L->bk || L->bv ? qkv_b : NULL, qkv_y);
         }
         const float ascale = hp->attn_scale > 0 ? hp->attn_scale : (float)(1.0 / sqrt((double)hd));
         /* the only per-sequence work: a row's keys and values go to its own cache, and it attends over that: all
@@ -370,13 +369,7 @@ static void forward_chunk(void *vctx) {
             if (!s->mla_latent) op->heads_narrow(be, s->att, n, (int32_t)nh, (int32_t)hd, hp->v_head_dim, s->mla_o);
             att = s->mla_o;
         }
-        if (L->bo) { /* (o + bias) then the residual, in the order of the unfused reference */
-            op->mul_mat(be, &L->wo, att, n, s->tmp);
-            op->add(be, s->tmp, NULL, L->bo, n, H);
-            op->add(be, s->x, s->tmp, NULL, n, H);
-        } else {
-            op->mul_mat_acc(be, &L->wo, att, n, s->x);
-        }
+        op->mul_mat_acc(be, &L->wo, att, n, L->bo, s->x); /* x += (o + bias) */
         if (L->is_moe) {
             /* delta on: a delta pack's residuals beside the base (fused), else in-memory base + delta (f32) */
             const int dres = s->use_delta && L->dres_gate, dexp = s->use_delta && !dres && L->dexp_gate;
@@ -425,7 +418,8 @@ static void forward_chunk(void *vctx) {
     if (ca->first_logit >= n) return;
     const int32_t nl = n - ca->first_logit;
     const moet_weight *lm = &m->output;
-    op->norm_mul_mat(be, s->x + (size_t)ca->first_logit * H, m->out_norm, hp->rms_eps, nl, H, s->h, 1, &lm, &ca->out);
+    op->norm_mul_mat(be, s->x + (size_t)ca->first_logit * H, m->out_norm, hp->rms_eps, nl, H, s->h, 1, &lm, NULL,
+                     &ca->out);
     if (ca->cand)
         op->topk(be, ca->out, nl, hp->vocab, s->n_cand, s->cand_scr, s->cand_dev,
                  (float *)(s->cand_dev + (size_t)nl * (size_t)s->n_cand),

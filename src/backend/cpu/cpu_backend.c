@@ -120,12 +120,16 @@ typedef struct {
     const float *x;
     int64_t n;
     float *y;
-    int acc; /* y += the product (mul_mat_acc) */
+    int acc;           /* y += the product (mul_mat_acc) */
+    const float *bias; /* added to the product before it is stored or added (NULL: none) */
 } mm_ctx;
 
-static inline void mm_store(float *y, const float *o, int nr, int acc) {
-    if (acc) for (int j = 0; j < nr; j++) y[j] += o[j];
-    else for (int j = 0; j < nr; j++) y[j] = o[j];
+/* nr products o of rows r0.. into y: (o + bias) rounded, then stored or added (the unfused ops' roundings) */
+static inline void mm_store(float *y, const float *o, int nr, int acc, const float *bias, int64_t r0) {
+    for (int j = 0; j < nr; j++) {
+        const float v = bias ? o[j] + bias[r0 + j] : o[j];
+        y[j] = acc ? y[j] + v : v;
+    }
 }
 
 static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
@@ -148,7 +152,7 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
             for (int64_t t = 0; t < m->n; t++) {
                 float o[ROW_BLOCK];
                 moet_q2_dot_rows(&qp, rows, nr, m->x + (size_t)t * K, K, o);
-                mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc);
+                mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc, m->bias, r0);
             }
         }
         return;
@@ -163,7 +167,7 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
             for (int64_t t = 0; t < m->n; t++) {
                 float o[ROW_BLOCK];
                 moet_nvfp4_dot_rows(rows, nr, w->qscale, m->x + (size_t)t * K, K, o);
-                mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc);
+                mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc, m->bias, r0);
             }
         }
         return;
@@ -186,12 +190,13 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
         for (int64_t t = 0; t < m->n; t++) {
             float o[4];
             dot4(rows[0], rows[1], rows[2], rows[3], m->x + (size_t)t * K, K, o);
-            mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc);
+            mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc, m->bias, r0);
         }
     }
 }
 
-static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y, int acc) {
+static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y, int acc,
+                         const float *bias) {
     cpu_backend *c = cpu(be);
     if (n <= 0 || w->rows <= 0) return;
     if (ensure_rowbuf(c, w->cols) != 0) abort(); /* out of memory at first use: nothing sane to return */
@@ -209,7 +214,7 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
         }
         x = c->xrot;
     }
-    mm_ctx m = {c, w, x, n, y, acc};
+    mm_ctx m = {c, w, x, n, y, acc, bias};
     int64_t blocks = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
     /* Below ~64K multiply-adds a hand-off costs more than it saves. */
     if ((double)w->rows * (double)w->cols * (double)n < 65536.0)
@@ -219,11 +224,12 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
 }
 
 static void cpu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
-    mul_mat_impl(be, w, x, n, y, 0);
+    mul_mat_impl(be, w, x, n, y, 0, NULL);
 }
 
-static void cpu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
-    mul_mat_impl(be, w, x, n, y, 1);
+static void cpu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, const float *bias,
+                            float *y) {
+    mul_mat_impl(be, w, x, n, y, 1, bias);
 }
 
 static void cpu_rms_norm(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps,
@@ -231,9 +237,10 @@ static void cpu_rms_norm(moet_backend *be, const float *x, const float *w, int64
 
 /* The fused ops are their definitions here (backend.h): the CPU reference composes its own ops. */
 static void cpu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n, int64_t dim,
-                             float *h, int32_t nw, const moet_weight *const *w, float *const *y) {
+                             float *h, int32_t nw, const moet_weight *const *w, const float *const *bias,
+                             float *const *y) {
     cpu_rms_norm(be, x, norm_w, n, dim, eps, h);
-    for (int32_t i = 0; i < nw; i++) cpu_mul_mat(be, w[i], h, n, y[i]);
+    for (int32_t i = 0; i < nw; i++) mul_mat_impl(be, w[i], h, n, y[i], 0, bias ? bias[i] : NULL);
 }
 
 static void cpu_copy(moet_backend *be, void *dst, const void *src, size_t bytes) {
@@ -647,8 +654,8 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
         cpu_mul_mat(be, &a->gate[e], xg, n, g);
         cpu_mul_mat(be, &a->up[e], xg, n, u);
         if (a->dgate) { /* the delta's residuals, added after the base products (backend.h) */
-            cpu_mul_mat_acc(be, &a->dgate[e], xg, n, g);
-            cpu_mul_mat_acc(be, &a->dup[e], xg, n, u);
+            cpu_mul_mat_acc(be, &a->dgate[e], xg, n, NULL, g);
+            cpu_mul_mat_acc(be, &a->dup[e], xg, n, NULL, u);
         }
         if (a->gate_b) /* gpt-oss: the experts' biases, then the clamped SwiGLU (backend.h) */
             for (int32_t r = 0; r < n; r++) {
@@ -670,7 +677,7 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
             a->calib_count[e] += n;
         }
         cpu_mul_mat(be, &a->down[e], g, n, d);
-        if (a->ddown) cpu_mul_mat_acc(be, &a->ddown[e], g, n, d);
+        if (a->ddown) cpu_mul_mat_acc(be, &a->ddown[e], g, n, NULL, d);
         if (a->down_b)
             for (int32_t r = 0; r < n; r++) axpy(d + (size_t)r * H, a->down_b + (size_t)e * H, 1.0f, H);
         for (int32_t r = 0; r < n; r++)

@@ -362,6 +362,13 @@ __device__ __forceinline__ void cu_stage_f32(float *dst, const float *src, int64
     }
 }
 
+/* A product's store: (s + bias[r]) rounded (bias NULL: s), then stored at yp or added onto it (mul_mat_acc): the
+ * roundings of the unfused mul_mat, add of the bias, add onto the residual (backend.h). */
+__device__ __forceinline__ void cu_mm_store(float *yp, float s, const float *bias, int64_t r, int acc) {
+    if (bias) s += bias[r];
+    *yp = acc ? *yp + s : s;
+}
+
 __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -160,15 +160,17 @@ void cu_ecache_free(cu_backend *c);
 
 /* op families (matmul.cu, elementwise.cu, attention.cu, moe.cu) */
 void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
-void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
+void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, const float *bias, float *y);
 void cu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n, int64_t dim,
-                     float *h, int32_t nw, const moet_weight *const *w, float *const *y);
-/* gemm.cu: y (+)= x W^T on tensor cores (cuBLAS) when n is large: BF16 with x as three BF16 terms, Q8_0 (its q8t
- * copy d) as two F16 terms against x as two; 1 when it ran (or recorded an error), 0 to leave the product to the
- * GEMV kernels. */
+                     float *h, int32_t nw, const moet_weight *const *w, const float *const *bias, float *const *y);
+/* gemm.cu: y (+)= x W^T (+ b: a device bias, NULL none) on tensor cores (cuBLAS) when n is large: BF16 with x as
+ * three BF16 terms, Q8_0 (its q8t copy d) as two F16 terms against x as two; 1 when it ran (or recorded an error),
+ * 0 to leave the product to the GEMV kernels. */
 int cu_gemm_wants(int32_t type, int64_t n); /* whether n tokens of a type-`type` matrix would come here */
-int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n, float *y, int acc);
-int cu_gemm_q8t(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n, float *y, int acc);
+int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n, float *y, int acc,
+                 const float *b);
+int cu_gemm_q8t(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n, float *y, int acc,
+                const float *b);
 void cu_gemm_release(cu_backend *c);
 void cu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y);
 void cu_add(moet_backend *be, float *y, const float *x, const float *bias, int64_t n, int64_t dim);

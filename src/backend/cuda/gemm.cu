@@ -118,12 +118,11 @@ __global__ void k_gemm_split3(const float *__restrict__ x, int64_t n, __nv_bfloa
     }
 }
 
-/* y[i] (+)= (lo + mid) + hi from the three partial products p[0..n) hi, [n..2n) mid, [2n..3n) lo */
-__global__ void k_gemm_sum3(const float *__restrict__ p, int64_t n, float *__restrict__ y, int acc) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float v = (p[2 * n + i] + p[n + i]) + p[i];
-        y[i] = acc ? y[i] + v : v;
-    }
+/* y[i] (+)= (lo + mid) + hi (+ b[i % rows]) from the three partial products p[0..n) hi, [n..2n) mid, [2n..3n) lo */
+__global__ void k_gemm_sum3(const float *__restrict__ p, int64_t n, int64_t rows, const float *__restrict__ b,
+                            float *__restrict__ y, int acc) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        cu_mm_store(y + i, (p[2 * n + i] + p[n + i]) + p[i], b, i % rows, acc);
 }
 
 static unsigned gemm_grid(const cu_backend *c, int64_t n) {
@@ -188,7 +187,7 @@ static int gemm_tn(cu_backend *c, int64_t m, int64_t n, int64_t k, const void *a
 }
 
 extern "C" int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n,
-                            float *y, int acc) {
+                            float *y, int acc, const float *b) {
     /* MOET_GEMM is read at every call: an A/B in one process (test_ops --perf) */
     if (w->type != MOET_TYPE_BF16 || w->rotated || !cu_gemm_wants(w->type, n)) return 0;
     if (w->rows > INT32_MAX / 4 || w->cols > INT32_MAX / 4 || (w->row_bytes & 1) || (uintptr_t)d & 15) return 0;
@@ -209,7 +208,7 @@ extern "C" int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *
         if (CU_LAUNCHED(c, "k_gemm_split3")) return 1;
         /* column-major view: part (rows x 3m, ld rows) = W^T (W is cols x rows col-major, ld) . xs (cols x 3m) */
         if (gemm_tn(c, rows, 3 * m, cols, d, ld, xs, CUDA_R_16BF, part)) return 1;
-        k_gemm_sum3<<<gemm_grid(c, m * rows), 256, 0, c->stream>>>(part, m * rows, y + t0 * rows, acc);
+        k_gemm_sum3<<<gemm_grid(c, m * rows), 256, 0, c->stream>>>(part, m * rows, rows, b, y + t0 * rows, acc);
         if (CU_LAUNCHED(c, "k_gemm_sum3")) return 1;
     }
     return 1;
@@ -301,20 +300,19 @@ k_q8g_xsplit(const float *__restrict__ x, int64_t cols, int64_t m, __half *__res
 /* y[t][r0 + r] (+)= the four products of part (2 rc x 2 m, column-major: rows hi | lo of W, columns hi | lo of x),
  * the small ones first, times 2^-s_r 2^-e_t. */
 __global__ void k_q8g_sum(const float *__restrict__ part, int64_t rc, int64_t m, const float *__restrict__ ws,
-                          const float *__restrict__ xe, float *__restrict__ y, int64_t rows, int64_t r0, int acc) {
+                          const float *__restrict__ xe, const float *__restrict__ b, float *__restrict__ y,
+                          int64_t rows, int64_t r0, int acc) {
     const int64_t n = rc * m;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / rc, r = i - t * rc;
         const float *ph = part + t * 2 * rc, *pl = part + (m + t) * 2 * rc; /* x hi / x lo columns */
         const float v = ((pl[rc + r] + pl[r]) + ph[rc + r]) + ph[r];      /* lo lo, W hi x lo, W lo x hi, hi hi */
-        const float o = v * ws[r] * xe[t];
-        float *yp = y + t * rows + r0 + r;
-        *yp = acc ? *yp + o : o;
+        cu_mm_store(y + t * rows + r0 + r, v * ws[r] * xe[t], b, r0 + r, acc);
     }
 }
 
 extern "C" int cu_gemm_q8t(cu_backend *c, const moet_weight *w, const uint8_t *d, const float *x, int64_t n,
-                           float *y, int acc) {
+                           float *y, int acc, const float *b) {
     if (w->type != MOET_TYPE_Q8_0 || w->rotated || !cu_gemm_wants(w->type, n)) return 0;
     const int64_t rows = w->rows, cols = w->cols;
     if (cols % 256 || rows > INT32_MAX / 4 || cols > INT32_MAX / 4 || (uintptr_t)d & 15 || w->row_bytes & 15) return 0;
@@ -352,7 +350,7 @@ extern "C" int cu_gemm_q8t(cu_backend *c, const moet_weight *w, const uint8_t *d
             if (CU_LAUNCHED(c, "k_q8g_xsplit")) return 1;
             /* part (2 rr x 2 m) = [W hi; W lo] [x hi | x lo]^T */
             if (gemm_tn(c, 2 * rr, 2 * m, cols, wh, cols, xh, CUDA_R_16F, part)) return 1;
-            k_q8g_sum<<<gemm_grid(c, m * rr), 256, 0, c->stream>>>(part, rr, m, ws, xe, y + t0 * rows, rows, r0, acc);
+            k_q8g_sum<<<gemm_grid(c, m * rr), 256, 0, c->stream>>>(part, rr, m, ws, xe, b, y + t0 * rows, rows, r0, acc);
             if (CU_LAUNCHED(c, "k_q8g_sum")) return 1;
         }
     }

@@ -37,7 +37,7 @@ __device__ __forceinline__ void load_x(float *xs, int stride, const float *x, in
 __global__ void __launch_bounds__(MM_WARPS * 32)
 k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t cols, size_t row_bytes, float qscale,
           float qbeta, int rotated, uint32_t seed, const float *__restrict__ x, int64_t n, int ch, int rpw,
-          float *__restrict__ y, int accum) {
+          const float *__restrict__ bias, float *__restrict__ y, int accum) {
     extern __shared__ float xs[];
     const int stride = (int)CU_PAD(cols);
     const int64_t t0 = (int64_t)blockIdx.y * ch;
@@ -69,7 +69,7 @@ k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t col
         for (int t = 0; t < MM_MAX_TOK; t++) {
             if (t >= nt) break;
             float s = cu_warp_sum(acc[t]);
-            if (lane == 0) y[(t0 + t) * rows + r] = accum ? y[(t0 + t) * rows + r] + s : s;
+            if (lane == 0) cu_mm_store(y + (t0 + t) * rows + r, s, bias, r, accum);
         }
     }
 }
@@ -124,6 +124,7 @@ typedef struct {
     float *y[MV16_MATS];
     int64_t rows[MV16_MATS];
     size_t row_bytes[MV16_MATS];
+    const float *b[MV16_MATS]; /* biases added in the store (device memory; NULL: none) */
     int32_t cta0[MV16_MATS + 1];
     int64_t r0[MV16_MATS + 1]; /* row prefix sums: matrix i holds rows [r0[i], r0[i+1]) of the set */
     int32_t n;
@@ -179,10 +180,7 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *x, int64_t n, int ch, const f
     for (int t = 0; t < MT; t++) {
         if (t >= nt) break;
         const float s = cu_warp_sum(accv[t]);
-        if (lane == 0) {
-            float *yp = y + (t0 + t) * rows + r;
-            *yp = acc ? *yp + s : s;
-        }
+        if (lane == 0) cu_mm_store(y + (t0 + t) * rows + r, s, set.b[mi], r, acc);
     }
 }
 
@@ -320,10 +318,7 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
                 if (t >= nt) break;
                 const float s = cu_warp_sum(accv[t]);
                 accv[t] = 0.f;
-                if (lane == 0) {
-                    float *yp = y + (int64_t)t * rows + r;
-                    *yp = acc ? *yp + s : s;
-                }
+                if (lane == 0) cu_mm_store(y + (int64_t)t * rows + r, s, set.b[mi], r, acc);
             }
         }
         /* the next item becomes current; the one after it is requested */
@@ -467,9 +462,10 @@ fail:
 }
 
 /* The set of one matrix (its device copy d, output y). */
-static cu_mv16_set mv_set_one(const moet_weight *w, const uint8_t *d, float *y) {
+static cu_mv16_set mv_set_one(const moet_weight *w, const uint8_t *d, const float *b, float *y) {
     cu_mv16_set set = {};
     set.w[0] = d;
+    set.b[0] = b;
     set.y[0] = y;
     set.rows[0] = w->rows;
     set.row_bytes[0] = w->row_bytes;
@@ -527,10 +523,13 @@ static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int
     CU_LAUNCHED(c, "k_mv16");
 }
 
-static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y, int acc) {
+static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y, int acc,
+                         const float *bias) {
     cu_backend *c = cu_of(be);
     if (n <= 0 || w->rows <= 0 || c->err[0]) return;
     if (mm_attrs(c)) return;
+    const float *b = NULL; /* the bias, added in every kernel's store */
+    if (bias && !(b = (const float *)cu_weight(c, bias, (size_t)w->rows * sizeof(float)))) return;
     int32_t type = w->type;
     const uint8_t *d;
     int ch;
@@ -538,17 +537,17 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
                       * to a chunk of tokens, else k_mul_mat */
         if (!(d = cu_weight_q8t(c, w))) return;
         type = CU_TYPE_Q8T;
-        if (cu_gemm_q8t(c, w, d, x, n, y, acc)) return;
+        if (cu_gemm_q8t(c, w, d, x, n, y, acc, b)) return;
         if (!w->rotated && !((uintptr_t)x & 15) && (ch = mv16_chunk(w->cols, n)) >= 1 && n <= ch) {
-            const cu_mv16_set set = mv_set_one(w, d, y);
+            const cu_mv16_set set = mv_set_one(w, d, b, y);
             mv16_launch(c, &set, type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);
             return;
         }
     } else {
         if (!(d = cu_weight_mat(c, w))) return;
-        if (cu_gemm_bf16(c, w, d, x, n, y, acc)) return; /* many tokens of a BF16 matrix: tensor cores (gemm.cu) */
+        if (cu_gemm_bf16(c, w, d, x, n, y, acc, b)) return; /* many tokens of a BF16 matrix: tensor cores (gemm.cu) */
         if (mv16_ok(w, d, x) && (ch = mv16_chunk(w->cols, n)) >= 1) {
-            const cu_mv16_set set = mv_set_one(w, d, y);
+            const cu_mv16_set set = mv_set_one(w, d, b, y);
             mv16_launch(c, &set, w->type, w->cols, x, n, ch, NULL, 0.f, NULL, acc);
             return;
         }
@@ -573,24 +572,26 @@ static void mul_mat_impl(moet_backend *be, const moet_weight *w, const float *x,
     const int64_t per_cta = (int64_t)MM_WARPS * rpw;
     dim3 grid((unsigned)((w->rows + per_cta - 1) / per_cta), (unsigned)((n + ch - 1) / ch));
     k_mul_mat<<<grid, MM_WARPS * 32, (size_t)ch * row_f * sizeof(float), c->stream>>>(
-        d, type, w->rows, w->cols, w->row_bytes, w->qscale, w->qbeta, w->rotated, w->rot_seed, x, n, ch, rpw, y,
+        d, type, w->rows, w->cols, w->row_bytes, w->qscale, w->qbeta, w->rotated, w->rot_seed, x, n, ch, rpw, b, y,
         acc);
     CU_LAUNCHED(c, "k_mul_mat");
 }
 
 extern "C" void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
-    mul_mat_impl(be, w, x, n, y, 0);
+    mul_mat_impl(be, w, x, n, y, 0, NULL);
 }
 
-extern "C" void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y) {
-    mul_mat_impl(be, w, x, n, y, 1);
+extern "C" void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, const float *bias,
+                               float *y) {
+    mul_mat_impl(be, w, x, n, y, 1, bias);
 }
 
 /* Pre-norm + projections: one k_mv16(p) launch over all matrices when they are of one type (BF16, F16, or Q8_0 in
  * the q8t layout) and width; otherwise the composition (rms_norm, then mul_mat each). norm_w NULL (internal callers
  * only: cu_mlp): no pre-norm, the products of x. */
 extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n,
-                                int64_t dim, float *h, int32_t nw, const moet_weight *const *w, float *const *y) {
+                                int64_t dim, float *h, int32_t nw, const moet_weight *const *w,
+                                const float *const *bias, float *const *y) {
     cu_backend *c = cu_of(be);
     if (n <= 0 || c->err[0]) return;
     if (mm_attrs(c)) return;
@@ -609,6 +610,8 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
         fused = q8 || mv16_ok(w[i], d, x);
         set.w[i] = d;
         set.y[i] = y[i];
+        if (bias && bias[i] && !(set.b[i] = (const float *)cu_weight(c, bias[i], (size_t)w[i]->rows * sizeof(float))))
+            return;
         set.rows[i] = w[i]->rows;
         set.row_bytes[i] = w[i]->row_bytes;
         set.cta0[i + 1] = set.cta0[i] + (int32_t)((w[i]->rows + MM_WARPS - 1) / MM_WARPS);
@@ -616,7 +619,7 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
     }
     if (!fused) {
         if (norm_w) cu_rms_norm(be, x, norm_w, n, dim, eps, h);
-        for (int32_t i = 0; i < nw; i++) cu_mul_mat(be, w[i], norm_w ? h : x, n, y[i]);
+        for (int32_t i = 0; i < nw; i++) mul_mat_impl(be, w[i], norm_w ? h : x, n, y[i], 0, bias ? bias[i] : NULL);
         return;
     }
     set.n = nw;

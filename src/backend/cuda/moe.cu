@@ -691,7 +691,7 @@ extern "C" void cu_mlp(moet_backend *be, const moet_weight *gate, const moet_wei
     float *g = scratch, *u = scratch + (size_t)n * gate->rows;
     const moet_weight *gu[2] = {gate, up};
     float *const gy[2] = {g, u};
-    cu_norm_mul_mat(be, x, NULL, 0.f, n, gate->cols, NULL, 2, gu, gy);
+    cu_norm_mul_mat(be, x, NULL, 0.f, n, gate->cols, NULL, 2, gu, NULL, gy);
     cu_swiglu(c, g, u, n * gate->rows);
     cu_mul_mat(be, down, g, n, y);
 }

@@ -13,9 +13,9 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 # the op harness: mla_attn (CUDA has the op with MOET_MLA_LATENT=1), bf16 48-column mul_mat, gpt-oss's W2 block on
 # the tiled kernels (MOET_OSS_TC=1 inside)
 MOET_MLA_LATENT=1 timeout 150 $B/test_ops cuda > "$out/ops.log" 2>&1; echo "test_ops cuda rc=$?"
-grep "x48\|mla\|gpt-oss\|FAIL\|FATAL\|^ok" "$out/ops.log"
+grep "x48\|mla\|gpt-oss\|bias\|FAIL\|FATAL\|^ok" "$out/ops.log"
 # DeepSeek-V3 (full keys and values, CUDA's default; then the latent cache) and gpt-oss against transformers, on CUDA
-for fx in deepseek-mini gpt-oss-mini; do
+for fx in deepseek-mini gpt-oss-mini glm4moe-mini; do
   $B/test_logits tests/models/$fx tests/models/$fx/reference_fp32.safetensors 24 0 2>&1 | tail -3
 done
 MOET_MLA_LATENT=1 $B/test_logits tests/models/deepseek-mini tests/models/deepseek-mini/reference_fp32.safetensors 24 0 2>&1 | tail -2

@@ -785,14 +785,23 @@ int main(int argc, char **argv) {
             blk[k] = make_weight(MOET_QF_BF16, Wm[k], rows, cols, &w[k], dq[k]);
         }
         static const int ns[3] = {1, 3, 40};
-        for (int ni = 0; ni < 3; ni++) {
-            const int nn = ns[ni];
+        float *gw = malloc(sizeof(float) * D);
+        for (int i = 0; i < D; i++) gw[i] = 1 + 0.3f * gauss();
+        for (int ni = 0; ni < 6; ni++) { /* without, then with the pre-norm (a dense layer: h = rms_norm(x) · w) */
+            const int nn = ns[ni % 3], normed = ni >= 3;
             float *xa = malloc(sizeof(float) * nn * D), *o = malloc(sizeof(float) * nn * D);
+            float *hf = malloc(sizeof(float) * nn * D), *y0 = malloc(sizeof(float) * nn * D);
             double *g = malloc(sizeof(double) * nn * F), *u = malloc(sizeof(double) * nn * F);
             double *mref = malloc(sizeof(double) * nn * D), *a = malloc(sizeof(double) * F);
-            for (int i = 0; i < nn * D; i++) xa[i] = gauss();
-            ref_mul_mat(dq[0], xa, F, D, nn, g);
-            ref_mul_mat(dq[1], xa, F, D, nn, u);
+            for (int i = 0; i < nn * D; i++) xa[i] = gauss() * (normed ? 4 : 1);
+            for (int t = 0; t < nn; t++) { /* the input the products see: x, or its norm rounded to f32 */
+                double ss = 0;
+                for (int i = 0; i < D; i++) ss += (double)xa[t * D + i] * xa[t * D + i];
+                const double inv = 1 / sqrt(ss / D + 1e-6);
+                for (int i = 0; i < D; i++) hf[t * D + i] = normed ? (float)(gw[i] * xa[t * D + i] * inv) : xa[t * D + i];
+            }
+            ref_mul_mat(dq[0], hf, F, D, nn, g);
+            ref_mul_mat(dq[1], hf, F, D, nn, u);
             for (int t = 0; t < nn; t++) {
                 for (int f = 0; f < F; f++) a[f] = g[t * F + f] / (1 + exp(-g[t * F + f])) * u[t * F + f];
                 for (int r = 0; r < D; r++) {
@@ -801,16 +810,30 @@ int main(int argc, char **argv) {
                     mref[t * D + r] = sum;
                 }
             }
-            float *xd = dev(xa, sizeof(float) * nn * D), *yd = dev_poisoned((size_t)(nn * D));
+            /* y += the MLP (onto a residual): the reference adds y0 */
+            for (int i = 0; i < nn * D; i++) { y0[i] = gauss(); mref[i] += y0[i]; }
+            float *xd = dev(xa, sizeof(float) * nn * D), *yd = dev(y0, sizeof(float) * nn * D);
+            float *hd = normed ? dev_poisoned((size_t)(nn * D)) : NULL;
             float *scr = op->alloc(be, sizeof(float) * 2 * (size_t)nn * F);
-            op->mlp(be, &w[0], &w[1], &w[2], xd, nn, scr, yd);
+            op->mlp(be, &w[0], &w[1], &w[2], xd, normed ? gw : NULL, 1e-6f, hd, nn, scr, yd);
             pull(o, yd, (size_t)(nn * D));
-            char v[32];
-            snprintf(v, sizeof v, "bf16 %dx%d n=%d", D, F, nn);
+            char v[40];
+            snprintf(v, sizeof v, "bf16 %dx%d n=%d%s", D, F, nn, normed ? " +norm" : "");
             report("mlp", v, nmse(o, mref, (size_t)(nn * D)), 1e-10);
+            if (normed) { /* h as norm_mul_mat writes it */
+                double *hr = malloc(sizeof(double) * nn * D);
+                for (int i = 0; i < nn * D; i++) hr[i] = hf[i];
+                pull(o, hd, (size_t)(nn * D));
+                snprintf(v, sizeof v, "bf16 h n=%d", nn);
+                report("mlp", v, nmse(o, hr, (size_t)(nn * D)), 1e-13);
+                free(hr);
+                drop(hd);
+            }
             drop(xd); drop(yd); op->release(be, scr);
-            free(xa); free(o); free(g); free(u); free(mref); free(a);
+            free(xa); free(o); free(hf); free(y0); free(g); free(u); free(mref); free(a);
         }
+        op->forget(be, gw);
+        free(gw);
         for (int k = 0; k < 3; k++) { op->forget(be, blk[k]); free(blk[k]); free(dq[k]); free(Wm[k]); }
     }
     /* attn_prep: per-head q/k norm, RoPE, KV write, against the float64 composition; with and without norms */

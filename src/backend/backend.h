@@ -225,9 +225,12 @@ typedef struct {
     void (*attn_fused)(moet_backend *be, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
                        float eps, const moet_rope *rp, const moet_attn_args *a);
     size_t (*attn_scratch_bytes)(moet_backend *be, int32_t n_ctx);
-    /* Dense SwiGLU MLP: y = down(silu(gate x) * up x); scratch: 2 * n * ffn floats. */
+    /* Dense SwiGLU MLP added onto the residual stream: y += down(silu(gate h) * up h), the product rounded to f32
+     * first (as mlp into a temporary, then add). h = x where norm_w is NULL (GLM's and DeepSeek's shared expert on
+     * the MoE block's normed input), else h = rms_norm(x) · norm_w written to h (a dense layer's pre-norm, exactly
+     * norm_mul_mat's). scratch: 2 * n * ffn floats; y must not alias x, h or scratch. */
     void (*mlp)(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
-                const float *x, int64_t n, float *scratch, float *y);
+                const float *x, const float *norm_w, float eps, float *h, int64_t n, float *scratch, float *y);
     void (*moe)(moet_backend *be, const moet_moe_args *a);
     size_t (*moe_scratch_bytes)(moet_backend *be, int64_t n_tok, int64_t hidden, int64_t ffn, int32_t n_experts,
                                 int32_t n_used);

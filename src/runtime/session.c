@@ -405,14 +405,10 @@ static void forward_chunk(void *vctx) {
                     break;
                 }
             op->moe(be, &ma);
-            if (hp->shared_ffn > 0) { /* the shared expert, on the block's normed input (moe left it in h) */
-                op->mlp(be, &L->sh_gate, &L->sh_up, &L->sh_down, s->h, n, s->mlp_scr, s->tmp);
-                op->add(be, s->x, s->tmp, NULL, n, H);
-            }
-        } else {
-            op->rms_norm(be, s->x, L->ffn_norm, n, H, hp->rms_eps, s->h);
-            op->mlp(be, &L->gate, &L->up, &L->down, s->h, n, s->mlp_scr, s->tmp);
-            op->add(be, s->x, s->tmp, NULL, n, H);
+            if (hp->shared_ffn > 0) /* the shared expert, on the block's normed input (moe left it in h), onto x */
+                op->mlp(be, &L->sh_gate, &L->sh_up, &L->sh_down, s->h, NULL, 0.f, NULL, n, s->mlp_scr, s->x);
+        } else { /* a dense layer: its pre-norm into h, the MLP onto x */
+            op->mlp(be, &L->gate, &L->up, &L->down, s->x, L->ffn_norm, hp->rms_eps, s->h, n, s->mlp_scr, s->x);
         }
     }
     if (ca->first_logit >= n) return;

@@ -201,7 +201,7 @@ void cu_mla_attn(moet_backend *be, const float *q, const float *ckv, const float
                  int64_t n, int32_t nh, int32_t nope, int32_t rope, int32_t vd, int32_t kvlr, int32_t interleave,
                  const moet_rope *rp, const int32_t *pos, const moet_kv_ref *kv, float scale, float *out);
 void cu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
-            const float *x, int64_t n, float *scratch, float *y);
+            const float *x, const float *norm_w, float eps, float *h, int64_t n, float *scratch, float *y);
 void cu_moe(moet_backend *be, const moet_moe_args *a);
 /* MOET_MOE_TRACE=1: prints the last fused MoE launch's phase times (stderr); called at teardown (moe_fused.cu). */
 void cu_moe_fused_report(cu_backend *c);

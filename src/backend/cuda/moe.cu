@@ -683,15 +683,15 @@ extern "C" void cu_moe(moet_backend *be, const moet_moe_args *a) {
     }
 }
 
-/* Dense SwiGLU MLP: gate and up products (one launch where they take one GEMV kernel: cu_norm_mul_mat without a
- * norm; decode, GLM-4.5's shared expert), the gating, the down product. */
+/* Dense SwiGLU MLP: the pre-norm (dense layers) and gate and up products (one launch where they take one GEMV
+ * kernel: cu_norm_mul_mat; decode), the gating, the down product added onto the residual in its store. */
 extern "C" void cu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
-                       const float *x, int64_t n, float *scratch, float *y) {
+                       const float *x, const float *norm_w, float eps, float *h, int64_t n, float *scratch, float *y) {
     cu_backend *c = cu_of(be);
     float *g = scratch, *u = scratch + (size_t)n * gate->rows;
     const moet_weight *gu[2] = {gate, up};
     float *const gy[2] = {g, u};
-    cu_norm_mul_mat(be, x, NULL, 0.f, n, gate->cols, NULL, 2, gu, NULL, gy);
+    cu_norm_mul_mat(be, x, norm_w, eps, n, gate->cols, norm_w ? h : NULL, 2, gu, NULL, gy);
     cu_swiglu(c, g, u, n * gate->rows);
-    cu_mul_mat(be, down, g, n, y);
+    cu_mul_mat_acc(be, down, g, n, NULL, y);
 }

@@ -38,3 +38,7 @@ for o in 0 1; do
   MOET_OSS_TC=$o timeout 80 $B/moet bench --synthetic gpt-oss-20b --device cuda -p 128 -n 64 --reps 1 -b 4 \
     --json "$out/bench-gpt-oss-20b-tc$o.json" 2>&1 | grep "^|" | tail -3
 done
+# stop 29: the biases in the products' store and the MLP onto the residual (GLM-4.5-Air: q/k/v biases, a shared
+# expert, a dense first layer; compare its fraction of copy bandwidth with stop 26's 51% on an H100)
+timeout 120 $B/moet bench --synthetic glm-4.5-air --device cuda -p 0 -n 128 --reps 2 \
+  --json "$out/bench-glm-4.5-air.json" 2>&1 | grep "^|" | tail -2

@@ -135,7 +135,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         for (int i = threadIdx.x; i < E; i += blockDim.x) lg[i] = __ldcg(rlogits + (int64_t)tok * E + i);
         __syncthreads();
         if (!rs.on) tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts);
-        else if (warp == 0) moe_route_sig_warp(lg, rs.bias, E, K, rs.G, rs.TG, norm_topk, rs.scale, p, rids, rwts);
+        else tc_route_sig_warps(lg, rs.bias, E, K, rs.G, rs.TG, norm_topk, rs.scale, p, rik, rids, rwts);
         __syncthreads();
         e = rids[slot - tok * K];
         if (blockIdx.x == 0 && threadIdx.x == 0) { /* the routing k_tc_down and the expert cache read */
@@ -627,10 +627,10 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * 26, H100) says otherwise: 30b with the delta (two waves) 1.037x the decode speed, 235b (768 CTAs) 1.010x.
      * MOET_ROUTE_GU=0 / =1 force either; gate/up also needs E logits and their softmax beside its staging. */
     const char *rg = getenv("MOET_ROUTE_GU");
-    /* The sigmoid router: its own launch (k_route_sigmoid) by default. Routing in gate/up (MOET_ROUTE_GU=1) is one
-     * warp's serial chain in every CTA (moe_route_sig_warp: K picks of shuffle rounds), not tc_route_warps' parallel
-     * ranks: at GLM-4.5-Air's shape gate/up took 1.27x its time and decode ran at 0.988x (an H100, stop 26, one
-     * binary). A rank-based sigmoid router (the group mask first) would be needed to win there. */
+    /* The sigmoid router: its own launch (k_route_sigmoid) by default. Routing in gate/up (MOET_ROUTE_GU=1) was one
+     * warp's serial chain in every CTA (moe_route_sig_warp: K picks of shuffle rounds): at GLM-4.5-Air's shape
+     * gate/up took 1.27x its time and decode ran at 0.988x (an H100, stop 26, one binary). Stop 29 made it
+     * rank-based (tc_route_sig_warps, bit-identical picks and weights); until its A/B has run it stays opt-in. */
     cu_route_sig rs;
     if (!cu_route_sig_of(c, a, &rs)) return;
     const int sig = rs.on;

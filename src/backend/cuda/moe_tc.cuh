@@ -285,6 +285,71 @@ __device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_
     tc_route_bar(nth); /* ik / pk are reused by the next token */
 }
 
+/* The sigmoid router (DeepSeek-V3, GLM-4.5: moe_route_sig_warp's picks and weights, bit for bit) by rank over the
+ * first nr warps, as tc_route_warps ranks the softmax: the route warps write c = sigmoid(l) + choice bias, then each
+ * warp takes the group mask itself (the same shuffles in each: group score = the sum of its two largest c, the TG
+ * best groups kept, ties to the lower group), an expert of a dropped group competes at 0 (HF's masked_fill, as
+ * moe_route_sig_warp zeroes it), and e's rank = how many beat it (ties: the lower id), walking the groups so the
+ * loop divides nothing. Warp 0 then forms the weights from the picks' unbiased sigmoids, summed in pick order.
+ * moe_route_sig_warp in every gate/up CTA was one warp's chain of K shuffle rounds (gate/up 1.27x its time at
+ * GLM-4.5-Air's shape, stop 26); this is three short parallel steps. c: E floats, ik: K (shared). */
+__device__ __forceinline__ void tc_route_sig_warps(const float *lg, const float *__restrict__ bias, int32_t E,
+                                                   int32_t K, int32_t G, int32_t TG, int32_t norm_topk, float scale,
+                                                   float *c, int32_t *ik, int32_t *ids, float *wts) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int nr = (E + 31) / 32 < nw ? (E + 31) / 32 : nw, nth = 32 * nr;
+    if (warp >= nr) return;
+    for (int e = threadIdx.x; e < E; e += nth) c[e] = 1.0f / (1.0f + expf(-lg[e])) + (bias ? bias[e] : 0.0f);
+    tc_route_bar(nth);
+    const int grouped = G > 1 && TG < G;
+    const int32_t ng = grouped ? G : 1, gs = grouped ? E / G : E;
+    uint32_t keep = 0xffffffffu;
+    if (grouped) {
+        float gsc = -INFINITY;
+        if (lane < G) {
+            float a = -INFINITY, b2 = -INFINITY;
+            for (int32_t e = lane * gs; e < (lane + 1) * gs; e++) {
+                const float v = c[e];
+                if (v > a) { b2 = a; a = v; } else if (v > b2) b2 = v;
+            }
+            gsc = a + b2;
+        }
+        int rank = 0;
+        for (int o = 0; o < G; o++) {
+            const float og = __shfl_sync(0xffffffffu, gsc, o);
+            rank += og > gsc || (og == gsc && o < lane);
+        }
+        keep = __ballot_sync(0xffffffffu, lane < G && rank < TG);
+    }
+    for (int e = threadIdx.x; e < E; e += nth) {
+        const float v = (keep >> (e / gs)) & 1u ? c[e] : 0.0f;
+        int r = 0;
+        for (int32_t gi = 0; gi < ng; gi++) {
+            const int kept = (keep >> gi) & 1u;
+            for (int32_t j = gi * gs; j < (gi + 1) * gs; j++) {
+                const float o = kept ? c[j] : 0.0f;
+                r += (o > v) | ((o == v) & (j < e));
+            }
+        }
+        for (int32_t j = ng * gs; j < E; j++) { /* E not a multiple of G (configs forbid it): as the warp form */
+            const float o = j / gs < 32 && ((keep >> (j / gs)) & 1u) ? c[j] : 0.0f;
+            r += (o > v) | ((o == v) & (j < e));
+        }
+        if (r < K) ik[r] = e;
+    }
+    tc_route_bar(nth);
+    if (warp == 0) { /* K <= MOE_MAX_K <= 32: a lane a pick */
+        const float s = lane < K ? 1.0f / (1.0f + expf(-lg[ik[lane]])) : 0.f;
+        float wsum = 0.f;
+        for (int i = 0; i < K; i++) wsum += __shfl_sync(0xffffffffu, s, i);
+        if (lane < K) {
+            ids[lane] = ik[lane];
+            wts[lane] = (norm_topk ? s / (wsum + 1e-20f) : s) * scale;
+        }
+    }
+    tc_route_bar(nth); /* c / ik are reused by the next token */
+}
+
 __device__ __forceinline__ void tc_bf16x8(uint4 q, float w[8]) {
     const uint32_t u[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll

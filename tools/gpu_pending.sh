@@ -19,6 +19,13 @@ for fx in deepseek-mini gpt-oss-mini glm4moe-mini; do
   $B/test_logits tests/models/$fx tests/models/$fx/reference_fp32.safetensors 24 0 2>&1 | tail -3
 done
 MOET_MLA_LATENT=1 $B/test_logits tests/models/deepseek-mini tests/models/deepseek-mini/reference_fp32.safetensors 24 0 2>&1 | tail -2
+# stop 29: the sigmoid router by rank in gate/up (MOET_ROUTE_GU=1; test_ops checks it bit for bit against its own
+# launch at E = 8): DeepSeek and GLM against transformers and against the CPU with it, then GLM-4.5-Air's A/B
+for fx in deepseek-mini glm4moe-mini; do
+  MOET_ROUTE_GU=1 $B/test_logits tests/models/$fx tests/models/$fx/reference_fp32.safetensors 24 0 2>&1 | tail -1
+done
+MOET_ROUTE_GU=1 MOET_DEVICE=cuda timeout 120 $B/test_arch models/moe-mini-a > "$out/arch-gu1.log" 2>&1
+echo "test_arch cuda MOET_ROUTE_GU=1 rc=$?"; grep -i "FAIL" "$out/arch-gu1.log" | head -5
 # CUDA vs CPU on random DeepSeek / gpt-oss / GLM / Mixtral checkpoints, the latent cache (vs full keys, batched)
 MOET_MLA_LATENT=1 MOET_DEVICE=cuda timeout 120 $B/test_arch models/moe-mini-a > "$out/arch.log" 2>&1
 echo "test_arch cuda (latent MLA) rc=$?"
@@ -42,13 +49,7 @@ done
 # expert, a dense first layer; compare its fraction of copy bandwidth with stop 26's 51% on an H100)
 timeout 120 $B/moet bench --synthetic glm-4.5-air --device cuda -p 0 -n 128 --reps 2 \
   --json "$out/bench-glm-4.5-air.json" 2>&1 | grep "^|" | tail -2
-# stop 29: the sigmoid router by rank in gate/up (MOET_ROUTE_GU=1; test_ops checks it bit for bit against its own
-# launch at E = 8): DeepSeek and GLM against transformers and against the CPU with it, then GLM-4.5-Air's A/B
-for fx in deepseek-mini glm4moe-mini; do
-  MOET_ROUTE_GU=1 $B/test_logits tests/models/$fx tests/models/$fx/reference_fp32.safetensors 24 0 2>&1 | tail -1
-done
-MOET_ROUTE_GU=1 MOET_DEVICE=cuda timeout 120 $B/test_arch models/moe-mini-a > "$out/arch-gu1.log" 2>&1
-echo "test_arch cuda MOET_ROUTE_GU=1 rc=$?"
+# GLM-4.5-Air: the sigmoid router's routing in gate/up (MOET_ROUTE_GU=1) against its own launch
 for i in 1 2; do for g in 0 1; do
   MOET_ROUTE_GU=$g timeout 100 $B/moet bench --synthetic glm-4.5-air --device cuda -p 0 -n 128 --reps 2 2>&1 |
     grep "tg128" | sed "s/^/MOET_ROUTE_GU=$g /"

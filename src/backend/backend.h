@@ -228,7 +228,8 @@ typedef struct {
     /* Dense SwiGLU MLP added onto the residual stream: y += down(silu(gate h) * up h), the product rounded to f32
      * first (as mlp into a temporary, then add). h = x where norm_w is NULL (GLM's and DeepSeek's shared expert on
      * the MoE block's normed input), else h = rms_norm(x) · norm_w written to h (a dense layer's pre-norm, exactly
-     * norm_mul_mat's). scratch: 2 * n * ffn floats; y must not alias x, h or scratch. */
+     * norm_mul_mat's). scratch: 2 * n * ffn floats. y may be x where norm_w is given (x is read by the pre-norm
+     * alone, before the products); otherwise y must not alias x; never h or scratch. */
     void (*mlp)(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
                 const float *x, const float *norm_w, float eps, float *h, int64_t n, float *scratch, float *y);
     void (*moe)(moet_backend *be, const moet_moe_args *a);

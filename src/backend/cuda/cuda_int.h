@@ -161,6 +161,8 @@ void cu_ecache_free(cu_backend *c);
 /* op families (matmul.cu, elementwise.cu, attention.cu, moe.cu) */
 void cu_mul_mat(moet_backend *be, const moet_weight *w, const float *x, int64_t n, float *y);
 void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const float *x, int64_t n, const float *bias, float *y);
+/* y = x W^T + bias (bias: host weights, w->rows floats; NULL: cu_mul_mat), the bias added in the product's store */
+void cu_mul_mat_bias(moet_backend *be, const moet_weight *w, const float *x, int64_t n, const float *bias, float *y);
 void cu_norm_mul_mat(moet_backend *be, const float *x, const float *norm_w, float eps, int64_t n, int64_t dim,
                      float *h, int32_t nw, const moet_weight *const *w, const float *const *bias, float *const *y);
 /* gemm.cu: y (+)= x W^T (+ b: a device bias, NULL none) on tensor cores (cuBLAS) when n is large: BF16 with x as

@@ -586,6 +586,11 @@ extern "C" void cu_mul_mat_acc(moet_backend *be, const moet_weight *w, const flo
     mul_mat_impl(be, w, x, n, y, 1, bias);
 }
 
+extern "C" void cu_mul_mat_bias(moet_backend *be, const moet_weight *w, const float *x, int64_t n, const float *bias,
+                                float *y) {
+    mul_mat_impl(be, w, x, n, y, 0, bias);
+}
+
 /* Pre-norm + projections: one k_mv16(p) launch over all matrices when they are of one type (BF16, F16, or Q8_0 in
  * the q8t layout) and width; otherwise the composition (rms_norm, then mul_mat each). norm_w NULL (internal callers
  * only: cu_mlp): no pre-norm, the products of x. */

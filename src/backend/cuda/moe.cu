@@ -596,8 +596,7 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
         na.x = a->h;
         na.norm_w = NULL;
     }
-    cu_mul_mat(be, a->router, a->x, T, logits);
-    if (a->router_lbias) cu_add(be, logits, NULL, a->router_lbias, T, E); /* gpt-oss: the router's bias */
+    cu_mul_mat_bias(be, a->router, a->x, T, a->router_lbias, logits); /* gpt-oss: the router's bias in the store */
     const int sig = a->scoring == MOET_ROUTER_SIGMOID, tks = a->scoring == MOET_ROUTER_TOPK_SOFTMAX;
     if (sig) cu_moe_route_sigmoid(c, a, logits, T); /* routed here; the kernels below read the picks */
     if (tks) cu_moe_route_topk(c, a, logits, T);

@@ -953,10 +953,12 @@ int main(int argc, char **argv) {
     }
     /* gpt-oss's MoE block: the router's bias, the K largest logits softmaxed among themselves, the experts' biases
      * and the clamped SwiGLU, against float64: f32 experts (CUDA: moe.cu's per-slot kernels), then W2 experts at 1, 2
-     * and 5 tokens with MOET_OSS_TC=1 (CUDA: the tiled tensor-core kernels' decode and grouped forms) */
+     * and 5 tokens (CUDA: the tiled tensor-core kernels' decode and grouped forms), then with MOET_OSS_TC=0 (the
+     * per-slot kernels) */
     check_moe_oss(-1, 5, "");
-    setenv("MOET_OSS_TC", "1", 1);
     for (int T = 1; T <= 5; T += T == 2 ? 3 : 1) check_moe_oss(MOET_QF_W2, T, "w2 ");
+    setenv("MOET_OSS_TC", "0", 1);
+    for (int T = 1; T <= 5; T += T == 2 ? 3 : 1) check_moe_oss(MOET_QF_W2, T, "w2 per-slot ");
     unsetenv("MOET_OSS_TC");
     /* mla_attn (absorbed MLA, where a backend has it): 3 tokens at positions 5, 6, 7 over a latent cache whose rows
      * 0-4 are given, q absorbed through kv_b's k rows, the output through its v rows; against the float64 function

@@ -82,17 +82,17 @@ if [ "${BENCH:-1}" = 1 ]; then
   # its sigmoid router in gate/up (one warp a CTA) against its own launch (the default): stop 26 measured 0.988x
   TAIL=3 run bench_glm_air_route_gu1 env MOET_ROUTE_GU=1 $bin/moet bench --synthetic glm-4.5-air --device cuda -p 0 \
     -n 128 --reps 2
-  # gpt-oss's shapes (sinks, sliding windows, biases, the clamped SwiGLU; experts 2880 wide: the per-slot kernels of
-  # moe.cu, slow at hundreds of tokens, hence -p 128), then gpt-oss-20b's experts tiled for the tensor-core kernels
-  # (MOET_OSS_TC=1); and DeepSeek-V3's first 8 layers (3 dense, 5 MoE) on the latent cache (mla.cu,
-  # MOET_MLA_LATENT=1) and on full keys and values (CUDA's default until mla.cu has run). NEW=0 skips these.
+  # gpt-oss's shapes (sinks, sliding windows, biases, the clamped SwiGLU; experts 2880 wide, tiled for the
+  # tensor-core kernels; slow at hundreds of tokens, hence -p 128), then gpt-oss-20b on moe.cu's per-slot kernels
+  # (MOET_OSS_TC=0); and DeepSeek-V3's first 8 layers (3 dense, 5 MoE) on the latent cache (mla.cu,
+  # MOET_MLA_LATENT=1) and on full keys and values (CUDA's default: faster at these lengths). NEW=0 skips these.
   if [ "${NEW:-1}" = 1 ]; then
     for shape in gpt-oss-20b gpt-oss-120b; do
       TAIL=4 run bench_$shape $bin/moet bench --synthetic $shape --device cuda -p 128 -n 64 --reps 1 -b 4 \
         --json "$out/bench-$shape.json"
     done
-    TAIL=4 run bench_gpt-oss-20b_tc env MOET_OSS_TC=1 $bin/moet bench --synthetic gpt-oss-20b --device cuda -p 128 \
-      -n 64 --reps 1 -b 4 --json "$out/bench-gpt-oss-20b-tc.json"
+    TAIL=4 run bench_gpt-oss-20b_perslot env MOET_OSS_TC=0 $bin/moet bench --synthetic gpt-oss-20b --device cuda \
+      -p 128 -n 64 --reps 1 -b 4 --json "$out/bench-gpt-oss-20b-perslot.json"
     TAIL=4 run bench_deepseek_v3_8 env MOET_MLA_LATENT=1 $bin/moet bench --synthetic deepseek-v3:8 --device cuda \
       -p 128 -n 64 --reps 1 -b 4 --json "$out/bench-deepseek-v3-8.json"
     TAIL=4 run bench_deepseek_v3_8_naive $bin/moet bench --synthetic deepseek-v3:8 --device cuda \

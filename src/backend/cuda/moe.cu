@@ -544,7 +544,7 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
     }
     if (set_attrs(c)) return;
     /* gpt-oss (biased router and experts, the clamped SwiGLU): the per-slot kernels below, whatever the token count,
-     * unless its experts were tiled (MOET_OSS_TC=1: cuda_backend.cu's tiled_ok), then moe_tc.cu's kernels with ox;
+     * unless its experts were tiled (W2/sym2, the default: cuda_backend.cu's tiled_ok), then moe_tc.cu's kernels with ox;
      * the delta is not there yet */
     const int oss = a->scoring == MOET_ROUTER_TOPK_SOFTMAX || a->router_lbias || a->gate_b || a->swiglu_limit > 0;
     cu_moe_oss ox = {NULL, NULL, NULL, a->swiglu_limit};

@@ -178,7 +178,7 @@ void cu_moe_route_topk(cu_backend *c, const moet_moe_args *a, const float *logit
 
 /* moe_tc.cu: the tensor-core path (tab->tiled). Decode (T < MOE_GROUP_MIN): router + top-k, gate/up, down, three
  * launches. Grouped: gate/up and down over the work list of moe.cu's k_moe_prep / k_moe_items. ox (NULL: none):
- * gpt-oss's biases and clamp (tiled only with MOET_OSS_TC=1: cuda_backend.cu's tiled_ok); its decode routes in a
+ * gpt-oss's biases and clamp (tiled unless MOET_OSS_TC=0: cuda_backend.cu's tiled_ok); its decode routes in a
  * launch of its own (cu_moe_route_topk after the router's bias). */
 void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, const cu_expert_table *dtab,
                       float *logits, float *act, const cu_moe_oss *ox);

@@ -588,8 +588,6 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
          * the previous kernel's outputs through the non-coherent path (common.cuh, cu_pdl_wait). */
         const char *pe = getenv("MOET_PDL");
         c->pdl = c->prop.major >= 9 && !(pe && pe[0] == '0');
-        const char *ee = getenv("MOET_PDL_EARLY");
-        c->pdl_early = c->pdl && ee && ee[0] == '1';
     }
     cu_moe_fused_trace_init(c);
     snprintf(c->desc, sizeof c->desc, "%s (sm_%d%d, %d SMs, %.0f GiB)", c->prop.name, c->prop.major, c->prop.minor,

@@ -107,9 +107,6 @@ typedef struct {
     int32_t *ticket;       /* device int, 0 between launches: moe_tc.cu's router counts its finished CTAs on it */
     int32_t *fsync;        /* device ints, 0 between launches: moe_fused.cu's counters (MOE_MAX_K + 2 used) */
     int pdl;               /* launch the decode kernels with programmatic dependent launch (sm_90+, MOET_PDL != 0) */
-    int pdl_early;         /* MOET_PDL_EARLY=1 (with pdl): k_mv16p, k_tc_router and k_tc_down let the next kernel launch
-                            * as soon as their own weight loads are out, k_mv16p a CTA an SM short of full occupancy so
-                            * that the next kernel's CTAs can be resident beside it (an experiment, off by default) */
     void *blas;            /* gemm.cu: cublasHandle_t, created at the first GEMM (NULL: none yet) */
     void *blas_ws;         /* its workspace (device) */
     void *gemm_buf;        /* split x and partial products (device): GEMM_SCRATCH bytes, made once, never moved */

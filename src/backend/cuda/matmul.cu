@@ -128,7 +128,6 @@ typedef struct {
     int32_t cta0[MV16_MATS + 1];
     int64_t r0[MV16_MATS + 1]; /* row prefix sums: matrix i holds rows [r0[i], r0[i+1]) of the set */
     int32_t n;
-    int32_t early; /* trigger the next kernel's launch once the first loads are out (cu_backend.pdl_early) */
 } cu_mv16_set;
 
 /* BF16/F16 GEMV of the matrices in set over n tokens of x (chunks of ch a CTA along y).
@@ -299,7 +298,6 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
         if (Rn < total) { mv16p_row(set, Rn, min_, rn); rown = set.w[min_] + rn * set.row_bytes[min_]; }
     } else { min_ = mi; rn = r; }
     if (rown) mvp_load<FMT>(rown, lane + 32 * UN * gn, U, qn);
-    if (set.early) cu_pdl_trigger();
     cu_pdl_wait();
     cu_stage_f32(xs, x, nt * cols);
     __syncthreads();
@@ -374,7 +372,6 @@ template <typename K> static int mv16p_blocks(cu_backend *c, K k, size_t smem) {
 template <typename K, typename... Args>
 static void mv16p_go(cu_backend *c, K k, const cu_mv16_set *set, size_t sm, Args... args) {
     int nb = mv16p_blocks(c, k, sm);
-    if (nb > 1 && c->pdl_early) nb--; /* room for the next kernel's CTAs beside these */
     if (nb <= 0) {
         cu_fail(c, cudaErrorInvalidConfiguration, "k_mv16p: no CTA fits an SM", __FILE__, __LINE__);
         return;
@@ -382,9 +379,7 @@ static void mv16p_go(cu_backend *c, K k, const cu_mv16_set *set, size_t sm, Args
     int64_t grid = (int64_t)nb * c->prop.multiProcessorCount;
     const int64_t need = (set->r0[set->n] + MM_WARPS - 1) / MM_WARPS;
     if (grid > need) grid = need;
-    cu_mv16_set s = *set;
-    s.early = c->pdl_early;
-    cu_launch_pdl(c, k, dim3((unsigned)grid), dim3(MM_WARPS * 32), sm, s, args...);
+    cu_launch_pdl(c, k, dim3((unsigned)grid), dim3(MM_WARPS * 32), sm, *set, args...);
 }
 
 static int mm_attrs(cu_backend *c) {

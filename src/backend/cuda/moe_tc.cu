@@ -50,7 +50,7 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
             const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
             float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
             float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h,
-            int32_t route, int32_t early) {
+            int32_t route) {
     extern __shared__ __align__(16) float rsm[];
     __shared__ int last;
     __shared__ double nred[TC_RT_W][TC_RT_T];
@@ -61,7 +61,6 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
     const tc_rrow rr = tc_rrow_of(rw, e < E ? e : 0, rrow, rtype, H);
     uint4 q[TC_RT_U];
     if (e < E) tc_rrow_prefetch(rr, q);
-    if (early) cu_pdl_trigger(); /* cu_backend.pdl_early */
     cu_pdl_wait();
     cu_stage_f32(xs, x, NT * H);
     __syncthreads();
@@ -215,7 +214,7 @@ template <int M, int DL>
 __global__ void __launch_bounds__(DL ? TC_DN_W / 2 * 32 : TC_DN_W * 32)
 k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
-          int accum, const cu_mat *__restrict__ dtable, int32_t early, const float *db) {
+          int accum, const cu_mat *__restrict__ dtable, const float *db) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok = blockIdx.y;
@@ -224,7 +223,6 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     const int nch = (int)(F / b), n_items = K * nch;
     float *lut = (float *)smem, *nvl = lut + 256, *red = nvl + (DL ? 256 : 0); /* [256] | DL: [256] | [nw][16] */
     __half *X = (__half *)(red + (size_t)nw * 16) + (size_t)warp * 2 * b;
-    if (early) cu_pdl_trigger(); /* cu_backend.pdl_early: the next layer's first kernel may request its weights */
     tc_lut_fill(lut);
     if (DL) tc_e4m3_fill(nvl);
     cu_pdl_wait();
@@ -642,7 +640,7 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
                   rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h,      \
-                  !route_gu && !sig && !tks, c->pdl_early)
+                  !route_gu && !sig && !tks)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;
@@ -677,10 +675,10 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     if (dtab)
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, c->pdl_early, oxv.db)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db)
     else
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 0, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, c->pdl_early, oxv.db)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db)
     CU_LAUNCHED(c, "k_tc_down");
 }
 

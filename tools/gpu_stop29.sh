@@ -11,6 +11,7 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 150 $B/test_ops cuda > "$out/ops.log" 2>&1; echo "test_ops cuda rc=$?"
 grep "gpt-oss\|FAIL\|FATAL\|^ok" "$out/ops.log"
+timeout 60 $B/test_cuda models/moe-mini-a 2>&1 | tail -2
 for g in 0 1; do
   MOET_ROUTE_GU=$g $B/test_logits tests/models/glm4moe-mini tests/models/glm4moe-mini/reference_fp32.safetensors 40 0 \
     2>&1 | tail -3 | sed "s/^/glm MOET_ROUTE_GU=$g: /"

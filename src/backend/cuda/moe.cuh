@@ -59,6 +59,28 @@ __device__ __forceinline__ void moe_route_warp(const float *__restrict__ lg, int
  * rest of c set to 0.0, then K maxima as moe_route_warp takes them (ties: the lower id); weights from the unbiased
  * sigmoid, renormalised over (sum + 1e-20) when norm_topk, times scale. Taken entries become -inf: biased scores
  * may be negative, unlike probabilities. */
+/* The sigmoid router's group mask, which every lane of the calling warp gets (bit g: group g kept): group g's score
+ * is the sum of its two largest c (E / G experts each), the TG best groups kept, ties to the lower group. G <= 32. */
+__device__ __forceinline__ uint32_t moe_sig_group_keep(const float *c, int32_t E, int32_t G, int32_t TG) {
+    const int lane = threadIdx.x & 31;
+    const int32_t gs = E / G;
+    float gsc = -INFINITY;
+    if (lane < G) {
+        float a = -INFINITY, b = -INFINITY;
+        for (int32_t e = lane * gs; e < (lane + 1) * gs; e++) {
+            const float v = c[e];
+            if (v > a) { b = a; a = v; } else if (v > b) b = v;
+        }
+        gsc = a + b;
+    }
+    int rank = 0;
+    for (int o = 0; o < G; o++) {
+        const float og = __shfl_sync(0xffffffffu, gsc, o);
+        rank += og > gsc || (og == gsc && o < lane);
+    }
+    return __ballot_sync(0xffffffffu, lane < G && rank < TG);
+}
+
 __device__ __forceinline__ void moe_route_sig_warp(const float *__restrict__ lg, const float *__restrict__ bias,
                                                    int32_t E, int32_t K, int32_t G, int32_t TG, int32_t norm_topk,
                                                    float scale, float *c, int32_t *ids, float *w) {
@@ -67,21 +89,7 @@ __device__ __forceinline__ void moe_route_sig_warp(const float *__restrict__ lg,
     __syncwarp();
     if (G > 1 && TG < G) {
         const int32_t gs = E / G;
-        float gsc = -INFINITY;
-        if (lane < G) {
-            float a = -INFINITY, b = -INFINITY;
-            for (int32_t e = lane * gs; e < (lane + 1) * gs; e++) {
-                const float v = c[e];
-                if (v > a) { b = a; a = v; } else if (v > b) b = v;
-            }
-            gsc = a + b;
-        }
-        int rank = 0;
-        for (int o = 0; o < G; o++) {
-            const float og = __shfl_sync(0xffffffffu, gsc, o);
-            rank += og > gsc || (og == gsc && o < lane);
-        }
-        const unsigned keep = __ballot_sync(0xffffffffu, lane < G && rank < TG);
+        const uint32_t keep = moe_sig_group_keep(c, E, G, TG);
         for (int32_t e = lane; e < E; e += 32)
             if (!((keep >> (e / gs)) & 1u)) c[e] = 0.0f;
         __syncwarp();

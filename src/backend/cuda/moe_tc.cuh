@@ -303,24 +303,7 @@ __device__ __forceinline__ void tc_route_sig_warps(const float *lg, const float 
     tc_route_bar(nth);
     const int grouped = G > 1 && TG < G;
     const int32_t ng = grouped ? G : 1, gs = grouped ? E / G : E;
-    uint32_t keep = 0xffffffffu;
-    if (grouped) {
-        float gsc = -INFINITY;
-        if (lane < G) {
-            float a = -INFINITY, b2 = -INFINITY;
-            for (int32_t e = lane * gs; e < (lane + 1) * gs; e++) {
-                const float v = c[e];
-                if (v > a) { b2 = a; a = v; } else if (v > b2) b2 = v;
-            }
-            gsc = a + b2;
-        }
-        int rank = 0;
-        for (int o = 0; o < G; o++) {
-            const float og = __shfl_sync(0xffffffffu, gsc, o);
-            rank += og > gsc || (og == gsc && o < lane);
-        }
-        keep = __ballot_sync(0xffffffffu, lane < G && rank < TG);
-    }
+    const uint32_t keep = grouped ? moe_sig_group_keep(c, E, G, TG) : 0xffffffffu;
     for (int e = threadIdx.x; e < E; e += nth) {
         const float v = (keep >> (e / gs)) & 1u ? c[e] : 0.0f;
         int r = 0;

@@ -35,7 +35,7 @@ struct moet_session {
     uint64_t *bhash;                /* [blk_cap] prefix hash at the end of block i, for i < n_hashed */
     int32_t n_hashed;
     int kv_mixed;                   /* its KV mixes base and delta steps: kept out of the prefix cache */
-    float *x, *h, *q, *k, *v, *att, *tmp, *mlp_scr, *moe_scr, *att_scr, *topk_w;
+    float *x, *h, *q, *k, *v, *att, *mlp_scr, *moe_scr, *att_scr, *topk_w;
     float *mla_cq, *mla_ckv, *mla_kpe, *mla_kvb, *mla_o; /* MLA's intermediates (hp.kv_lora_rank > 0), else NULL */
     int mla_latent;                 /* MLA on the latent cache (backend.h, mla_attn; kv_int.h) */
     int32_t *topk_ids;
@@ -211,7 +211,6 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
     A(s->k, B * Dfull + 1);
     A(s->v, B * Dfull + 1);
     A(s->att, B * Dout + 1);
-    A(s->tmp, B * H);
     A(s->tok_dev, B);
     A(s->pos_dev, B);
     A(s->mlp_scr, 2 * B * F);

@@ -524,22 +524,18 @@ static void cpu_attention(moet_backend *be, const moet_attn_args *a) {
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
-static void swiglu_ffn(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
-                       const float *x, int64_t n, float *g, float *u, float *y, int acc) {
-    const int64_t F = gate->rows;
-    cpu_mul_mat(be, gate, x, n, g);
-    cpu_mul_mat(be, up, x, n, u);
-    for (int64_t i = 0; i < n * F; i++) g[i] = silu(g[i]) * u[i];
-    mul_mat_impl(be, down, g, n, y, acc, NULL);
-}
-
 static void cpu_mlp(moet_backend *be, const moet_weight *gate, const moet_weight *up, const moet_weight *down,
                     const float *x, const float *norm_w, float eps, float *h, int64_t n, float *scratch, float *y) {
+    const int64_t F = gate->rows;
+    float *g = scratch, *u = scratch + (size_t)n * F;
     if (norm_w) {
         cpu_rms_norm(be, x, norm_w, n, gate->cols, eps, h);
         x = h;
     }
-    swiglu_ffn(be, gate, up, down, x, n, scratch, scratch + (size_t)n * gate->rows, y, 1);
+    cpu_mul_mat(be, gate, x, n, g);
+    cpu_mul_mat(be, up, x, n, u);
+    for (int64_t i = 0; i < n * F; i++) g[i] = silu(g[i]) * u[i];
+    cpu_mul_mat_acc(be, down, g, n, NULL, y);
 }
 
 /* Calibration statistics: acc[i][j] += sum_r x[r][i] x[r][j] for j >= i (upper triangle; consumers mirror it),

@@ -1390,8 +1390,9 @@ int main(int argc, char **argv) {
      * for bit with the pre-norm fused too */
     /* the last three: CUDA's grouped kernels of moe_grp.cu (widths multiples of 128) with tiles of 8, 16 and 32 slots
      * (3, 15 and 36 slots an expert on average; 96 tokens: more than one tile an expert) */
-    static const int moe_shapes[9][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12},
-                                         {1024, 64, 2}, {256, 128, 8}, {128, 256, 40}, {256, 256, 96}};
+    /* and one token through 256-column chunks both ways (the decode kernels' common case) */
+    static const int moe_shapes[10][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12},
+                                          {1024, 64, 2}, {256, 128, 8}, {128, 256, 40}, {256, 256, 96}, {256, 256, 1}};
     const int is_cuda = !strcmp(be->ops->name, "cuda");
     /* CUDA's single-token block is opt-in (MOET_MOE_FUSED=1): the decode checks below run it against the CPU
      * reference and then the three launches (MOET_MOE_FUSED=0) against it, bit for bit */
@@ -1399,7 +1400,7 @@ int main(int argc, char **argv) {
     const char *fu_env = getenv("MOET_MOE_FUSED");
     const int ab = is_cuda && !(fu_env && fu_env[0] == '0');
     if (ab) setenv("MOET_MOE_FUSED", "1", 1);
-    for (int ms = 0; ms < 9; ms++) {
+    for (int ms = 0; ms < 10; ms++) {
         const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = moe_shapes[ms][2];
         float *xr = malloc(sizeof(float) * T * H), *rw = malloc(sizeof(float) * E * H), *o = malloc(sizeof(float) * T * H);
         float *dq[3][8];
@@ -1722,6 +1723,8 @@ static void perf_copy_step(void *v) {
 
 int perf_main(moet_backend *be) {
     const moet_backend_ops *op = be->ops;
+    /* MOET_PERF_ONLY=moe: the copy ceiling and the MoE tables only (a short device call) */
+    const int moe_only = getenv("MOET_PERF_ONLY") && !strcmp(getenv("MOET_PERF_ONLY"), "moe");
     { /* the ceiling: a large device-to-device copy, bytes read + written */
         copy_ctx cc = {be, op->alloc(be, (size_t)1 << 31), op->alloc(be, (size_t)1 << 31), (size_t)1 << 31, 10};
         REQUIRE(cc.a && cc.b, "copy buffers");
@@ -1741,9 +1744,9 @@ int perf_main(moet_backend *be) {
         op->release(be, cc.a);
         op->release(be, cc.b);
     }
-    { /* one token through BF16 and Q8_0 matrices of 2048 columns and growing rows (decode's dense GEMVs: o_proj is
-       * 8 MB per 2048 rows of 4096, QKV 21 MB, lm_head 622 MB, in BF16): time per call = fixed cost + bytes /
-       * bandwidth. Q8_0 takes the q8t copy CUDA makes at first use (quant/blocks.h), 8.5 bits a weight. */
+    if (!moe_only) { /* one token through BF16 and Q8_0 matrices of 2048 columns and growing rows (decode's
+       * dense GEMVs: o_proj is 8 MB per 2048 rows of 4096, QKV 21 MB, lm_head 622 MB, in BF16): time per call =
+       * fixed cost + bytes / bandwidth. Q8_0 takes the q8t copy CUDA makes at first use (quant/blocks.h), 8.5 bits a weight. */
         const int64_t C = 2048, rws[] = {1024, 5120, 20480, 81920};
         const int32_t tys[] = {MOET_TYPE_BF16, MOET_TYPE_Q8_0};
         float *x = dev(NULL, sizeof(float) * C), *y = dev(NULL, sizeof(float) * 81920);
@@ -1775,7 +1778,7 @@ int perf_main(moet_backend *be) {
         }
         drop(x); drop(y);
     }
-    { /* a 30b decode layer's dense ops, one token, BF16, cold L2 (as above): the fused pre-norm GEMV over one
+    if (!moe_only) { /* a 30b decode layer's dense ops, one token, BF16, cold L2 (as above): the fused pre-norm GEMV over one
        * 5120-row matrix and over q, k, v (4096 + 512 + 512 rows) as the model calls it, against k_mv16p over the
        * 5120 rows alone (the table above: the difference is the pre-norm's cost), and o_proj (2048 x 4096) added
        * onto the residual */
@@ -1861,7 +1864,7 @@ int perf_main(moet_backend *be) {
         op->forget(be, wd);
         op->release(be, wd);
     }
-    { /* sampling candidates at the Qwen3 vocabulary: topk of 1 and 64 rows (k = 64) against copying the rows to the
+    if (!moe_only) { /* sampling candidates at the Qwen3 vocabulary: topk of 1 and 64 rows (k = 64) against copying the rows to the
        * host (what a decode step did before candidates: download, then the host scans the row) */
         const int64_t V = 151936, rows[] = {1, 16, 64};
         const int32_t k = 64;
@@ -1894,7 +1897,7 @@ int perf_main(moet_backend *be) {
         }
         free(host);
     }
-    { /* prefill attention over a fresh cache (query t at position t): the 30b and 235b head shapes, the CUDA-core
+    if (!moe_only) { /* prefill attention over a fresh cache (query t at position t): the 30b and 235b head shapes, the CUDA-core
        * kernel (MOET_ATTN_TC=0) and the tensor-core one (attn_tc.cu); FLOPs 4 x head_dim a (query head, key) pair */
         static const struct { const char *name; int nh, nkv, T; } as[] = {
             {"attn 30b 32/4x128", 32, 4, 512}, {"attn 235b 64/4x128", 64, 4, 512}, {"attn 30b 32/4x128", 32, 4, 2048}};
@@ -2015,6 +2018,13 @@ int perf_main(moet_backend *be) {
             unsetenv("MOET_ROUTE_GU");
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 router routes (GU=0)", T, br * 1e6, bytes / 1e6,
                    bytes / br / 1e9, flops / br / 1e12);
+        }
+        if (T < 4) { /* the decode kernels' integer form (quant/tile.h; MOET_MOE_I8=1) */
+            setenv("MOET_MOE_I8", "1", 1);
+            const double bi = perf_graph_best(be, 8000 + (uint64_t)T, perf_moe_step, &pc, reps, y);
+            unsetenv("MOET_MOE_I8");
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 integer form (I8=1)", T, bi * 1e6, bytes / 1e6,
+                   bytes / bi / 1e9, flops / bi / 1e12);
         }
         if (T >= 8) { /* the grouped kernels with the sign planes instead of the level operand (MOET_MOE_LV=0) */
             setenv("MOET_MOE_LV", "0", 1);

@@ -113,6 +113,89 @@ static void test_nv_tile(void) {
     CHECK(!bad_s, "nvfp4 tiled scales: %d scales off", bad_s);
 }
 
+/* The integer tensor-core form of a tiled W2 block (quant/tile.h), checked here where no GPU runs it: mma.m16n8k32
+ * (u8 A, s8 B, s32 C/D) emulated element by element from the fragments every lane builds, laid out as the PTX ISA
+ * gives them (A: lane 4g + t holds rows g / g + 8, k 4t .. 4t + 3 and 16 + 4t ..; B: k 4t .. and 16 + 4t .., column
+ * g; C/D: rows g / g + 8, columns 2t, 2t + 1), and the lanes' results combined as the decode kernels combine them,
+ * against the block's dot product in double. */
+static void test_q2_i8(void) {
+    enum { RB = 9 }; /* one 32-column block a row */
+    uint8_t src[16 * RB];
+    int worst_ok = 1;
+    double worst = 0;
+    for (int rep = 0; rep < 200; rep++) {
+        for (size_t i = 0; i < sizeof src; i++) src[i] = (uint8_t)(urand() * 256);
+        const float beta = 0.1f + 0.5f * (float)urand(), A = 0.5f * (1 + beta), B = 0.5f * (1 - beta);
+        float t[32];
+        double mx = 0;
+        for (int c = 0; c < 32; c++) {
+            /* as staged: the largest |t| in [64, 128) (moet_i8_exp), the rest anything below */
+            t[c] = (float)((urand() * 2 - 1) * (rep % 3 == 0 ? 127.99 : rep % 3 == 1 ? 64.0 : 1e-3));
+            if (rep % 3 == 2 && c == 0) t[c] = (float)(64 + 63 * urand());
+            if (rep % 7 == 0 && c == 5) t[c] = 127.75f; /* rounds past 127: the clamp */
+            mx = fmax(mx, fabs(t[c]));
+        }
+        int32_t q[32][4], X[4] = {0, 0, 0, 0};
+        uint32_t pw[4][16];
+        for (int c = 0; c < 32; c++) {
+            moet_i8_split(t[c], q[c]);
+            for (int Q = 0; Q < 4; Q++) {
+                CHECK(q[c][Q] >= -128 && q[c][Q] <= 127, "i8 piece %d of %g out of range: %d", Q, t[c], q[c][Q]);
+                X[Q] += q[c][Q];
+            }
+        }
+        for (int pp = 0; pp < 16; pp++)
+            for (int Q = 0; Q < 4; Q++) pw[Q][moet_i8_pair_idx(pp)] = moet_i8_pair(q[2 * pp][Q], q[2 * pp + 1][Q]);
+        int64_t D[16][8];
+        /* C from the lanes, then the two half-blocks' products */
+        for (int lane = 0; lane < 32; lane++) {
+            const int g = lane >> 2, tt = lane & 3, q0 = 2 * (tt & 1);
+            D[g][2 * tt] = -64 * X[q0];
+            D[g][2 * tt + 1] = -64 * X[q0 + 1];
+            D[g + 8][2 * tt] = -32 * X[q0];
+            D[g + 8][2 * tt + 1] = -32 * X[q0 + 1];
+        }
+        for (int s = 0; s < 2; s++) {
+            uint8_t Am[16][32];
+            int8_t Bm[32][8];
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane >> 2, tt = lane & 3;
+                uint32_t a[4];
+                moet_q2i8_afrag(moet_q2_tile_word(src, RB, 0, 0, lane), s, a);
+                for (int i = 0; i < 16; i++) {
+                    const int row = (i < 4 || (i >= 8 && i < 12)) ? g : g + 8, col = 4 * tt + (i & 3) + (i >= 8 ? 16 : 0);
+                    Am[row][col] = (uint8_t)(a[i >> 2] >> (8 * (i & 3)));
+                }
+                const uint32_t b[2] = {moet_i8_bword(pw[g & 3][4 * tt + 2 * s], g), moet_i8_bword(pw[g & 3][4 * tt + 2 * s + 1], g)};
+                for (int i = 0; i < 8; i++) Bm[4 * tt + (i & 3) + (i >= 4 ? 16 : 0)][g] = (int8_t)(uint8_t)(b[i >> 2] >> (8 * (i & 3)));
+            }
+            for (int r = 0; r < 16; r++)
+                for (int n = 0; n < 8; n++)
+                    for (int k = 0; k < 32; k++) D[r][n] += (int64_t)Am[r][k] * Bm[k][n];
+        }
+        for (int r = 0; r < 16; r++) {
+            double got = 0, want = 0;
+            for (int lane = 4 * (r & 7); lane < 4 * (r & 7) + 4; lane++) {
+                const int tt = lane & 3, hi = r >= 8;
+                float k[4];
+                moet_i8_coef(tt, A, B, k);
+                got += (double)k[2 * hi] * (double)D[r][2 * tt] + (double)k[2 * hi + 1] * (double)D[r][2 * tt + 1];
+                CHECK(llabs(D[r][2 * tt]) < (1 << 20) && llabs(D[r][2 * tt + 1]) < (1 << 20), "i8 accumulator out of range");
+            }
+            for (int c = 0; c < 32; c++) {
+                const uint32_t code = (src[r * RB + 1 + c / 4] >> (2 * (c % 4))) & 3u;
+                const double lv = A * ((code >> 1) ? 1.0 : -1.0) + B * ((code & 1) ? 1.0 : -1.0);
+                want += lv * t[c];
+            }
+            const double err = fabs(got - want) / (mx * 32);
+            if (err > worst) worst = err;
+            if (err > 0x1p-26) worst_ok = 0; /* the pieces keep ~2^-27 of the largest; a wrong fragment is ~1 */
+        }
+    }
+    CHECK(worst_ok, "i8 form of a W2 block: worst error %g of |t|max x 32", worst);
+    fprintf(stderr, "i8 form of a W2 block: worst error %.3g of |t|max x 32\n", worst);
+}
+
 #define N 256
 
 int main(void) {
@@ -263,6 +346,7 @@ int main(void) {
         CHECK(worst_ref < 1e-6 && worst_simd < 1e-6, "2-bit dot products off: %.3g / %.3g", worst_ref, worst_simd);
     }
     test_nv_tile();
+    test_q2_i8();
     test_q8t();
     /* NVFP4 straight-from-blocks dot (fp4dot.c): the SIMD and scalar versions against the dequantized row in double,
      * every scale code (subnormal E4M3 included) */

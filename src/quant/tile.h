@@ -9,6 +9,7 @@
 #ifndef MOET_QUANT_TILE_H
 #define MOET_QUANT_TILE_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -72,6 +73,107 @@ MOET_TILE_HD uint32_t moet_fp4x2_f16x2(uint32_t b) {
     return moet_byte_perm(0x3E3C3800u, 0x46444240u, sel) | ((b & 8u) << 12) | ((b & 0x80u) << 24);
 }
 
+
+/* ---- the 2-bit family's tiled layout (quant/blocks.h) ---------------------------------------------------------- */
+
+/* The tiled code word of lane l (= 4 g + t) in tile ti, block b, from the stored rows (row_bytes apart, 9-byte blocks):
+ * bit (h ? 31 - x : 15 - x), x = 4 m + r, is set when sign plane p = m >> 1 (0: u' from bit 1 of the code, 1: v' from
+ * bit 0) of row 16 ti + g + 8 (r & 1), column 32 b + 16 (m & 1) + 2t + 8 (r >> 1) + h is negative (quant/blocks.h). */
+MOET_TILE_HD uint32_t moet_q2_tile_word(const uint8_t *src, size_t row_bytes, int64_t ti, int64_t b, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    uint32_t w = 0;
+    for (int mi = 0; mi < 4; mi++)
+        for (int r = 0; r < 4; r++)
+            for (int h = 0; h < 2; h++) {
+                const int p = mi >> 1, s = mi & 1, x = 4 * mi + r;
+                const int64_t row = ti * 16 + g + 8 * (r & 1);
+                const int j = 16 * s + 2 * t + 8 * (r >> 1) + h;
+                const uint32_t code = (src[(size_t)row * row_bytes + (size_t)b * 9 + 1 + (size_t)(j / 4)] >> (2 * (j % 4))) & 3u;
+                const uint32_t bit = p == 0 ? (code >> 1) & 1u : code & 1u;
+                if (!bit) w |= 1u << (h ? 31 - x : 15 - x);
+            }
+    return w;
+}
+
+/* ---- the integer tensor-core form of a tiled 2-bit block (decode kernels, backend/cuda/moe_tc.cu) -------------
+ *
+ * Why: the f16 form (blocks.h) spends a shift and a LOP3 on every f16x2 register, 32 instructions a 16 x 32 block,
+ * which is what makes the decode kernels issue-bound. mma.m16n8k32 with u8 weights takes a sign bit wherever it lies
+ * in its byte (bit j is the value 2^j), so one mask makes four weights: a block is 3 shifts, 8 LOP3 and 2 mma.
+ *
+ * A operand (u8, 0 or 2^j): the lane's tiled word w (blocks.h) masked. Byte n of w & 0x80808080 holds bit 7 + 8n:
+ * x = 8 (n even) or 0 (n odd) at half n >> 1, i.e. row g, columns 2t, 2t+1 of half-block 0, planes (v', u', v', u')
+ * for n = 0..3. So for half-block s (one mma, k = 32 slots):
+ *     a0 = (w << 4s) & 0x80808080   row g      slots 4t + n      -> (plane 1 - (n & 1), column 16s + 2t + (n >> 1))
+ *     a1 = (w << 4s) & 0x40404040   row g + 8  the same slots
+ *     a2 = (w << 4s + 2) & 0x80..   row g      slots 16 + 4t + n -> (plane 1 - (n & 1), column 16s + 2t + 8 + (n >> 1))
+ *     a3 = (w << 4s + 2) & 0x40..   row g + 8
+ * Row g's weights are 128 b, row g + 8's 64 b, b = 1 where the sign is negative.
+ * B operand (s8): the output column n = 4 P + Q is plane P's piece Q of the activations: x 2^-e = q0 + q1 2^-6 +
+ * q2 2^-13 + q3 2^-20 (moet_i8_split: four exact int8 pieces, ~27 bits), zero on the other plane's slots. A lane of
+ * B column g takes a stored pair word [q(c), 0, q(c + 1), 0] (moet_i8_pair) as is (P = 1) or shifted by 8 (P = 0).
+ * C: the block's sum of the column's piece over its 32 columns, X, as -64 X (row g) and -32 X (row g + 8); since
+ * u' = 1 - 2b, D = -64 sum(u' q) (row g) and -32 sum(u' q) (row g + 8): exact integers (|D| < 2^20).
+ * A lane's D columns are 2t and 2t + 1: plane t >> 1, pieces 2 (t & 1) and 2 (t & 1) + 1; moet_i8_coef gives the
+ * factor each is multiplied by at the end (the plane's level coefficient, the piece's weight, the row's -1/64 or
+ * -1/32), and the four lanes of a group are summed. */
+
+/* The A operand of half-block s of a lane's tiled word. */
+MOET_TILE_HD void moet_q2i8_afrag(uint32_t w, int s, uint32_t a[4]) {
+    const uint32_t w0 = w << (4 * s), w2 = w0 << 2;
+    a[0] = w0 & 0x80808080u;
+    a[1] = w0 & 0x40404040u;
+    a[2] = w2 & 0x80808080u;
+    a[3] = w2 & 0x40404040u;
+}
+
+/* The four int8 pieces of t (|t| < 128, finite): t = q0 + q1 2^-6 + q2 2^-13 + q3 2^-20 + err, |err| <= 2^-21. Every
+ * step is exact in f32 (t - q0 and the scaled remainders have fewer significant bits than their operands). */
+MOET_TILE_HD void moet_i8_split(float t, int32_t q[4]) {
+    float r = rintf(t);
+    r = r > 127.f ? 127.f : r < -127.f ? -127.f : r; /* t in [127.5, 128): the remainder takes the rest, < 1 */
+    q[0] = (int32_t)r;
+    float rem = (t - r) * 64.f; /* [-32, 64] */
+    r = rintf(rem);
+    q[1] = (int32_t)r;
+    rem = (rem - r) * 128.f; /* [-64, 64] */
+    r = rintf(rem);
+    q[2] = (int32_t)r;
+    rem = (rem - r) * 128.f;
+    q[3] = (int32_t)rintf(rem);
+}
+
+/* The weight of piece Q relative to t. */
+MOET_TILE_HD float moet_i8_piece_w(int Q) { return Q == 0 ? 1.0f : Q == 1 ? 0x1p-6f : Q == 2 ? 0x1p-13f : 0x1p-20f; }
+
+/* The staging exponent for a chunk whose largest |x| is mx: mx 2^-e in [64, 128) (0 for zero or non-finite mx; clamped
+ * to +-100 so 2^+-e stays a normal f32). */
+MOET_TILE_HD int moet_i8_exp(float mx) {
+    int e = 0;
+    if (mx > 0.f && mx <= 3.0e38f) e = ilogbf(mx) - 6;
+    return e < -100 ? -100 : e > 100 ? 100 : e;
+}
+
+/* A stored pair word: pieces a, b of columns c, c + 1 in bytes 0 and 2 (plane 1's slots). */
+MOET_TILE_HD uint32_t moet_i8_pair(int32_t a, int32_t b) { return ((uint32_t)a & 0xffu) | (((uint32_t)b & 0xffu) << 16); }
+
+/* Where the pair of columns 2p, 2p + 1 (p = 0..15) of a block goes among its 16 pair words of one piece: lane t's four
+ * words are 4t .. 4t + 3 = (half-block 0: b0, b1; half-block 1: b0, b1), b0 = columns 16s + 2t, b1 = 16s + 2t + 8. */
+MOET_TILE_HD int moet_i8_pair_idx(int p) { return 4 * (p & 3) + 2 * (p >> 3) + ((p >> 2) & 1); }
+
+/* The B register of a B-column-g lane from its stored pair word. */
+MOET_TILE_HD uint32_t moet_i8_bword(uint32_t pw, int g) { return (g >> 2) ? pw : pw << 8; }
+
+/* The factors of a lane's D columns (2t, 2t + 1) for rows g (k[0], k[1]) and g + 8 (k[2], k[3]); A, B: the levels'
+ * coefficients of u' and v' (blocks.h). */
+MOET_TILE_HD void moet_i8_coef(int t, float A, float B, float k[4]) {
+    const float cp = (t >> 1) ? B : A;
+    const int q0 = 2 * (t & 1);
+    k[0] = cp * moet_i8_piece_w(q0) * -0x1p-6f;
+    k[1] = cp * moet_i8_piece_w(q0 + 1) * -0x1p-6f;
+    k[2] = cp * moet_i8_piece_w(q0) * -0x1p-5f;
+    k[3] = cp * moet_i8_piece_w(q0 + 1) * -0x1p-5f;
+}
 
 /* The Q8_0 device layout (quant/blocks.h, "q8t"): byte offsets, within a row, of quant word v (16 quants: columns
  * 16v ..) and of its block's f16 scale. */

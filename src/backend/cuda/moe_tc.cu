@@ -108,7 +108,7 @@ __device__ __forceinline__ float tc_act(float g, float u, const cu_moe_oss &ox, 
 /* DL: the expert's NVFP4 delta residuals (dtable, tiled: blocks.h) are added into the same accumulators after each
  * chunk's base products, x staged again as the residual sees it (unrotated, as the quantizer stores NVFP4 residuals,
  * or by the residual's own rotation). */
-template <int M, int DL>
+template <int M, int DL, int I8>
 __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(DL))
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
@@ -121,7 +121,11 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     constexpr int b = 32 * M, m = M, nb = M;
     const int nch = (int)(H / b);
     float *lut = (float *)smem, *nvl = lut + 256, *red = nvl + (DL ? 256 : 0); /* [256] | DL: [256] | [nw][2][16] */
-    __half *X = (__half *)(red + (size_t)nw * 32) + (size_t)warp * 2 * b;
+    constexpr size_t SB = I8 ? TC_I8_STAGE_BYTES(M) : 2 * b * sizeof(__half); /* a warp's staged chunk */
+    unsigned char *stg = (unsigned char *)(red + (size_t)nw * 32);
+    __half *X = (__half *)(stg + (size_t)warp * SB);
+    uint32_t *W8 = (uint32_t *)X;
+    int32_t *X8 = (int32_t *)(W8 + M * 64);
     tc_lut_fill(lut);
     if (DL) tc_e4m3_fill(nvl);
     cu_pdl_wait();
@@ -130,7 +134,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     if (rlogits) { /* route the token here (tc_route_warps, as the router would): its logits after X */
         __shared__ int32_t rids[MOE_MAX_K], rik[MOE_MAX_K];
         __shared__ float rwts[MOE_MAX_K], rpk[MOE_MAX_K];
-        float *lg = (float *)((__half *)(red + (size_t)nw * 32) + (size_t)nw * 2 * b), *p = lg + E;
+        float *lg = (float *)(stg + (size_t)nw * SB), *p = lg + E;
         for (int i = threadIdx.x; i < E; i += blockDim.x) lg[i] = __ldcg(rlogits + (int64_t)tok * E + i);
         __syncthreads();
         if (!rs.on) tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts);
@@ -151,10 +155,30 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     tc_ab(type, um.qbeta, &Au, &Bu);
     float ag[1][2] = {{0.f, 0.f}}, au[1][2] = {{0.f, 0.f}};
     const float one[1] = {1.0f};
+    float tg[4] = {0.f, 0.f, 0.f, 0.f}, tu[4] = {0.f, 0.f, 0.f, 0.f}; /* I8: the running sums */
     for (int c = warp; c < nch; c += nw) {
         uint32_t wg[8], wu[8], sg, su;
         tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
         tc_fetch<M>(um, F, NB, ti, (int64_t)c * nb, wu, su);
+        if constexpr (I8) { /* the integer form (quant/tile.h); never with the delta */
+            float v[8];
+            cu_rot_chunk_t<M>(v, x + (int64_t)tok * H, rot, seed, c, gm.signs);
+            const float p2 = tc_stage_i8<M>(v, W8, X8);
+            __syncwarp();
+            float cg[4] = {0.f, 0.f, 0.f, 0.f}, cu4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int bi = 0; bi < nb; bi++) {
+                uint32_t bf[2][2];
+                int32_t ci[4];
+                tc_i8_bfrag(W8, X8, bi, bf, ci);
+                tc_i8_tile(wg[bi], bf, ci, lut[tc_sc(sg, bi, g)], lut[tc_sc(sg, bi, g + 8)], cg);
+                tc_i8_tile(wu[bi], bf, ci, lut[tc_sc(su, bi, g)], lut[tc_sc(su, bi, g + 8)], cu4);
+            }
+            __syncwarp();
+            tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cg, tg);
+            tc_i8_chunk_done(um.qscale * p2, Au, Bu, cu4, tu);
+            continue;
+        }
         cu_mat dg, du; /* the residuals' loads go out with the base's, before any math */
         uint2 cg[8], cu_[8];
         uint32_t g0 = 0, g1 = 0, u0 = 0, u1 = 0;
@@ -190,6 +214,10 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
             __syncwarp();
         }
     }
+    if (I8) {
+        tc_i8_rows(tg, ag[0]);
+        tc_i8_rows(tu, au[0]);
+    }
     cu_pdl_trigger();
     if (t == 0) {
         red[(warp * 2 + 0) * 16 + g] = ag[0][0];
@@ -210,7 +238,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
 
 /* DL: at most TC_DN_W / 2 warps (170 registers a thread: the residual's words in flight beside the base's spilled
  * at 85), each over twice the work. */
-template <int M, int DL>
+template <int M, int DL, int I8>
 __global__ void __launch_bounds__(DL ? TC_DN_W / 2 * 32 : TC_DN_W * 32)
 k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
@@ -222,7 +250,10 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     constexpr int b = 32 * M, m = M, nb = M;
     const int nch = (int)(F / b), n_items = K * nch;
     float *lut = (float *)smem, *nvl = lut + 256, *red = nvl + (DL ? 256 : 0); /* [256] | DL: [256] | [nw][16] */
-    __half *X = (__half *)(red + (size_t)nw * 16) + (size_t)warp * 2 * b;
+    constexpr size_t SB = I8 ? TC_I8_STAGE_BYTES(M) : 2 * b * sizeof(__half); /* a warp's staged chunk */
+    __half *X = (__half *)((unsigned char *)(red + (size_t)nw * 16) + (size_t)warp * SB);
+    uint32_t *W8 = (uint32_t *)X;
+    int32_t *X8 = (int32_t *)(W8 + M * 64);
     tc_lut_fill(lut);
     if (DL) tc_e4m3_fill(nvl);
     cu_pdl_wait();
@@ -230,6 +261,7 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     float acc[1][2] = {{0.f, 0.f}};
     const float one[1] = {1.0f};
+    float tot[4] = {0.f, 0.f, 0.f, 0.f}; /* I8: the running sums */
     for (int it = warp; it < n_items; it += nw) {
         const int k = it / nch, c = it - k * nch;
         const int32_t e = __ldcg(topk_ids + tok * K + k);
@@ -248,6 +280,21 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         tc_ab(type, dm.qbeta, &A, &B);
         float v[8];
         cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, dm.rotated, dm.rot_seed, c, dm.signs);
+        if constexpr (I8) { /* the integer form (quant/tile.h); never with the delta */
+            const float p2 = tc_stage_i8<M>(v, W8, X8);
+            __syncwarp();
+            float cd[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int bi = 0; bi < nb; bi++) {
+                uint32_t bf[2][2];
+                int32_t ci[4];
+                tc_i8_bfrag(W8, X8, bi, bf, ci);
+                tc_i8_tile(wd[bi], bf, ci, lut[tc_sc(sd, bi, g)], lut[tc_sc(sd, bi, g + 8)], cd);
+            }
+            __syncwarp();
+            tc_i8_chunk_done(dm.qscale * p2 * wk, A, B, cd, tot);
+            continue;
+        }
         const float p2 = tc_stage(v, m, b, X), qd = dm.qscale * p2 * wk; /* as (qscale lut) 2^e wk: 2^e is exact */
         __syncwarp();
 #pragma unroll
@@ -270,6 +317,7 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
             __syncwarp();
         }
     }
+    if (I8) tc_i8_rows(tot, acc[0]);
     cu_pdl_trigger();
     if (t == 0) {
         red[warp * 16 + g] = acc[0][0];
@@ -497,20 +545,8 @@ __global__ void k_q2_tile(const uint8_t *__restrict__ src, uint8_t *__restrict__
                           size_t row_bytes) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < R * NB * 2) {
-        const int lane = (int)(i & 31), g = lane >> 2, t = lane & 3;
         const int64_t tb = i >> 5, ti = tb / NB, b = tb - ti * NB;
-        uint32_t w = 0;
-        for (int mi = 0; mi < 4; mi++)
-            for (int r = 0; r < 4; r++)
-                for (int h = 0; h < 2; h++) {
-                    const int p = mi >> 1, s = mi & 1, x = 4 * mi + r;
-                    const int64_t row = ti * 16 + g + 8 * (r & 1);
-                    const int j = 16 * s + 2 * t + 8 * (r >> 1) + h;
-                    const uint32_t code = (src[row * row_bytes + b * 9 + 1 + j / 4] >> (2 * (j % 4))) & 3u;
-                    const uint32_t bit = p == 0 ? (code >> 1) & 1u : code & 1u;
-                    if (!bit) w |= 1u << (h ? 31 - x : 15 - x);
-                }
-        ((uint32_t *)dst)[i] = w;
+        ((uint32_t *)dst)[i] = moet_q2_tile_word(src, row_bytes, ti, b, (int)(i & 31));
     }
     if (i < R * NB) {
         const int r = (int)(i & 15);
@@ -549,8 +585,16 @@ extern "C" int cu_nv_tile_repack(cu_backend *c, uint8_t *d, int64_t rows, int64_
 
 /* ---- host side ----------------------------------------------------------------------------------------------- */
 
-static size_t tc_smem_dec(int nw, int per_warp_red, int b, int dl) {
-    return ((dl ? 512 : 256) + (size_t)nw * per_warp_red) * sizeof(float) + (size_t)nw * 2 * b * sizeof(__half);
+static size_t tc_smem_dec(int nw, int per_warp_red, int b, int dl, int i8 = 0) {
+    return ((dl ? 512 : 256) + (size_t)nw * per_warp_red) * sizeof(float) +
+           (size_t)nw * (i8 ? TC_I8_STAGE_BYTES(b / 32) : 2 * b * sizeof(__half));
+}
+
+/* The integer form of the decode kernels (quant/tile.h) where it applies: no delta, chunks of 64+ columns.
+ * MOET_MOE_I8=1 turns it on (until its A/B on a GPU says which is faster). */
+static int tc_i8_on(int b, int dl) {
+    const char *e = getenv("MOET_MOE_I8");
+    return !dl && b >= 64 && e && e[0] == '1';
 }
 
 /* Runs KERNEL<M> for the rotation chunk b = 32 M of a width (b: the largest power of two <= 256 dividing it). */
@@ -565,10 +609,18 @@ static size_t tc_smem_dec(int nw, int per_warp_red, int b, int dl) {
 /* KERNEL<M, DL> through cu_launch_pdl (the decode kernels: DL, the NVFP4 delta, known at compile time). */
 #define TC_DISPATCH_PDL_DL(b, KERNEL, DL, GRID, BLOCK, SMEM, ...)                                                 \
     switch (b) {                                                                                                  \
-    case 32: cu_launch_pdl(c, KERNEL<1, DL>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                        \
-    case 64: cu_launch_pdl(c, KERNEL<2, DL>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                        \
-    case 128: cu_launch_pdl(c, KERNEL<4, DL>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                       \
-    default: cu_launch_pdl(c, KERNEL<8, DL>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                        \
+    case 32: cu_launch_pdl(c, KERNEL<1, DL, 0>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                     \
+    case 64: cu_launch_pdl(c, KERNEL<2, DL, 0>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                     \
+    case 128: cu_launch_pdl(c, KERNEL<4, DL, 0>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                    \
+    default: cu_launch_pdl(c, KERNEL<8, DL, 0>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                     \
+    }
+
+/* The integer form (no delta) for chunks of 64 columns or more. */
+#define TC_DISPATCH_PDL_I8(b, KERNEL, GRID, BLOCK, SMEM, ...)                                                     \
+    switch (b) {                                                                                                  \
+    case 64: cu_launch_pdl(c, KERNEL<2, 0, 1>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                      \
+    case 128: cu_launch_pdl(c, KERNEL<4, 0, 1>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                     \
+    default: cu_launch_pdl(c, KERNEL<8, 0, 1>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                      \
     }
 
 /* The same through cu_launch_pdl (kernels that follow the cu_pdl_wait rule). */
@@ -589,6 +641,12 @@ template <int M> static int tc_attrs_m(cu_backend *c, int big) {
            CU_CHECK(c, cudaFuncSetAttribute(k_tc_down_grp<M, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
 }
 
+/* the integer form's staging is 2.1 KB a warp: 24 down warps need more than the default 48 KB */
+template <int M> static int tc_attrs_i8(cu_backend *c, int big) {
+    return CU_CHECK(c, cudaFuncSetAttribute(k_tc_gate_up<M, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_tc_down<M, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big));
+}
+
 static int tc_attrs(cu_backend *c) {
     if (g_tc_attr_dev == c->device) return 0;
     const int big = 96 * 1024;
@@ -596,7 +654,8 @@ static int tc_attrs(cu_backend *c) {
         CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
         CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
         CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
-        tc_attrs_m<1>(c, big) || tc_attrs_m<2>(c, big) || tc_attrs_m<4>(c, big) || tc_attrs_m<8>(c, big))
+        tc_attrs_m<1>(c, big) || tc_attrs_m<2>(c, big) || tc_attrs_m<4>(c, big) || tc_attrs_m<8>(c, big) ||
+        tc_attrs_i8<2>(c, big) || tc_attrs_i8<4>(c, big) || tc_attrs_i8<8>(c, big))
         return -1;
     g_tc_attr_dev = c->device;
     return 0;
@@ -664,7 +723,11 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     const cu_mat *dt = dtab ? dtab->table : NULL;
     const size_t rsm_gu = route_gu ? 2 * (size_t)E * sizeof(float) : 0; /* the logits and their softmax */
     const float *rlg = route_gu ? logits : NULL;
-    if (dtab)
+    if (tc_i8_on(bh, dtab != NULL))
+        TC_DISPATCH_PDL_I8(bh, k_tc_gate_up, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0, 1) + rsm_gu, xin, H, F, K,
+                           tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
+                           a->norm_topk, a->topk_w, rs, oxv)
+    else if (dtab)
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
                            a->norm_topk, a->topk_w, rs, oxv)
@@ -673,7 +736,10 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
                            a->norm_topk, a->topk_w, rs, oxv)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
-    if (dtab)
+    if (tc_i8_on(bf, dtab != NULL))
+        TC_DISPATCH_PDL_I8(bf, k_tc_down, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0, 1), act, H, F, K, tab->table,
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db)
+    else if (dtab)
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,
                            tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db)
     else

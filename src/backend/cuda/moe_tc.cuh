@@ -166,6 +166,107 @@ __device__ __forceinline__ uint32_t tc_sc(uint32_t sw, int bi, int r) {
     return (__shfl_sync(0xffffffffu, sw, i >> 2) >> (8 * (i & 3))) & 0xffu;
 }
 
+/* ---- the integer form of the decode kernels (quant/tile.h: why, and every fragment's meaning) ------------------- */
+
+/* D += A B on mma.m16n8k32: A u8 (the masked sign bits), B s8 (the activations' pieces), D s32 (exact). */
+__device__ __forceinline__ void tc_i8_mma(int32_t d[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* A warp's staged chunk of M blocks (M >= 2): pair words [M][4 pieces][16], then the C sums [M][4] (-32 X). */
+#define TC_I8_STAGE_BYTES(M) ((size_t)(M) * (64 + 4) * 4)
+
+/* Stages a lane's M rotated values of a chunk as the four int8 pieces of v 2^-e (e: moet_i8_exp of the warp's
+ * largest |v|) into W / Xs (TC_I8_STAGE_BYTES); returns 2^e (NaN when the chunk holds a non-finite value, so the
+ * products are NaN as the f32 reference's are). Warp-uniform; the caller __syncwarp()s before reading W. */
+template <int M>
+__device__ __forceinline__ float tc_stage_i8(const float v[8], uint32_t *W, int32_t *Xs) {
+    static_assert(M >= 2 && M <= 8, "tc_stage_i8: a lane holds whole column pairs");
+    const int lane = threadIdx.x & 31;
+    float mx = 0.f;
+#pragma unroll
+    for (int i = 0; i < M; i++) mx = fmaxf(mx, fabsf(v[i]));
+    mx = cu_warp_max(mx);
+    const int e = moet_i8_exp(mx);
+    const float dn = __int_as_float((127 - e) << 23);
+    float up = __int_as_float((127 + e) << 23);
+    if (!(mx <= 3.0e38f)) up = __int_as_float(0x7fc00000);
+    const int c0 = lane * M, bi = c0 >> 5, cb = c0 & 31;
+    int32_t xs[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < M; i += 2) {
+        int32_t q0[4], q1[4];
+        moet_i8_split(v[i] * dn, q0);
+        moet_i8_split(v[i + 1] * dn, q1);
+        const int idx = moet_i8_pair_idx((cb + i) >> 1);
+#pragma unroll
+        for (int Q = 0; Q < 4; Q++) {
+            W[(bi * 4 + Q) * 16 + idx] = moet_i8_pair(q0[Q], q1[Q]);
+            xs[Q] += q0[Q] + q1[Q];
+        }
+    }
+#pragma unroll
+    for (int Q = 0; Q < 4; Q++)
+#pragma unroll
+        for (int o = 1; o < 32 / M; o <<= 1) xs[Q] += __shfl_xor_sync(0xffffffffu, xs[Q], o);
+    if (cb == 0)
+#pragma unroll
+        for (int Q = 0; Q < 4; Q++) Xs[bi * 4 + Q] = -32 * xs[Q];
+    return up;
+}
+
+/* The lane's B registers and C start of block bi of a staged chunk. */
+__device__ __forceinline__ void tc_i8_bfrag(const uint32_t *W, const int32_t *Xs, int bi, uint32_t b[2][2], int32_t ci[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint4 bw = *(const uint4 *)(W + (bi * 4 + (g & 3)) * 16 + 4 * t);
+    const int2 xm = *(const int2 *)(Xs + bi * 4 + 2 * (t & 1));
+    b[0][0] = moet_i8_bword(bw.x, g);
+    b[0][1] = moet_i8_bword(bw.y, g);
+    b[1][0] = moet_i8_bword(bw.z, g);
+    b[1][1] = moet_i8_bword(bw.w, g);
+    ci[0] = 2 * xm.x;
+    ci[1] = 2 * xm.y;
+    ci[2] = xm.x;
+    ci[3] = xm.y;
+}
+
+/* One 16 x 32 block: both half-blocks' products from the C start, then acc += the rows' block scales (s0: row g,
+ * s1: row g + 8) times D. */
+__device__ __forceinline__ void tc_i8_tile(uint32_t w, const uint32_t b[2][2], const int32_t ci[4], float s0, float s1,
+                                           float acc[4]) {
+    int32_t d[4] = {ci[0], ci[1], ci[2], ci[3]};
+    uint32_t a[4];
+    moet_q2i8_afrag(w, 0, a);
+    tc_i8_mma(d, a, b[0]);
+    moet_q2i8_afrag(w, 1, a);
+    tc_i8_mma(d, a, b[1]);
+    acc[0] = fmaf(s0, (float)d[0], acc[0]);
+    acc[1] = fmaf(s0, (float)d[1], acc[1]);
+    acc[2] = fmaf(s1, (float)d[2], acc[2]);
+    acc[3] = fmaf(s1, (float)d[3], acc[3]);
+}
+
+/* A chunk's sums into the running ones: tot += q k acc, k the lane's column factors for the matrix's A, B. */
+__device__ __forceinline__ void tc_i8_chunk_done(float q, float A, float B, const float acc[4], float tot[4]) {
+    float k[4];
+    moet_i8_coef(threadIdx.x & 3, A, B, k);
+#pragma unroll
+    for (int j = 0; j < 4; j++) tot[j] = fmaf(q * k[j], acc[j], tot[j]);
+}
+
+/* The rows' sums from the running ones: row g, row g + 8, the four lanes of the group added (every lane gets them). */
+__device__ __forceinline__ void tc_i8_rows(const float tot[4], float r[2]) {
+    float a = tot[0] + tot[1], c = tot[2] + tot[3];
+    a += __shfl_xor_sync(0xffffffffu, a, 1);
+    c += __shfl_xor_sync(0xffffffffu, c, 1);
+    a += __shfl_xor_sync(0xffffffffu, a, 2);
+    c += __shfl_xor_sync(0xffffffffu, c, 2);
+    r[0] = a;
+    r[1] = c;
+}
+
 /* ---- the NVFP4 delta (the tiled NVFP4 layout: quant/blocks.h) --------------------------------------------------- */
 
 /* The f16x2 register of one tiled code byte (quant/tile.h: low nibble -> low half, one byte permute). */

@@ -1531,26 +1531,42 @@ int main(int argc, char **argv) {
         pull(o, od, (size_t)(T * H));
         snprintf(mv, sizeof mv, "w2 decode n=1 %dx%d", H, F);
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
-        /* CUDA: the single-token block (where it takes the shape) against the three launches, bit for bit */
-        float *o3 = malloc(sizeof(float) * T * H);
+        /* CUDA: the single-token block (where it takes the shape) against the three launches in the f16 form it
+         * shares with them (MOET_MOE_I8=0), bit for bit */
+        float *o3 = malloc(sizeof(float) * T * H), *o4 = malloc(sizeof(float) * T * H);
+        const char *i8_env = getenv("MOET_MOE_I8");
+        char i8_keep[8] = "";
+        if (i8_env) snprintf(i8_keep, sizeof i8_keep, "%s", i8_env);
         if (ab) {
             setenv("MOET_MOE_FUSED", "0", 1);
+            setenv("MOET_MOE_I8", "0", 1);
             moe_tokenwise(be, &ma, xd, od, T, H);
+            if (i8_keep[0]) setenv("MOET_MOE_I8", i8_keep, 1); else unsetenv("MOET_MOE_I8");
             setenv("MOET_MOE_FUSED", "1", 1);
             pull(o3, od, (size_t)(T * H));
             CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the fused block differs from the three launches",
                   H, F);
         }
-        /* CUDA: the router's last CTA routing (MOET_ROUTE_GU=0) against k_tc_gate_up routing, bit for bit */
+        /* CUDA, the three launches: the router's last CTA routing (MOET_ROUTE_GU=0) against k_tc_gate_up routing, bit
+         * for bit */
         if (is_cuda) {
-            setenv("MOET_ROUTE_GU", "0", 1);
             if (ab) setenv("MOET_MOE_FUSED", "0", 1);
             moe_tokenwise(be, &ma, xd, od, T, H);
-            if (ab) setenv("MOET_MOE_FUSED", "1", 1);
-            unsetenv("MOET_ROUTE_GU");
             pull(o3, od, (size_t)(T * H));
-            CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: routing in the router differs from routing in "
+            setenv("MOET_ROUTE_GU", "0", 1);
+            moe_tokenwise(be, &ma, xd, od, T, H);
+            unsetenv("MOET_ROUTE_GU");
+            pull(o4, od, (size_t)(T * H));
+            CHECK(!memcmp(o4, o3, sizeof(float) * T * H), "moe %dx%d n=1: routing in the router differs from routing in "
                   "gate/up", H, F);
+            /* and the f16 form of the three launches against the CPU as closely as the integer form */
+            setenv("MOET_MOE_I8", "0", 1);
+            moe_tokenwise(be, &ma, xd, od, T, H);
+            if (i8_keep[0]) setenv("MOET_MOE_I8", i8_keep, 1); else unsetenv("MOET_MOE_I8");
+            if (ab) setenv("MOET_MOE_FUSED", "1", 1);
+            pull(o4, od, (size_t)(T * H));
+            snprintf(mv, sizeof mv, "w2 decode f16 form n=1 %dx%d", H, F);
+            report("moe", mv, nmse(o4, rr, (size_t)(T * H)), 1e-10);
         }
         /* fused: pre-norm of the raw residual and y += block (y == x, the residual stream), all T and one by one */
         {
@@ -1573,6 +1589,7 @@ int main(int argc, char **argv) {
                 if (ab && pass) { /* the same with MOET_MOE_FUSED=0 */
                     op->upload(be, xd, xraw, sizeof(float) * T * H);
                     setenv("MOET_MOE_FUSED", "0", 1);
+                    setenv("MOET_MOE_I8", "0", 1); /* the fused block's f16 form */
                     for (int t0 = 0; t0 < T; t0++) {
                         moet_moe_args mf = ma;
                         mf.x = mf.y = xd + t0 * H;
@@ -1583,6 +1600,7 @@ int main(int argc, char **argv) {
                         mf.accumulate = 1;
                         op->moe(be, &mf);
                     }
+                    if (i8_keep[0]) setenv("MOET_MOE_I8", i8_keep, 1); else unsetenv("MOET_MOE_I8");
                     setenv("MOET_MOE_FUSED", "1", 1);
                     pull(o3, xd, (size_t)(T * H));
                     CHECK(!memcmp(o, o3, sizeof(float) * T * H),
@@ -1603,6 +1621,7 @@ int main(int argc, char **argv) {
             op->forget(be, gn);
         }
         free(o3);
+        free(o4);
         if (with_delta && !run_delta) fprintf(stderr, "cuda  moe        w2+nvfp4 delta %dx%d: not a tiled shape, skipped\n", H, F);
         if (run_delta) {
             memset(rr, 0, sizeof(double) * T * H);
@@ -2019,11 +2038,11 @@ int perf_main(moet_backend *be) {
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 router routes (GU=0)", T, br * 1e6, bytes / 1e6,
                    bytes / br / 1e9, flops / br / 1e12);
         }
-        if (T < 4) { /* the decode kernels' integer form (quant/tile.h; MOET_MOE_I8=1) */
-            setenv("MOET_MOE_I8", "1", 1);
+        if (T < 4) { /* the decode kernels' f16 form instead of the integer form (quant/tile.h; MOET_MOE_I8=0) */
+            setenv("MOET_MOE_I8", "0", 1);
             const double bi = perf_graph_best(be, 8000 + (uint64_t)T, perf_moe_step, &pc, reps, y);
             unsetenv("MOET_MOE_I8");
-            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 integer form (I8=1)", T, bi * 1e6, bytes / 1e6,
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 f16 form (I8=0)", T, bi * 1e6, bytes / 1e6,
                    bytes / bi / 1e9, flops / bi / 1e12);
         }
         if (T >= 8) { /* the grouped kernels with the sign planes instead of the level operand (MOET_MOE_LV=0) */

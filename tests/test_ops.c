@@ -2045,6 +2045,13 @@ int perf_main(moet_backend *be) {
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 f16 form (I8=0)", T, bi * 1e6, bytes / 1e6,
                    bytes / bi / 1e9, flops / bi / 1e12);
         }
+        if (T < 4) { /* gate/up staging its own x chunks instead of the router's extra CTAs (MOET_MOE_PRESTAGE=0) */
+            setenv("MOET_MOE_PRESTAGE", "0", 1);
+            const double bp = perf_graph_best(be, 9000 + (uint64_t)T, perf_moe_step, &pc, reps, y);
+            unsetenv("MOET_MOE_PRESTAGE");
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 no prestage (=0)", T, bp * 1e6, bytes / 1e6,
+                   bytes / bp / 1e9, flops / bp / 1e12);
+        }
         if (T >= 8) { /* the grouped kernels with the sign planes instead of the level operand (MOET_MOE_LV=0) */
             setenv("MOET_MOE_LV", "0", 1);
             const double bs = perf_graph_best(be, 4000 + (uint64_t)T, perf_moe_step, &pc, reps, y);

@@ -44,13 +44,29 @@
  * ("no instruction" was a third of the stall samples).
  * bf16 rows (H % 256 == 0) and f32 rows (H % 128 == 0) read 16 bytes a lane, TC_RT_U chunks in flight, the first
  * bf16 ones requested before the previous kernel's x is waited for; other types go block by block. */
+/* gate/up's x chunk c of one token (a row of the router's staged, pre-normed x), rotated (cu_rot_regs, as
+ * cu_rot_chunk_t: bit-identical to gate/up's own) and staged in the integer form into job's slot of stg; 2^e after
+ * all njobs slots. */
+template <int M>
+__device__ __forceinline__ void tc_prestage(const float *xrow, int c, int rot, uint32_t seed, uint8_t *stg, int job,
+                                            int njobs) {
+    const int lane = threadIdx.x & 31, base = c * 32 * M + lane * M;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = i < M ? xrow[base + i] : 0.f;
+    cu_rot_regs<M>(v, rot, seed, base, NULL);
+    uint32_t *W = (uint32_t *)(stg + (size_t)job * TC_I8_STAGE_BYTES(M));
+    const float p2 = tc_stage_i8<M>(v, W, (int32_t *)(W + M * 64));
+    if (lane == 0) ((float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)))[job] = p2;
+}
+
 template <int NT>
 __global__ void __launch_bounds__(TC_RT_W * 32)
 k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
             const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
             float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
             float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h,
-            int32_t route) {
+            int32_t route, uint8_t *__restrict__ stg, int32_t gb, int32_t grot, uint32_t gseed) {
     extern __shared__ __align__(16) float rsm[];
     __shared__ int last;
     __shared__ double nred[TC_RT_W][TC_RT_T];
@@ -66,6 +82,18 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
     __syncthreads();
     if (norm_w) /* the block's pre-norm; CTA 0 writes h for the expert kernels */
         cu_prenorm_smem(xs, NT, (int)H, norm_w, eps, &nred[0][0], TC_RT_T, ninv, blockIdx.x == 0 ? h : NULL);
+    const int ncr = (E + (blockDim.x >> 5) - 1) / (blockDim.x >> 5); /* the CTAs with router rows */
+    if (gb && (int)blockIdx.x >= ncr) { /* the CTAs past them: gate/up's x chunks, staged once for every gate/up CTA */
+        const int nch = (int)(H / gb), job = ((int)blockIdx.x - ncr) * (blockDim.x >> 5) + warp;
+        if (job < NT * nch) {
+            const int tok = job / nch, c = job - tok * nch;
+            switch (gb) {
+            case 64: tc_prestage<2>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch); break;
+            case 128: tc_prestage<4>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch); break;
+            default: tc_prestage<8>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch); break;
+            }
+        }
+    }
     if (e < E) {
         float acc[NT];
         tc_rrow_dot<NT>(rr, q, rtype, rqs, rqb, xs, H, acc);
@@ -113,7 +141,7 @@ __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(DL))
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
              const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w,
-             cu_route_sig rs, cu_moe_oss ox) {
+             cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int slot = blockIdx.y, tok = slot / K;
@@ -161,10 +189,21 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
         tc_fetch<M>(um, F, NB, ti, (int64_t)c * nb, wu, su);
         if constexpr (I8) { /* the integer form (quant/tile.h); never with the delta */
-            float v[8];
-            cu_rot_chunk_t<M>(v, x + (int64_t)tok * H, rot, seed, c, gm.signs);
-            const float p2 = tc_stage_i8<M>(v, W8, X8);
-            __syncwarp();
+            float p2;
+            if (pre) { /* staged once by the router's extra CTAs (tc_prestage): chunk c of token tok, npre slots;
+                        * copied to the warp's shared slot (read in place, the chunk's 16 B loads held in registers
+                        * spilled 144 bytes) */
+                const int job = tok * nch + c;
+                const uint4 *src = (const uint4 *)(pre + (size_t)job * TC_I8_STAGE_BYTES(M));
+                for (int i = lane; i < (int)(TC_I8_STAGE_BYTES(M) / 16); i += 32) ((uint4 *)W8)[i] = __ldcg(src + i);
+                p2 = __ldcg((const float *)(pre + (size_t)npre * TC_I8_STAGE_BYTES(M)) + job);
+                __syncwarp();
+            } else {
+                float v[8];
+                cu_rot_chunk_t<M>(v, x + (int64_t)tok * H, rot, seed, c, gm.signs);
+                p2 = tc_stage_i8<M>(v, W8, X8);
+                __syncwarp();
+            }
             float cg[4] = {0.f, 0.f, 0.f, 0.f}, cu4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int bi = 0; bi < nb; bi++) {
@@ -696,11 +735,20 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     const int tks = ox != NULL || a->scoring == MOET_ROUTER_TOPK_SOFTMAX;
     const int route_gu = !tks && E <= TC_GU_MAX_E && (sig ? rg && rg[0] == '1' : !(rg && rg[0] == '0'));
     const cu_moe_oss nox = {NULL, NULL, NULL, 0.f}, oxv = ox ? *ox : nox;
-    const dim3 rgrid((unsigned)((E + rnw - 1) / rnw)), rblock(rnw * 32);
+    const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
+    /* Gate/up's x chunks staged once. Every gate/up CTA (F / 16 of them a slot) rotated and staged the same x
+     * chunks itself, ~40% of a gate/up warp's instructions in the integer form; extra CTAs of the router (its
+     * pre-normed x is in their shared memory already) now do each chunk once, beside the router rows, into the MoE
+     * scratch after act (cu_moe_scratch_bytes), and gate/up reads them (bit-identical). Where every gate/up matrix
+     * shares one rotation (tab->gu_uniform: the quantizer's seed is per layer). MOET_MOE_PRESTAGE=0 for the A/B. */
+    const char *pe = getenv("MOET_MOE_PRESTAGE");
+    const int npre = tc_i8_on(bh, dtab != NULL) && tab->gu_uniform && !(pe && pe[0] == '0') ? (int)(T * (H / bh)) : 0;
+    uint8_t *stg = npre ? (uint8_t *)(((uintptr_t)(act + (size_t)T * K * F) + 15) & ~(uintptr_t)15) : NULL;
+    const dim3 rgrid((unsigned)((E + rnw - 1) / rnw + (npre + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
                   rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h,      \
-                  !route_gu && !sig && !tks)
+                  !route_gu && !sig && !tks, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;
@@ -718,7 +766,6 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
         cu_moe_route_topk(c, a, logits, T);
         if (c->err[0]) return;
     }
-    const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
     const int nwg = tc_warps(H / bh, TC_GU_W), nwd = tc_warps(K * (F / bf), dtab ? TC_DN_W / 2 : TC_DN_W);
     const dim3 ggu((unsigned)(F / 16), (unsigned)(T * K)), gdn((unsigned)(H / 16), (unsigned)T);
     const cu_mat *dt = dtab ? dtab->table : NULL;
@@ -727,15 +774,15 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (tc_i8_on(bh, dtab != NULL))
         TC_DISPATCH_PDL_I8(bh, k_tc_gate_up, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv)
+                           a->norm_topk, a->topk_w, rs, oxv, stg, npre)
     else if (dtab)
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv)
+                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0)
     else
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 0, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv)
+                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     if (tc_i8_on(bf, dtab != NULL))
         TC_DISPATCH_PDL_I8(bf, k_tc_down, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0, 1), act, H, F, K, tab->table,
@@ -747,6 +794,11 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 0, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0), act, H, F, K, tab->table,
                            tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db)
     CU_LAUNCHED(c, "k_tc_down");
+}
+
+/* The MoE scratch the decode path's staged gate/up chunks take after act (cu_moe_tc_decode), T tokens of width H. */
+extern "C" size_t cu_moe_tc_stage_bytes(int64_t T, int64_t H) {
+    return (size_t)T * ((size_t)H / 32 * 68 * 4 + (size_t)H / 64 * sizeof(float)) + 16;
 }
 
 static size_t tc_smem_grp(int nw, int red_per_warp, int b, int dl) {

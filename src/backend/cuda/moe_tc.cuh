@@ -217,7 +217,7 @@ __device__ __forceinline__ float tc_stage_i8(const float v[8], uint32_t *W, int3
     return up;
 }
 
-/* The lane's B registers and C start of block bi of a staged chunk. */
+/* The lane's B registers and C start of block bi of a staged chunk (shared memory). */
 __device__ __forceinline__ void tc_i8_bfrag(const uint32_t *W, const int32_t *Xs, int bi, uint32_t b[2][2], int32_t ci[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint4 bw = *(const uint4 *)(W + (bi * 4 + (g & 3)) * 16 + 4 * t);

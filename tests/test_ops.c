@@ -1526,48 +1526,43 @@ int main(int argc, char **argv) {
             op->forget(be, bias);
             free(rs2);
         }
-        /* one token at a time: the decode path */
+        /* one token at a time: the decode path as it runs by default (CUDA: the three launches, the integer form) */
+        const char *i8_env = getenv("MOET_MOE_I8");
+        char i8_keep[8] = "";
+        if (i8_env) snprintf(i8_keep, sizeof i8_keep, "%s", i8_env);
+        if (ab) setenv("MOET_MOE_FUSED", "0", 1);
         moe_tokenwise(be, &ma, xd, od, T, H);
         pull(o, od, (size_t)(T * H));
         snprintf(mv, sizeof mv, "w2 decode n=1 %dx%d", H, F);
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
-        /* CUDA: the single-token block (where it takes the shape) against the three launches in the f16 form it
-         * shares with them (MOET_MOE_I8=0), bit for bit */
         float *o3 = malloc(sizeof(float) * T * H), *o4 = malloc(sizeof(float) * T * H);
-        const char *i8_env = getenv("MOET_MOE_I8");
-        char i8_keep[8] = "";
-        if (i8_env) snprintf(i8_keep, sizeof i8_keep, "%s", i8_env);
-        if (ab) {
-            setenv("MOET_MOE_FUSED", "0", 1);
-            setenv("MOET_MOE_I8", "0", 1);
-            moe_tokenwise(be, &ma, xd, od, T, H);
-            if (i8_keep[0]) setenv("MOET_MOE_I8", i8_keep, 1); else unsetenv("MOET_MOE_I8");
-            setenv("MOET_MOE_FUSED", "1", 1);
-            pull(o3, od, (size_t)(T * H));
-            CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the fused block differs from the three launches",
-                  H, F);
-        }
-        /* CUDA, the three launches: the router's last CTA routing (MOET_ROUTE_GU=0) against k_tc_gate_up routing, bit
-         * for bit */
         if (is_cuda) {
-            if (ab) setenv("MOET_MOE_FUSED", "0", 1);
-            moe_tokenwise(be, &ma, xd, od, T, H);
-            pull(o3, od, (size_t)(T * H));
+            /* the router's last CTA routing (MOET_ROUTE_GU=0) against k_tc_gate_up routing, bit for bit */
             setenv("MOET_ROUTE_GU", "0", 1);
             moe_tokenwise(be, &ma, xd, od, T, H);
             unsetenv("MOET_ROUTE_GU");
-            pull(o4, od, (size_t)(T * H));
-            CHECK(!memcmp(o4, o3, sizeof(float) * T * H), "moe %dx%d n=1: routing in the router differs from routing in "
+            pull(o3, od, (size_t)(T * H));
+            CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: routing in the router differs from routing in "
                   "gate/up", H, F);
-            /* and the f16 form of the three launches against the CPU as closely as the integer form */
+            /* the f16 form (MOET_MOE_I8=0) against float64 as closely */
             setenv("MOET_MOE_I8", "0", 1);
             moe_tokenwise(be, &ma, xd, od, T, H);
-            if (i8_keep[0]) setenv("MOET_MOE_I8", i8_keep, 1); else unsetenv("MOET_MOE_I8");
-            if (ab) setenv("MOET_MOE_FUSED", "1", 1);
-            pull(o4, od, (size_t)(T * H));
+            pull(o3, od, (size_t)(T * H));
             snprintf(mv, sizeof mv, "w2 decode f16 form n=1 %dx%d", H, F);
-            report("moe", mv, nmse(o4, rr, (size_t)(T * H)), 1e-10);
+            report("moe", mv, nmse(o3, rr, (size_t)(T * H)), 1e-10);
+            if (ab) { /* the single-token block (where it takes the shape) against the f16 form it shares, bit for bit */
+                setenv("MOET_MOE_FUSED", "1", 1);
+                moe_tokenwise(be, &ma, xd, od, T, H);
+                setenv("MOET_MOE_FUSED", "0", 1);
+                pull(o4, od, (size_t)(T * H));
+                CHECK(!memcmp(o4, o3, sizeof(float) * T * H),
+                      "moe %dx%d n=1: the fused block differs from the three launches", H, F);
+            }
+            if (i8_keep[0]) setenv("MOET_MOE_I8", i8_keep, 1); else unsetenv("MOET_MOE_I8");
         }
+        if (ab) setenv("MOET_MOE_FUSED", "1", 1);
+        /* the fused block's A/B below compares f16 forms (MOET_MOE_FUSED=0 in the environment: the default path) */
+        if (ab) setenv("MOET_MOE_I8", "0", 1);
         /* fused: pre-norm of the raw residual and y += block (y == x, the residual stream), all T and one by one */
         {
             float *hd = dev_poisoned((size_t)(T * H)), *hh = malloc(sizeof(float) * T * H);
@@ -1589,7 +1584,6 @@ int main(int argc, char **argv) {
                 if (ab && pass) { /* the same with MOET_MOE_FUSED=0 */
                     op->upload(be, xd, xraw, sizeof(float) * T * H);
                     setenv("MOET_MOE_FUSED", "0", 1);
-                    setenv("MOET_MOE_I8", "0", 1); /* the fused block's f16 form */
                     for (int t0 = 0; t0 < T; t0++) {
                         moet_moe_args mf = ma;
                         mf.x = mf.y = xd + t0 * H;
@@ -1600,7 +1594,6 @@ int main(int argc, char **argv) {
                         mf.accumulate = 1;
                         op->moe(be, &mf);
                     }
-                    if (i8_keep[0]) setenv("MOET_MOE_I8", i8_keep, 1); else unsetenv("MOET_MOE_I8");
                     setenv("MOET_MOE_FUSED", "1", 1);
                     pull(o3, xd, (size_t)(T * H));
                     CHECK(!memcmp(o, o3, sizeof(float) * T * H),
@@ -1619,6 +1612,10 @@ int main(int argc, char **argv) {
             drop(hd);
             free(hh); free(dr); free(xrd);
             op->forget(be, gn);
+        }
+        if (ab) {
+            if (i8_keep[0]) setenv("MOET_MOE_I8", i8_keep, 1);
+            else unsetenv("MOET_MOE_I8");
         }
         free(o3);
         free(o4);

@@ -14,16 +14,19 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 150 $B/test_ops cuda > "$out/ops.log" 2>&1; echo "test_ops cuda rc=$?"
 grep "cuda  moe .*w2 \(decode\|all\|n=\)\|FAIL\|FATAL\|^ok" "$out/ops.log" | tail -24
+# the default path with the pre-norm and the residual add too (the fused block's A/B off)
+MOET_MOE_FUSED=0 timeout 150 $B/test_ops cuda > "$out/ops-fused0.log" 2>&1; echo "test_ops cuda (FUSED=0) rc=$?"
+grep "cuda  moe .*w2 fused n=1\|FAIL\|FATAL\|^ok" "$out/ops-fused0.log" | tail -12
 [ "${QUICK:-0}" = 1 ] && exit 0 # QUICK=1: the correctness checks only (a short device window)
 MOET_PERF_ONLY=moe timeout 150 $B/test_ops cuda --perf > "$out/perf-moe.txt" 2>&1; echo "perf rc=$?"
 grep "copy\|moe w2" "$out/perf-moe.txt" | head -8
 for r in 1 2; do
-  for v in "MOET_MOE_PRESTAGE=0" "MOET_MOE_PRESTAGE=1"; do
-    env $v timeout 100 $B/moet bench --synthetic qwen3-30b-a3b --device cuda -p 0 -n 128 --reps 3 \
-      --json "$out/bench-30b-${v#MOET_MOE_}-r$r.json" 2>&1 | grep "^| qwen" | sed "s/^/$v /"
+  for p in 0 1; do
+    MOET_MOE_PRESTAGE=$p timeout 100 $B/moet bench --synthetic qwen3-30b-a3b --device cuda -p 0 -n 128 --reps 3 \
+      --json "$out/bench-30b-prestage$p-r$r.json" 2>&1 | grep "^| qwen" | sed "s/^/MOET_MOE_PRESTAGE=$p /"
   done
 done
 timeout 100 $B/moet bench --synthetic qwen3-235b-a22b --device cuda -p 0 -n 64 --reps 2 \
   --json "$out/bench-235b.json" 2>&1 | grep "^| qwen"
 MOET_MOE_PRESTAGE=0 timeout 100 $B/moet bench --synthetic qwen3-235b-a22b --device cuda -p 0 -n 64 --reps 2 \
-  --json "$out/bench-235b-PRESTAGE=0.json" 2>&1 | grep "^| qwen" | sed "s/^/MOET_MOE_PRESTAGE=0 /"
+  --json "$out/bench-235b-prestage0.json" 2>&1 | grep "^| qwen" | sed "s/^/MOET_MOE_PRESTAGE=0 /"

@@ -2,7 +2,8 @@
 # gpu_pending.sh — the short device call for code that was compiled but has not run on a GPU yet, in a minute or two;
 # tools/gpu_check.sh is the whole GPU suite. Run after tools/gpu_carry.sh, on the device machine:
 #     bash tools/gpu_pending.sh        (logs and bench JSONs under $OUT, or ./gpu-out)
-# Pending at stop 30: gate/up's x chunks staged once by extra CTAs of the router (MOET_MOE_PRESTAGE, on by default)
+# Pending at stop 30: down's inputs staged once by the last gate/up CTA of each chunk (MOET_MOE_PRESTAGE, as gate/up's
+# x chunks by extra CTAs of the router, on by default; that half ran: bench/results/cuda-h100/stop30/prestage/)
 # with the integer form (on by default since its first run, bench/results/cuda-h100/stop30/i8/): the op harness
 # against float64, op times with and without, 30b decode A/B in one binary, alternating.
 set -u

@@ -106,6 +106,8 @@ typedef struct {
     int capturing;
     int32_t *ticket;       /* device int, 0 between launches: moe_tc.cu's router counts its finished CTAs on it */
     int32_t *fsync;        /* device ints, 0 between launches: moe_fused.cu's counters (MOE_MAX_K + 2 used) */
+    int32_t *dn_tickets;   /* CU_DN_TICKETS device ints, 0 between launches: moe_tc.cu's gate/up CTAs count each
+                              finished chunk of a slot's activations on them (cu_tc_dpre) */
     int pdl;               /* launch the decode kernels with programmatic dependent launch (sm_90+, MOET_PDL != 0) */
     void *blas;            /* gemm.cu: cublasHandle_t, created at the first GEMM (NULL: none yet) */
     void *blas_ws;         /* its workspace (device) */
@@ -115,6 +117,8 @@ typedef struct {
                               at the first split, sized for any shape, never moved */
     cu_ecache ecache;      /* the expert cache (n_slots 0: off) */
 } cu_backend;
+
+#define CU_DN_TICKETS 4096
 
 static inline cu_backend *cu_of(moet_backend *be) { return (cu_backend *)be; }
 

@@ -122,6 +122,27 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
 
 /* ---- decode: gate/up ----------------------------------------------------------------------------------------- */
 
+/* Down's inputs staged once (the integer form): the last gate/up CTA to finish a chunk of a slot's activations
+ * (counted on cnt: T K (F / b) device ints, 0 between launches) rotates and stages it for every down CTA, as
+ * tc_prestage does gate/up's x. stg: NULL for none. */
+typedef struct {
+    uint8_t *stg;
+    int32_t *cnt;
+    int32_t b, rot, n; /* the down matrices' rotation chunk and rotation, and T K (F / b) slots */
+    uint32_t seed;
+} cu_tc_dpre;
+
+/* Chunk c of one slot's activation row (written by other CTAs of this launch: loaded coherently) into job's slot. */
+template <int M>
+__device__ __forceinline__ void tc_prestage_act(const float *arow, int c, int rot, uint32_t seed, uint8_t *stg, int job,
+                                                int njobs) {
+    float v[8];
+    cu_rot_chunk_t<M>(v, arow, rot, seed, c, NULL);
+    uint32_t *W = (uint32_t *)(stg + (size_t)job * TC_I8_STAGE_BYTES(M));
+    const float p2 = tc_stage_i8<M>(v, W, (int32_t *)(W + M * 64));
+    if ((threadIdx.x & 31) == 0) ((float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)))[job] = p2;
+}
+
 /* The activation of one row's gate and up sums: silu(g) u (the formula these kernels always had, so their results
  * stay bit for bit), or for gpt-oss (ox) the expert's biases at index bi (e F + row) and the clamped form. */
 __device__ __forceinline__ float tc_act(float g, float u, const cu_moe_oss &ox, int64_t bi) {
@@ -141,7 +162,7 @@ __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(DL))
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
              const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w,
-             cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre) {
+             cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre, cu_tc_dpre dp) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int slot = blockIdx.y, tok = slot / K;
@@ -271,6 +292,26 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         for (int w = 0; w < nw; w++) { sg += red[(w * 2) * 16 + r]; su += red[(w * 2 + 1) * 16 + r]; }
         act[(int64_t)slot * F + ti * 16 + r] = tc_act(sg, su, ox, (int64_t)e * F + ti * 16 + r);
     }
+    if constexpr (I8) if (dp.stg) { /* the last CTA of this slot's chunk stages it for down (cu_tc_dpre) */
+        __shared__ int dlast;
+        const int nchd = (int)(F / dp.b), cd = (int)(ti * 16 / dp.b), ci = slot * nchd + cd;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) dlast = atomicAdd(dp.cnt + ci, 1) == dp.b / 16 - 1;
+        __syncthreads();
+        if (dlast) {
+            if (threadIdx.x == 0) dp.cnt[ci] = 0;
+            __threadfence();
+            if (warp == 0) {
+                const float *arow = act + (int64_t)slot * F;
+                switch (dp.b) {
+                case 64: tc_prestage_act<2>(arow, cd, dp.rot, dp.seed, dp.stg, ci, dp.n); break;
+                case 128: tc_prestage_act<4>(arow, cd, dp.rot, dp.seed, dp.stg, ci, dp.n); break;
+                default: tc_prestage_act<8>(arow, cd, dp.rot, dp.seed, dp.stg, ci, dp.n); break;
+                }
+            }
+        }
+    }
 }
 
 /* ---- decode: down + combine ---------------------------------------------------------------------------------- */
@@ -281,7 +322,7 @@ template <int M, int DL, int I8>
 __global__ void __launch_bounds__(DL ? TC_DN_W / 2 * 32 : TC_DN_W * 32)
 k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
-          int accum, const cu_mat *__restrict__ dtable, const float *db) {
+          int accum, const cu_mat *__restrict__ dtable, const float *db, const uint8_t *pre, int32_t npre) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok = blockIdx.y;
@@ -317,10 +358,18 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         }
         float A, B;
         tc_ab(type, dm.qbeta, &A, &B);
-        float v[8];
-        cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, dm.rotated, dm.rot_seed, c, dm.signs);
         if constexpr (I8) { /* the integer form (quant/tile.h); never with the delta */
-            const float p2 = tc_stage_i8<M>(v, W8, X8);
+            float p2;
+            if (pre) { /* staged once by gate/up's last CTA of the chunk (cu_tc_dpre): copied to the warp's slot */
+                const int job = (tok * K + k) * nch + c;
+                const uint4 *src = (const uint4 *)(pre + (size_t)job * TC_I8_STAGE_BYTES(M));
+                for (int i = lane; i < (int)(TC_I8_STAGE_BYTES(M) / 16); i += 32) ((uint4 *)W8)[i] = __ldcg(src + i);
+                p2 = __ldcg((const float *)(pre + (size_t)npre * TC_I8_STAGE_BYTES(M)) + job);
+            } else {
+                float v[8];
+                cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, dm.rotated, dm.rot_seed, c, dm.signs);
+                p2 = tc_stage_i8<M>(v, W8, X8);
+            }
             __syncwarp();
             float cd[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -334,6 +383,8 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
             tc_i8_chunk_done(dm.qscale * p2 * wk, A, B, cd, tot);
             continue;
         }
+        float v[8];
+        cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, dm.rotated, dm.rot_seed, c, dm.signs);
         const float p2 = tc_stage(v, m, b, X), qd = dm.qscale * p2 * wk; /* as (qscale lut) 2^e wk: 2^e is exact */
         __syncwarp();
 #pragma unroll
@@ -736,6 +787,7 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     const int route_gu = !tks && E <= TC_GU_MAX_E && (sig ? rg && rg[0] == '1' : !(rg && rg[0] == '0'));
     const cu_moe_oss nox = {NULL, NULL, NULL, 0.f}, oxv = ox ? *ox : nox;
     const int bh = cu_hadamard_block(H), bf = cu_hadamard_block(F);
+    const cu_tc_dpre nodp = {NULL, NULL, 0, 0, 0, 0u};
     /* Gate/up's x chunks staged once. Every gate/up CTA (F / 16 of them a slot) rotated and staged the same x
      * chunks itself, ~40% of a gate/up warp's instructions in the integer form; extra CTAs of the router (its
      * pre-normed x is in their shared memory already) now do each chunk once, beside the router rows, into the MoE
@@ -743,7 +795,14 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * shares one rotation (tab->gu_uniform: the quantizer's seed is per layer). MOET_MOE_PRESTAGE=0 for the A/B. */
     const char *pe = getenv("MOET_MOE_PRESTAGE");
     const int npre = tc_i8_on(bh, dtab != NULL) && tab->gu_uniform && !(pe && pe[0] == '0') ? (int)(T * (H / bh)) : 0;
-    uint8_t *stg = npre ? (uint8_t *)(((uintptr_t)(act + (size_t)T * K * F) + 15) & ~(uintptr_t)15) : NULL;
+    uint8_t *sbase = (uint8_t *)(((uintptr_t)(act + (size_t)T * K * F) + 15) & ~(uintptr_t)15);
+    uint8_t *stg = npre ? sbase : NULL;
+    /* Down's inputs likewise, by the last gate/up CTA of each chunk (cu_tc_dpre): each down CTA rotated and staged
+     * all K chunks of its token's activations itself, ~60% of a down warp's instructions. */
+    const int npd = tc_i8_on(bf, dtab != NULL) && tab->down_uniform && !(pe && pe[0] == '0') &&
+                    T * K * (F / bf) <= CU_DN_TICKETS ? (int)(T * K * (F / bf)) : 0;
+    const cu_tc_dpre dpre = {npd ? sbase + (cu_moe_tc_stage_bytes(T, H, 0, 0) & ~(size_t)15) : NULL, c->dn_tickets,
+                             (int32_t)bf, tab->down_rotated, npd, tab->down_seed};
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw + (npre + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
@@ -774,31 +833,33 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (tc_i8_on(bh, dtab != NULL))
         TC_DISPATCH_PDL_I8(bh, k_tc_gate_up, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, stg, npre)
+                           a->norm_topk, a->topk_w, rs, oxv, stg, npre, dpre)
     else if (dtab)
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0)
+                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp)
     else
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 0, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0)
+                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     if (tc_i8_on(bf, dtab != NULL))
         TC_DISPATCH_PDL_I8(bf, k_tc_down, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0, 1), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)dpre.stg,
+                           npd)
     else if (dtab)
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0)
     else
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 0, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0)
     CU_LAUNCHED(c, "k_tc_down");
 }
 
 /* The MoE scratch the decode path's staged gate/up chunks take after act (cu_moe_tc_decode), T tokens of width H. */
-extern "C" size_t cu_moe_tc_stage_bytes(int64_t T, int64_t H) {
-    return (size_t)T * ((size_t)H / 32 * 68 * 4 + (size_t)H / 64 * sizeof(float)) + 16;
+extern "C" size_t cu_moe_tc_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K) {
+    return (size_t)T * ((size_t)H / 32 * 68 * 4 + (size_t)H / 64 * sizeof(float)) + 16 +
+           (size_t)T * K * ((size_t)F / 32 * 68 * 4 + (size_t)F / 64 * sizeof(float)) + 16;
 }
 
 static size_t tc_smem_grp(int nw, int red_per_warp, int b, int dl) {

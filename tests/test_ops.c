@@ -1544,6 +1544,19 @@ int main(int argc, char **argv) {
             pull(o3, od, (size_t)(T * H));
             CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: routing in the router differs from routing in "
                   "gate/up", H, F);
+            /* the integer form's inputs staged by the router's and gate/up's extra work (MOET_MOE_PRESTAGE, down's
+             * forced on: by default it runs where a down warp has several items, which no shape here has) against
+             * each kernel staging its own, bit for bit */
+            setenv("MOET_MOE_PRESTAGE_DN", "1", 1);
+            moe_tokenwise(be, &ma, xd, od, T, H);
+            pull(o3, od, (size_t)(T * H));
+            CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: down's prestaged inputs differ", H, F);
+            setenv("MOET_MOE_PRESTAGE", "0", 1);
+            moe_tokenwise(be, &ma, xd, od, T, H);
+            unsetenv("MOET_MOE_PRESTAGE");
+            unsetenv("MOET_MOE_PRESTAGE_DN");
+            pull(o3, od, (size_t)(T * H));
+            CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the prestaged inputs differ", H, F);
             /* the f16 form (MOET_MOE_I8=0) against float64 as closely */
             setenv("MOET_MOE_I8", "0", 1);
             moe_tokenwise(be, &ma, xd, od, T, H);
@@ -2048,6 +2061,11 @@ int perf_main(moet_backend *be) {
             unsetenv("MOET_MOE_PRESTAGE");
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 no prestage (=0)", T, bp * 1e6, bytes / 1e6,
                    bytes / bp / 1e9, flops / bp / 1e12);
+            setenv("MOET_MOE_PRESTAGE_DN", "1", 1); /* down's inputs staged by gate/up too (off at this shape) */
+            const double bq = perf_graph_best(be, 9500 + (uint64_t)T, perf_moe_step, &pc, reps, y);
+            unsetenv("MOET_MOE_PRESTAGE_DN");
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 prestage down (DN=1)", T, bq * 1e6, bytes / 1e6,
+                   bytes / bq / 1e9, flops / bq / 1e12);
         }
         if (T >= 8) { /* the grouped kernels with the sign planes instead of the level operand (MOET_MOE_LV=0) */
             setenv("MOET_MOE_LV", "0", 1);

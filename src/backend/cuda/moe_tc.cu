@@ -798,8 +798,15 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     uint8_t *sbase = (uint8_t *)(((uintptr_t)(act + (size_t)T * K * F) + 15) & ~(uintptr_t)15);
     uint8_t *stg = npre ? sbase : NULL;
     /* Down's inputs likewise, by the last gate/up CTA of each chunk (cu_tc_dpre): each down CTA rotated and staged
-     * all K chunks of its token's activations itself, ~60% of a down warp's instructions. */
-    const int npd = tc_i8_on(bf, dtab != NULL) && tab->down_uniform && !(pe && pe[0] == '0') &&
+     * all K chunks of its token's activations itself, ~60% of a down warp's instructions. But a down warp with a
+     * single (pick, chunk) item rotates and stages while its weights are on their way, and the ticket and the last
+     * CTA's staging lengthen gate/up's tail: measured (H100, stop 30, one binary) 30b (24 items, 24 warps) tg128
+     * 340 t/s without it, 325 with it; 235b (48 items) 79.6 -> 83.2. So by default only where a down warp has more
+     * than one item; MOET_MOE_PRESTAGE_DN=0 / =1 force it (MOET_MOE_PRESTAGE=0 turns both off). */
+    const char *pd = getenv("MOET_MOE_PRESTAGE_DN");
+    const int dn_items = K * (int)(F / bf), dn_warps = tc_warps(dn_items, TC_DN_W);
+    const int dn_want = pd && pd[0] == '1' ? 1 : pd && pd[0] == '0' ? 0 : dn_items > dn_warps;
+    const int npd = dn_want && tc_i8_on(bf, dtab != NULL) && tab->down_uniform && !(pe && pe[0] == '0') &&
                     T * K * (F / bf) <= CU_DN_TICKETS ? (int)(T * K * (F / bf)) : 0;
     const cu_tc_dpre dpre = {npd ? sbase + (cu_moe_tc_stage_bytes(T, H, 0, 0) & ~(size_t)15) : NULL, c->dn_tickets,
                              (int32_t)bf, tab->down_rotated, npd, tab->down_seed};

@@ -150,10 +150,10 @@ static void test_q2_i8(void) {
         /* C from the lanes, then the two half-blocks' products */
         for (int lane = 0; lane < 32; lane++) {
             const int g = lane >> 2, tt = lane & 3, q0 = 2 * (tt & 1);
-            D[g][2 * tt] = -64 * X[q0];
-            D[g][2 * tt + 1] = -64 * X[q0 + 1];
-            D[g + 8][2 * tt] = -32 * X[q0];
-            D[g + 8][2 * tt + 1] = -32 * X[q0 + 1];
+            D[g][2 * tt] = moet_i8_cstart(-32 * X[q0], 0);
+            D[g][2 * tt + 1] = moet_i8_cstart(-32 * X[q0 + 1], 0);
+            D[g + 8][2 * tt] = moet_i8_cstart(-32 * X[q0], 1);
+            D[g + 8][2 * tt + 1] = moet_i8_cstart(-32 * X[q0 + 1], 1);
         }
         for (int s = 0; s < 2; s++) {
             uint8_t Am[16][32];
@@ -179,8 +179,10 @@ static void test_q2_i8(void) {
                 const int tt = lane & 3, hi = r >= 8;
                 float k[4];
                 moet_i8_coef(tt, A, B, k);
-                got += (double)k[2 * hi] * (double)D[r][2 * tt] + (double)k[2 * hi + 1] * (double)D[r][2 * tt + 1];
-                CHECK(llabs(D[r][2 * tt]) < (1 << 20) && llabs(D[r][2 * tt + 1]) < (1 << 20), "i8 accumulator out of range");
+                got += (double)k[2 * hi] * moet_i8_dval((int32_t)D[r][2 * tt]) +
+                       (double)k[2 * hi + 1] * moet_i8_dval((int32_t)D[r][2 * tt + 1]);
+                CHECK(llabs(D[r][2 * tt] - MOET_I8_MAGIC_BITS) < (1 << 20) && llabs(D[r][2 * tt + 1] - MOET_I8_MAGIC_BITS) < (1 << 20),
+                      "i8 accumulator out of range");
             }
             for (int c = 0; c < 32; c++) {
                 const uint32_t code = (src[r * RB + 1 + c / 4] >> (2 * (c % 4))) & 3u;
@@ -193,6 +195,31 @@ static void test_q2_i8(void) {
         }
     }
     CHECK(worst_ok, "i8 form of a W2 block: worst error %g of |t|max x 32", worst);
+    /* moet_i8_split's rounding without conversions equals rintf's, ties and the clamp included */
+    int split_bad = 0;
+    for (int i = 0; i < 200000; i++) {
+        float t = (float)((urand() * 2 - 1) * 128);
+        if (i % 4 == 1) t = (float)((int)(urand() * 255) - 127) + 0.5f;          /* ties */
+        if (i % 4 == 2) t = ldexpf((float)(urand() * 2 - 1), -(int)(urand() * 30)); /* small */
+        if (i == 3) t = 127.5f;
+        if (i == 7) t = -127.75f;
+        if (!(fabsf(t) < 128.f)) continue;
+        int32_t q[4], w[4];
+        moet_i8_split(t, q);
+        float r = rintf(t);
+        r = r > 127.f ? 127.f : r < -127.f ? -127.f : r;
+        w[0] = (int32_t)r;
+        float rem = (t - r) * 64.f;
+        r = rintf(rem);
+        w[1] = (int32_t)r;
+        rem = (rem - r) * 128.f;
+        r = rintf(rem);
+        w[2] = (int32_t)r;
+        rem = (rem - r) * 128.f;
+        w[3] = (int32_t)rintf(rem);
+        split_bad += memcmp(q, w, sizeof q) != 0;
+    }
+    CHECK(!split_bad, "moet_i8_split differs from the rintf pieces on %d values", split_bad);
     fprintf(stderr, "i8 form of a W2 block: worst error %.3g of |t|max x 32\n", worst);
 }
 

@@ -113,7 +113,8 @@ MOET_TILE_HD uint32_t moet_q2_tile_word(const uint8_t *src, size_t row_bytes, in
  * q2 2^-13 + q3 2^-20 (moet_i8_split: four exact int8 pieces, ~27 bits), zero on the other plane's slots. A lane of
  * B column g takes a stored pair word [q(c), 0, q(c + 1), 0] (moet_i8_pair) as is (P = 1) or shifted by 8 (P = 0).
  * C: the block's sum of the column's piece over its 32 columns, X, as -64 X (row g) and -32 X (row g + 8); since
- * u' = 1 - 2b, D = -64 sum(u' q) (row g) and -32 sum(u' q) (row g + 8): exact integers (|D| < 2^20).
+ * u' = 1 - 2b, D = -64 sum(u' q) (row g) and -32 sum(u' q) (row g + 8): exact integers (|D| < 2^20), plus a bias that
+ * makes D's bits the f32 of it (moet_i8_cstart / moet_i8_dval: no conversion instruction).
  * A lane's D columns are 2t and 2t + 1: plane t >> 1, pieces 2 (t & 1) and 2 (t & 1) + 1; moet_i8_coef gives the
  * factor each is multiplied by at the end (the plane's level coefficient, the piece's weight, the row's -1/64 or
  * -1/32), and the four lanes of a group are summed. */
@@ -127,21 +128,52 @@ MOET_TILE_HD void moet_q2i8_afrag(uint32_t w, int s, uint32_t a[4]) {
     a[3] = w2 & 0x40404040u;
 }
 
-/* The four int8 pieces of t (|t| < 128, finite): t = q0 + q1 2^-6 + q2 2^-13 + q3 2^-20 + err, |err| <= 2^-21. Every
- * step is exact in f32 (t - q0 and the scaled remainders have fewer significant bits than their operands). */
-MOET_TILE_HD void moet_i8_split(float t, int32_t q[4]) {
-    float r = rintf(t);
-    r = r > 127.f ? 127.f : r < -127.f ? -127.f : r; /* t in [127.5, 128): the remainder takes the rest, < 1 */
-    q[0] = (int32_t)r;
-    float rem = (t - r) * 64.f; /* [-32, 64] */
-    r = rintf(rem);
-    q[1] = (int32_t)r;
-    rem = (rem - r) * 128.f; /* [-64, 64] */
-    r = rintf(rem);
-    q[2] = (int32_t)r;
-    rem = (rem - r) * 128.f;
-    q[3] = (int32_t)rintf(rem);
+/* Round to nearest even and the integer, for |t| < 2^22, without a conversion instruction: t + 1.5 2^23 rounds t
+ * to an integer in the f32 add (the GPU's conversions run at 16 a clock an SM, an eighth of its adds; staging a
+ * chunk took 64 of them a lane). The sum's bits are 0x4B400000 + the integer. */
+#define MOET_I8_MAGIC 12582912.0f
+#define MOET_I8_MAGIC_BITS 0x4B400000
+MOET_TILE_HD float moet_i8_biased(float t) { return t + MOET_I8_MAGIC; } /* never built with fast-math */
+MOET_TILE_HD int32_t moet_f32_bits(float f) {
+#ifdef __CUDA_ARCH__
+    return __float_as_int(f);
+#else
+    union { float f; int32_t i; } u = {f};
+    return u.i;
+#endif
 }
+MOET_TILE_HD float moet_f32_of_bits(int32_t i) {
+#ifdef __CUDA_ARCH__
+    return __int_as_float(i);
+#else
+    union { int32_t i; float f; } u = {i};
+    return u.f;
+#endif
+}
+
+/* The four int8 pieces of t (|t| < 128, finite): t = q0 + q1 2^-6 + q2 2^-13 + q3 2^-20 + err, |err| <= 2^-21. Every
+ * step is exact in f32 (t - q0 and the scaled remainders have fewer significant bits than their operands); each
+ * rounding is rintf's (moet_i8_biased). */
+MOET_TILE_HD void moet_i8_split(float t, int32_t q[4]) {
+    float b = moet_i8_biased(t);
+    int32_t i = moet_f32_bits(b) - MOET_I8_MAGIC_BITS;
+    i = i > 127 ? 127 : i < -127 ? -127 : i; /* t in [127.5, 128): the remainder takes the rest, < 1 */
+    q[0] = i;
+    float rem = (t - (moet_f32_of_bits(i + MOET_I8_MAGIC_BITS) - MOET_I8_MAGIC)) * 64.f; /* [-32, 64] */
+    b = moet_i8_biased(rem);
+    q[1] = moet_f32_bits(b) - MOET_I8_MAGIC_BITS;
+    rem = (rem - (b - MOET_I8_MAGIC)) * 128.f; /* [-64, 64] */
+    b = moet_i8_biased(rem);
+    q[2] = moet_f32_bits(b) - MOET_I8_MAGIC_BITS;
+    rem = (rem - (b - MOET_I8_MAGIC)) * 128.f;
+    q[3] = moet_f32_bits(moet_i8_biased(rem)) - MOET_I8_MAGIC_BITS;
+}
+
+/* The C start of a D element from the block's stored sum (-32 X, moet_i8 staging) for row g (hi 0) or g + 8 (hi 1),
+ * biased by MOET_I8_MAGIC_BITS so that D's bits are an f32 (moet_i8_dval): |D| < 2^20 stays inside the bias's
+ * exponent. */
+MOET_TILE_HD int32_t moet_i8_cstart(int32_t xs, int hi) { return (hi ? xs : 2 * xs) + MOET_I8_MAGIC_BITS; }
+MOET_TILE_HD float moet_i8_dval(int32_t d) { return moet_f32_of_bits(d) - MOET_I8_MAGIC; }
 
 /* The weight of piece Q relative to t. */
 MOET_TILE_HD float moet_i8_piece_w(int Q) { return Q == 0 ? 1.0f : Q == 1 ? 0x1p-6f : Q == 2 ? 0x1p-13f : 0x1p-20f; }

@@ -226,10 +226,10 @@ __device__ __forceinline__ void tc_i8_bfrag(const uint32_t *W, const int32_t *Xs
     b[0][1] = moet_i8_bword(bw.y, g);
     b[1][0] = moet_i8_bword(bw.z, g);
     b[1][1] = moet_i8_bword(bw.w, g);
-    ci[0] = 2 * xm.x;
-    ci[1] = 2 * xm.y;
-    ci[2] = xm.x;
-    ci[3] = xm.y;
+    ci[0] = moet_i8_cstart(xm.x, 0);
+    ci[1] = moet_i8_cstart(xm.y, 0);
+    ci[2] = moet_i8_cstart(xm.x, 1);
+    ci[3] = moet_i8_cstart(xm.y, 1);
 }
 
 /* One 16 x 32 block: both half-blocks' products from the C start, then acc += the rows' block scales (s0: row g,
@@ -242,10 +242,10 @@ __device__ __forceinline__ void tc_i8_tile(uint32_t w, const uint32_t b[2][2], c
     tc_i8_mma(d, a, b[0]);
     moet_q2i8_afrag(w, 1, a);
     tc_i8_mma(d, a, b[1]);
-    acc[0] = fmaf(s0, (float)d[0], acc[0]);
-    acc[1] = fmaf(s0, (float)d[1], acc[1]);
-    acc[2] = fmaf(s1, (float)d[2], acc[2]);
-    acc[3] = fmaf(s1, (float)d[3], acc[3]);
+    acc[0] = fmaf(s0, moet_i8_dval(d[0]), acc[0]); /* an add, not an I2F (an eighth of the add rate) */
+    acc[1] = fmaf(s0, moet_i8_dval(d[1]), acc[1]);
+    acc[2] = fmaf(s1, moet_i8_dval(d[2]), acc[2]);
+    acc[3] = fmaf(s1, moet_i8_dval(d[3]), acc[3]);
 }
 
 /* A chunk's sums into the running ones: tot += q k acc, k the lane's column factors for the matrix's A, B. */

@@ -3,7 +3,9 @@
 # tools/gpu_check.sh is the whole GPU suite. Run after tools/gpu_carry.sh, on the device machine:
 #     bash tools/gpu_pending.sh        (logs and bench JSONs under $OUT, or ./gpu-out)
 # Pending at stop 30: down's inputs prestaged only where a down warp has several items (MOET_MOE_PRESTAGE_DN auto),
-# and test_ops's bit-for-bit checks of both prestages against each kernel staging its own. (Earlier calls this stop:
+# test_ops's bit-for-bit checks of both prestages against each kernel staging its own, and the integer form without
+# conversion instructions (bit-identical by construction; no switch: its effect is this call's figures against the
+# previous call's, bench/results/cuda-h100/stop30/prestage/). (Earlier calls this stop:
 # bench/results/cuda-h100/stop30/{i8,prestage,prestage-dn,checks}/.)
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"

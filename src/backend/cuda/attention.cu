@@ -131,6 +131,13 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
               float scale, const float *__restrict__ sinks, int32_t window, float *__restrict__ out) {
     const int rot_dim = rp.dim;
     cu_pdl_trigger();
+    /* The rotation's cos and sin (double-precision cos/sin: a long dependent chain) before waiting for the QKV
+     * product: they need only the position, which the host uploaded before the step's first kernel. */
+    const int half = head_dim / 2, T = ((half + 31) / 32) * 32, tid = threadIdx.x;
+    const int role = tid < T ? 0 : tid < 2 * T ? 1 : 2, i = role == 1 ? tid - T : tid;
+    const int32_t p = pos[blockIdx.y];
+    float co = 0.f, si = 0.f;
+    if (role < 2 && i < rot_dim / 2) cu_rope_cs(rp, i, p, &co, &si);
     cu_pdl_wait();
     { /* row blockIdx.y of a batched step (attn_rows): its q/k/v/out rows, its position, its cache from rows */
         const int64_t r = blockIdx.y, dq = (int64_t)n_heads * head_dim, dk = (int64_t)n_kv * head_dim;
@@ -138,18 +145,14 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         k += r * dk;
         v += r * dk;
         out += r * dq;
-        pos += r;
         if (rows) kv = rows[r];
     }
     __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
     __shared__ float sq[AT_MAX_D * 32], sk[AT_MAX_D * 32], sv[AT_MAX_D * 32];
     __shared__ double part[2][AT_WARPS];
-    const int h = blockIdx.x, grp = n_heads / n_kv, kvh = h / grp, leader = h % grp == 0, tid = threadIdx.x;
-    const int half = head_dim / 2, T = ((half + 31) / 32) * 32;
+    const int h = blockIdx.x, grp = n_heads / n_kv, kvh = h / grp, leader = h % grp == 0;
     const int64_t kvd = (int64_t)n_kv * head_dim;
-    const int32_t p = pos[0];
     const int64_t prow = moet_kv_row(kv.blocks, kv.shift, p);
-    const int role = tid < T ? 0 : tid < 2 * T ? 1 : 2, i = role == 1 ? tid - T : tid;
     float *row = role == 0 ? q + (int64_t)h * head_dim : k + (int64_t)kvh * head_dim;
     const float *nw = role == 0 ? q_norm : k_norm;
     float a = 0.f, b = 0.f;
@@ -177,8 +180,6 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         if (role < 2 && i < half) { dst[i] = a; dst[i + half] = b; }
         __syncthreads();
         if (role < 2 && i < rh) {
-            float co, si;
-            cu_rope_cs(rp, i, p, &co, &si);
             const float x0 = dst[i], x1 = dst[i + rh]; /* no FMA contraction: k_attn_prep's partial path, bit for bit */
             dst[i] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
             dst[i + rh] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si));
@@ -191,8 +192,6 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
             cr[i + half] = dst[i + half];
         }
     } else if (role < 2 && i < half) {
-        float co, si;
-        cu_rope_cs(rp, i, p, &co, &si);
         const float ra = a * co - b * si, rb = b * co + a * si;
         float *dst = role == 0 ? sq : sk;
         dst[i] = ra;

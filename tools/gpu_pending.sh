@@ -2,11 +2,9 @@
 # gpu_pending.sh — the short device call for code that was compiled but has not run on a GPU yet, in a minute or two;
 # tools/gpu_check.sh is the whole GPU suite. Run after tools/gpu_carry.sh, on the device machine:
 #     bash tools/gpu_pending.sh        (logs and bench JSONs under $OUT, or ./gpu-out)
-# Pending at stop 30: down's inputs prestaged only where a down warp has several items (MOET_MOE_PRESTAGE_DN auto),
-# test_ops's bit-for-bit checks of both prestages against each kernel staging its own, and the integer form without
-# conversion instructions (bit-identical by construction; no switch: its effect is this call's figures against the
-# previous call's, bench/results/cuda-h100/stop30/prestage/). (Earlier calls this stop:
-# bench/results/cuda-h100/stop30/{i8,prestage,prestage-dn,checks}/.)
+# Pending at stop 30: k_attn_decode's cos/sin before its PDL wait (bit-identical by construction: test_ops's fused
+# attention checks, graph vs eager, GLM's partial rotary against transformers), and the 30b decode figure beside the
+# previous call's (bench/results/cuda-h100/stop30/final/).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 B=.carry/bin
@@ -15,17 +13,13 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 150 $B/test_ops cuda > "$out/ops.log" 2>&1; echo "test_ops cuda rc=$?"
-grep "FAIL\|FATAL\|^ok" "$out/ops.log" | tail -12
-[ "${QUICK:-0}" = 1 ] && exit 0 # QUICK=1: the correctness checks only (a short device window)
-MOET_PERF_ONLY=moe timeout 150 $B/test_ops cuda --perf > "$out/perf-moe.txt" 2>&1; echo "perf rc=$?"
-grep "copy\|moe w2" "$out/perf-moe.txt" | head -9
-for r in 1 2; do
-  for p in 0 1; do
-    MOET_MOE_PRESTAGE=$p timeout 100 $B/moet bench --synthetic qwen3-30b-a3b --device cuda -p 0 -n 128 --reps 3 \
-      --json "$out/bench-30b-prestage$p-r$r.json" 2>&1 | grep "^| qwen" | sed "s/^/MOET_MOE_PRESTAGE=$p /"
-  done
+grep "attn\|FAIL\|FATAL\|^ok" "$out/ops.log" | grep -v "nmse [0-9.e-]* (tol" | tail -8
+timeout 60 $B/test_cuda models/moe-mini-a 2>&1 | tail -2
+for fx in glm4moe-mini mixtral-mini moe-mini-b; do
+  $B/test_logits tests/models/$fx tests/models/$fx/reference_fp32.safetensors 40 0 2>&1 | tail -2 | sed "s/^/$fx: /"
 done
-for d in 1 0; do
-  MOET_MOE_PRESTAGE_DN=$d timeout 100 $B/moet bench --synthetic qwen3-235b-a22b --device cuda -p 0 -n 64 --reps 2 \
-    --json "$out/bench-235b-dn$d.json" 2>&1 | grep "^| qwen" | sed "s/^/MOET_MOE_PRESTAGE_DN=$d /"
+[ "${QUICK:-0}" = 1 ] && exit 0 # QUICK=1: the correctness checks only (a short device window)
+for r in 1 2; do
+  timeout 100 $B/moet bench --synthetic qwen3-30b-a3b --device cuda -p 0 -n 128 --reps 3 \
+    --json "$out/bench-30b-r$r.json" 2>&1 | grep "^| qwen"
 done

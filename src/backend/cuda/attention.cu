@@ -192,7 +192,10 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
             cr[i + half] = dst[i + half];
         }
     } else if (role < 2 && i < half) {
-        const float ra = a * co - b * si, rb = b * co + a * si;
+        /* no FMA contraction: which product nvcc fuses depends on the code around it, and k_attn_prep,
+         * k_attn_decode and the CPU must round alike (bit for bit between the GPU paths) */
+        const float ra = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si));
+        const float rb = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
         float *dst = role == 0 ? sq : sk;
         dst[i] = ra;
         dst[i + half] = rb;

@@ -69,8 +69,8 @@ __global__ void k_rope(float *x, int64_t n_tok, int32_t n_heads, int32_t head_di
         cu_rope_cs(rp, i, pos[t], &co, &si);
         float *v = x + th * head_dim;
         const float a = v[i], b = v[i + half];
-        v[i] = a * co - b * si;
-        v[i + half] = b * co + a * si;
+        v[i] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si)); /* no contraction: as k_attn_prep */
+        v[i + half] = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
     }
 }
 
@@ -175,7 +175,10 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
         }
         if (!qk || i >= half) continue;
         const float co = cs[0][i], si = cs[1][i];
-        const float ra = a * co - b * si, rb = b * co + a * si;
+        /* no FMA contraction: which product nvcc fuses depends on the code around it, and k_attn_prep,
+         * k_attn_decode and the CPU must round alike (bit for bit between the GPU paths) */
+        const float ra = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si));
+        const float rb = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
         row[i] = ra;
         row[i + half] = rb;
         if (!is_q) {

@@ -179,20 +179,6 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     if (DL) tc_e4m3_fill(nvl);
     cu_pdl_wait();
     __syncthreads();
-    /* I8 with prestaged inputs: the warp's first chunk requested before the token is routed (into registers; stored
-     * to the warp's slot after the routing, so no warp waits on these loads before it routes) */
-    constexpr int NPR = ((int)(TC_I8_STAGE_BYTES(M) / 16) + 31) / 32;
-    uint4 prer[NPR];
-    float p2first = 0.f;
-    const bool hoist = I8 && pre && warp < nch;
-    if (hoist) {
-        const int job = tok * nch + warp;
-        const uint4 *src = (const uint4 *)(pre + (size_t)job * TC_I8_STAGE_BYTES(M));
-#pragma unroll
-        for (int k = 0; k < NPR; k++)
-            if (lane + 32 * k < (int)(TC_I8_STAGE_BYTES(M) / 16)) prer[k] = __ldcg(src + lane + 32 * k);
-        p2first = __ldcg((const float *)(pre + (size_t)npre * TC_I8_STAGE_BYTES(M)) + job);
-    }
     int32_t e;
     if (rlogits) { /* route the token here (tc_route_warps, as the router would): its logits after X */
         __shared__ int32_t rids[MOE_MAX_K], rik[MOE_MAX_K];
@@ -211,11 +197,6 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     } else {
         e = __ldcg(topk_ids + slot); /* the router's output: coherent (cu_pdl_wait) */
     }
-    if (hoist) {
-#pragma unroll
-        for (int k = 0; k < NPR; k++)
-            if (lane + 32 * k < (int)(TC_I8_STAGE_BYTES(M) / 16)) ((uint4 *)W8)[lane + 32 * k] = prer[k];
-    }
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
     float Ag, Bg, Au, Bu;
@@ -233,14 +214,10 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
             if (pre) { /* staged once by the router's extra CTAs (tc_prestage): chunk c of token tok, npre slots;
                         * copied to the warp's shared slot (read in place, the chunk's 16 B loads held in registers
                         * spilled 144 bytes) */
-                if (c == warp) {
-                    p2 = p2first; /* copied before the routing */
-                } else {
-                    const int job = tok * nch + c;
-                    const uint4 *src = (const uint4 *)(pre + (size_t)job * TC_I8_STAGE_BYTES(M));
-                    for (int i = lane; i < (int)(TC_I8_STAGE_BYTES(M) / 16); i += 32) ((uint4 *)W8)[i] = __ldcg(src + i);
-                    p2 = __ldcg((const float *)(pre + (size_t)npre * TC_I8_STAGE_BYTES(M)) + job);
-                }
+                const int job = tok * nch + c;
+                const uint4 *src = (const uint4 *)(pre + (size_t)job * TC_I8_STAGE_BYTES(M));
+                for (int i = lane; i < (int)(TC_I8_STAGE_BYTES(M) / 16); i += 32) ((uint4 *)W8)[i] = __ldcg(src + i);
+                p2 = __ldcg((const float *)(pre + (size_t)npre * TC_I8_STAGE_BYTES(M)) + job);
                 __syncwarp();
             } else {
                 float v[8];

@@ -360,25 +360,14 @@ __device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_
     tc_route_bar(nth);
     for (int e = threadIdx.x; e < E; e += nth) {
         const float v = p[e];
-        /* rank = #{j : p[j] > v, or p[j] == v and j < e}. A 32-wide stretch of j wholly below (or above) every lane's
-         * e of this warp needs one comparison a j (>= below, > above); only the warp's own stretch needs the tie
-         * test: half the instructions of the routing step, which every gate/up CTA runs before its first weight
-         * load. Same ranks. */
-        const int e0 = e - lane, e1 = e0 + 31; /* this warp's e range (threads e0 .. e1 of the loop's pass) */
         int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
         int j = 0;
         for (; j + 4 <= E; j += 4) {
             const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
-            if (j + 3 < e0) {
-                r0 += o0 >= v; r1 += o1 >= v; r2 += o2 >= v; r3 += o3 >= v;
-            } else if (j > e1) {
-                r0 += o0 > v; r1 += o1 > v; r2 += o2 > v; r3 += o3 > v;
-            } else {
-                r0 += (o0 > v) | ((o0 == v) & (j < e));
-                r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));
-                r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));
-                r3 += (o3 > v) | ((o3 == v) & (j + 3 < e));
-            }
+            r0 += (o0 > v) | ((o0 == v) & (j < e));
+            r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));
+            r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));
+            r3 += (o3 > v) | ((o3 == v) & (j + 3 < e));
         }
         for (; j < E; j++) r0 += (p[j] > v) | ((p[j] == v) & (j < e));
         const int rank = r0 + r1 + r2 + r3;

@@ -3,7 +3,7 @@
 # shared libraries they link that the GPU image lacks, and the reference fixture from ../shared.
 set -eu
 build=${1:-build}  # e.g. build-sm90: -DMOET_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" (smaller upload)
-rm -rf .carry/bin .carry/lib && mkdir -p .carry/bin .carry/lib .carry/shared
+rm -rf .carry/bin .carry/lib && mkdir -p .carry/bin .carry/lib
 # BINS="moet test_ops" ships only those (the working tree and .carry must fit the call's 64 MiB; they are close)
 for b in ${BINS:-moet test_ops test_cuda test_logits test_batch test_kv test_ecache test_arch}; do
   if [ -f "$build/$b" ]; then cp "$build/$b" .carry/bin/; else cp "$build/tests/$b" .carry/bin/; fi
@@ -12,7 +12,12 @@ done
 for l in libjansson.so.4 libpcre2-8.so.0 libutf8proc.so.2 libmicrohttpd.so.12; do cp -L "/lib/x86_64-linux-gnu/$l" .carry/lib/; done
 # moe-mini-a's reference, window 0 of 4 (the CPU tests in CI compare all four): the working tree and .carry must fit
 # the device call's 64 MiB, and the fixtures grow
-python3 tools/st_trim.py ../shared/models/moe-mini-a/reference_fp32.safetensors .carry/shared/reference_fp32.safetensors 1
+# the fixtures grow: since stop 30 it travels only with SHARED=1 (and then not with all eight binaries)
+rm -rf .carry/shared
+if [ "${SHARED:-0}" = 1 ]; then
+  mkdir -p .carry/shared
+  python3 tools/st_trim.py ../shared/models/moe-mini-a/reference_fp32.safetensors .carry/shared/reference_fp32.safetensors 1
+fi
 strip --strip-unneeded .carry/bin/* .carry/lib/*  # host symbols only; the device code (.nv_fatbin) stays
 rm -rf .carry/node_modules
 # seven statically linked binaries are ~140 MB, past the device call's 64 MiB working tree: ship them xz'd;

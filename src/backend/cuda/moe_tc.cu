@@ -12,19 +12,27 @@
  * lo = f16(x 2^-e - hi), with e from the chunk's largest |x| (so nothing overflows f16), and the tensor core's f32
  * accumulators sum hi and lo products separately. The block scale, A/B, 2^e and the router weight multiply in f32.
  * The result matches the f32 CUDA-core kernels (moe.cu) to ~2^-22 relative, not bit for bit.
+ * The decode kernels (template I8, the default where there is no delta and the chunks are 64+ wide) take the same
+ * words as u8 operands of mma.m16n8k32 instead ("the integer form", quant/tile.h): a sign bit is worth 2^j wherever
+ * it sits in its byte, so a mask makes four weights (~0.4 instructions a weight); the activations enter as four
+ * exact int8 pieces (~27 bits) and the sums are exact s32.
  *
  * Work split (no float atomics, fixed orders: runs are bit-identical, graph or eager):
  *   decode   k_tc_router  router GEMV, one warp a row, writing the logits (and the pre-normed x); with
  *                         MOET_ROUTE_GU=0 the last CTA to finish (ticket) also routes every token (softmax, top-k,
- *                         renormalise) and resets the ticket for the next launch;
+ *                         renormalise) and resets the ticket for the next launch; in the integer form, extra CTAs
+ *                         past the router rows rotate and stage gate/up's x chunks once (tc_prestage);
  *            k_tc_gate_up one CTA per (16-row tile of the FFN, token slot): it first routes its token from the logits
  *                         (the same tc_route_warps, so the same picks and weights; CTA (0, slot) writes the slot's
  *                         pick for k_tc_down), then warps over the rotation chunks of the
  *                         hidden size: each warp issues every load of its chunk (gate and up codes + scales), then
- *                         rotates its x chunk in registers and stages it as f16 hi/lo, then mma; partial sums of the
- *                         warps added in warp order, SwiGLU -> act;
+ *                         rotates its x chunk in registers and stages it as f16 hi/lo (or copies the router's
+ *                         staged chunk), then mma; partial sums of the warps added in warp order, SwiGLU -> act;
+ *                         where down's warps have several items, the last CTA of each 16-tile chunk stages it for
+ *                         down (cu_tc_dpre);
  *            k_tc_down    one CTA per (16-row tile of hidden, token), warps over (pick k, chunk of the FFN) items,
- *                         act rotated by pick k's rotation, router weight folded in; partials added in warp order.
+ *                         act rotated by pick k's rotation (or gate/up's staged chunk), router weight folded in;
+ *                         partials added in warp order.
  *   grouped  k_tc_gate_up_grp / k_tc_down_grp: one CTA per (tile, chunk of up to 8 slots of one expert): two mma
  *            column groups of 4 tokens x (hi, lo), each weight decoded once for the 8 tokens.
  * Bytes (decode, per token): k x 3 x ffn x hidden x 9/32 + the router; FLOPs 2 x k x 3 x ffn x hidden.

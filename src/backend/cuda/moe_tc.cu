@@ -219,13 +219,8 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         tc_fetch<M>(um, F, NB, ti, (int64_t)c * nb, wu, su);
         if constexpr (I8) { /* the integer form (quant/tile.h); never with the delta */
             float p2;
-            if (pre) { /* staged once by the router's extra CTAs (tc_prestage): chunk c of token tok, npre slots;
-                        * copied to the warp's shared slot (read in place, the chunk's 16 B loads held in registers
-                        * spilled 144 bytes) */
-                const int job = tok * nch + c;
-                const uint4 *src = (const uint4 *)(pre + (size_t)job * TC_I8_STAGE_BYTES(M));
-                for (int i = lane; i < (int)(TC_I8_STAGE_BYTES(M) / 16); i += 32) ((uint4 *)W8)[i] = __ldcg(src + i);
-                p2 = __ldcg((const float *)(pre + (size_t)npre * TC_I8_STAGE_BYTES(M)) + job);
+            if (pre) { /* staged once by the router's extra CTAs (tc_prestage): chunk c of token tok, npre slots */
+                p2 = tc_i8_fetch_staged<M>(pre, tok * nch + c, npre, W8);
                 __syncwarp();
             } else {
                 float v[8];
@@ -369,10 +364,7 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         if constexpr (I8) { /* the integer form (quant/tile.h); never with the delta */
             float p2;
             if (pre) { /* staged once by gate/up's last CTA of the chunk (cu_tc_dpre): copied to the warp's slot */
-                const int job = (tok * K + k) * nch + c;
-                const uint4 *src = (const uint4 *)(pre + (size_t)job * TC_I8_STAGE_BYTES(M));
-                for (int i = lane; i < (int)(TC_I8_STAGE_BYTES(M) / 16); i += 32) ((uint4 *)W8)[i] = __ldcg(src + i);
-                p2 = __ldcg((const float *)(pre + (size_t)npre * TC_I8_STAGE_BYTES(M)) + job);
+                p2 = tc_i8_fetch_staged<M>(pre, (tok * K + k) * nch + c, npre, W8);
             } else {
                 float v[8];
                 cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, dm.rotated, dm.rot_seed, c, dm.signs);

@@ -217,6 +217,16 @@ __device__ __forceinline__ float tc_stage_i8(const float v[8], uint32_t *W, int3
     return up;
 }
 
+/* Slot job of njobs chunks another kernel staged in global memory (tc_prestage's layout: the slots, then their 2^e)
+ * copied to the warp's staging area W (read in place, a chunk's 16-byte loads held in registers spilled); returns its
+ * 2^e. Loaded coherently; the caller __syncwarp()s before reading W. */
+template <int M>
+__device__ __forceinline__ float tc_i8_fetch_staged(const uint8_t *stg, int job, int njobs, uint32_t *W) {
+    const uint4 *src = (const uint4 *)(stg + (size_t)job * TC_I8_STAGE_BYTES(M));
+    for (int i = threadIdx.x & 31; i < (int)(TC_I8_STAGE_BYTES(M) / 16); i += 32) ((uint4 *)W)[i] = __ldcg(src + i);
+    return __ldcg((const float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)) + job);
+}
+
 /* The lane's B registers and C start of block bi of a staged chunk (shared memory). */
 __device__ __forceinline__ void tc_i8_bfrag(const uint32_t *W, const int32_t *Xs, int bi, uint32_t b[2][2], int32_t ci[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;

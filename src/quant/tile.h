@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "quant/blocks.h"
 
@@ -134,22 +135,9 @@ MOET_TILE_HD void moet_q2i8_afrag(uint32_t w, int s, uint32_t a[4]) {
 #define MOET_I8_MAGIC 12582912.0f
 #define MOET_I8_MAGIC_BITS 0x4B400000
 MOET_TILE_HD float moet_i8_biased(float t) { return t + MOET_I8_MAGIC; } /* never built with fast-math */
-MOET_TILE_HD int32_t moet_f32_bits(float f) {
-#ifdef __CUDA_ARCH__
-    return __float_as_int(f);
-#else
-    union { float f; int32_t i; } u = {f};
-    return u.i;
-#endif
-}
-MOET_TILE_HD float moet_f32_of_bits(int32_t i) {
-#ifdef __CUDA_ARCH__
-    return __int_as_float(i);
-#else
-    union { int32_t i; float f; } u = {i};
-    return u.f;
-#endif
-}
+/* The bits of an f32 and back (a register move on the GPU) */
+MOET_TILE_HD int32_t moet_f32_bits(float f) { int32_t i; memcpy(&i, &f, sizeof i); return i; }
+MOET_TILE_HD float moet_f32_of_bits(int32_t i) { float f; memcpy(&f, &i, sizeof f); return f; }
 
 /* The four int8 pieces of t (|t| < 128, finite): t = q0 + q1 2^-6 + q2 2^-13 + q3 2^-20 + err, |err| <= 2^-21. Every
  * step is exact in f32 (t - q0 and the scaled remainders have fewer significant bits than their operands); each

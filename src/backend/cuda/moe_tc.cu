@@ -52,20 +52,26 @@
  * ("no instruction" was a third of the stall samples).
  * bf16 rows (H % 256 == 0) and f32 rows (H % 128 == 0) read 16 bytes a lane, TC_RT_U chunks in flight, the first
  * bf16 ones requested before the previous kernel's x is waited for; other types go block by block. */
+/* A warp's rotated chunk staged in the integer form into slot job of njobs in global memory (the slots, then their
+ * 2^e: what tc_i8_fetch_staged reads). */
+template <int M>
+__device__ __forceinline__ void tc_stage_slot(const float v[8], uint8_t *stg, int job, int njobs) {
+    uint32_t *W = (uint32_t *)(stg + (size_t)job * TC_I8_STAGE_BYTES(M));
+    const float p2 = tc_stage_i8<M>(v, W, (int32_t *)(W + M * 64));
+    if ((threadIdx.x & 31) == 0) ((float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)))[job] = p2;
+}
+
 /* gate/up's x chunk c of one token (a row of the router's staged, pre-normed x), rotated (cu_rot_regs, as
- * cu_rot_chunk_t: bit-identical to gate/up's own) and staged in the integer form into job's slot of stg; 2^e after
- * all njobs slots. */
+ * cu_rot_chunk_t: bit-identical to gate/up's own), into slot job. */
 template <int M>
 __device__ __forceinline__ void tc_prestage(const float *xrow, int c, int rot, uint32_t seed, uint8_t *stg, int job,
                                             int njobs) {
-    const int lane = threadIdx.x & 31, base = c * 32 * M + lane * M;
+    const int base = c * 32 * M + (threadIdx.x & 31) * M;
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) v[i] = i < M ? xrow[base + i] : 0.f;
     cu_rot_regs<M>(v, rot, seed, base, NULL);
-    uint32_t *W = (uint32_t *)(stg + (size_t)job * TC_I8_STAGE_BYTES(M));
-    const float p2 = tc_stage_i8<M>(v, W, (int32_t *)(W + M * 64));
-    if (lane == 0) ((float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)))[job] = p2;
+    tc_stage_slot<M>(v, stg, job, njobs);
 }
 
 template <int NT>
@@ -146,9 +152,7 @@ __device__ __forceinline__ void tc_prestage_act(const float *arow, int c, int ro
                                                 int njobs) {
     float v[8];
     cu_rot_chunk_t<M>(v, arow, rot, seed, c, NULL);
-    uint32_t *W = (uint32_t *)(stg + (size_t)job * TC_I8_STAGE_BYTES(M));
-    const float p2 = tc_stage_i8<M>(v, W, (int32_t *)(W + M * 64));
-    if ((threadIdx.x & 31) == 0) ((float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)))[job] = p2;
+    tc_stage_slot<M>(v, stg, job, njobs);
 }
 
 /* The activation of one row's gate and up sums: silu(g) u (the formula these kernels always had, so their results

@@ -2,7 +2,8 @@
 # gpu_carry.sh — gathers what a device-machine run needs into .carry/ (git-ignored): the built binaries, the
 # shared libraries they link that the GPU image lacks, and the reference fixture from ../shared.
 set -eu
-build=${1:-build}  # e.g. build-sm90: -DMOET_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" (smaller upload)
+build=${1:-build}  # e.g. build-sm90: -DMOET_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" (smaller upload),
+                   # and -DMOET_SHARED_LIB=ON (smaller still: libmoet.so once, not in every binary)
 rm -rf .carry/bin .carry/lib && mkdir -p .carry/bin .carry/lib
 # BINS="moet test_ops" ships only those (the working tree and .carry must fit the call's 64 MiB; they are close)
 for b in ${BINS:-moet test_ops test_cuda test_logits test_batch test_kv test_ecache test_arch}; do
@@ -10,6 +11,8 @@ for b in ${BINS:-moet test_ops test_cuda test_logits test_batch test_kv test_eca
 done
 # the libraries the GPU image (Ubuntu 24.04) lacks; it has gnutls and the rest of libmicrohttpd's chain, no Node.js
 for l in libjansson.so.4 libpcre2-8.so.0 libutf8proc.so.2 libmicrohttpd.so.12; do cp -L "/lib/x86_64-linux-gnu/$l" .carry/lib/; done
+# a build with -DMOET_SHARED_LIB=ON: the binaries share libmoet.so (one copy of the device code, so all eight fit)
+[ -f "$build/libmoet.so" ] && cp -L "$build/libmoet.so" .carry/lib/
 # moe-mini-a's reference, window 0 of 4 (the CPU tests in CI compare all four): the working tree and .carry must fit
 # the device call's 64 MiB, and the fixtures grow
 # the fixtures grow: since stop 30 it travels only with SHARED=1 (and then not with all eight binaries)
@@ -23,6 +26,8 @@ rm -rf .carry/node_modules
 # seven statically linked binaries are ~140 MB, past the device call's 64 MiB working tree: ship them xz'd;
 # gpu_check.sh unpacks them
 # -9e: a 64 MiB dictionary spans the binaries, which share their ~18 MB of device code (16 MB at -6, 2.8 MB here)
-tar -C .carry -cf - bin | xz -9e > .carry/bin.tar.xz && rm -rf .carry/bin
+# (libmoet.so of a MOET_SHARED_LIB build travels in the same archive: the scripts' unpacking puts it in .carry/lib)
+so=; [ -f .carry/lib/libmoet.so ] && so=lib/libmoet.so
+tar -C .carry -cf - bin $so | xz -9e > .carry/bin.tar.xz && rm -rf .carry/bin ${so:+.carry/$so}
 git describe --always --dirty --abbrev=12 > .carry/commit  # what the binaries were built from (bench JSONs)
 du -sh .carry

@@ -770,6 +770,75 @@ int main(int argc, char **argv) {
         free(qb); free(vb);
         free(xa); free(g); free(hh); free(hr); free(hf); free(yb); free(refb);
     }
+    /* CUDA's streaming single-token GEMV (matmul.cu's k_mv16s: rows through a shared-memory ring of bulk copies)
+     * against the persistent one (MOET_MVS=0: k_mv16p), bit for bit: a pre-normed q/k/v set of 2048 columns whose
+     * warps take several rows each, with the default ring (every row requested at once) and a one-slot ring
+     * (MOET_MVS_KB=48: each slot refilled row after row), and y += x W^T + bias over 4096 columns (o_proj's form) */
+    if (!strcmp(be->ops->name, "cuda")) {
+        const int64_t D = 2048, rows[3] = {2600, 260, 260}, D2 = 4096, R2 = 1500;
+        float *xa = malloc(sizeof(float) * D2), *g = malloc(sizeof(float) * D), *bias = malloc(sizeof(float) * R2);
+        for (int64_t i = 0; i < D2; i++) xa[i] = gauss() * 3;
+        for (int64_t i = 0; i < D; i++) g[i] = 1 + 0.3f * gauss();
+        for (int64_t i = 0; i < R2; i++) bias[i] = gauss();
+        moet_weight w[4];
+        void *blk[4];
+        float *dq3 = NULL;
+        for (int k = 0; k < 4; k++) {
+            const int64_t r = k < 3 ? rows[k] : R2, cc = k < 3 ? D : D2;
+            float *Wm = malloc(sizeof(float) * r * cc), *dq = malloc(sizeof(float) * r * cc);
+            for (int64_t i = 0; i < r * cc; i++) Wm[i] = gauss() * 0.05f;
+            blk[k] = make_weight(MOET_QF_BF16, Wm, r, cc, &w[k], dq);
+            free(Wm);
+            if (k == 3) dq3 = dq; else free(dq);
+        }
+        float *out[3][5];
+        static const char *const env_kb[3] = {NULL, NULL, "48"}; /* pass 0: MOET_MVS=0 */
+        float *y0 = malloc(sizeof(float) * R2);
+        for (int64_t i = 0; i < R2; i++) y0[i] = gauss();
+        for (int pass = 0; pass < 3; pass++) {
+            if (pass == 0) setenv("MOET_MVS", "0", 1); else unsetenv("MOET_MVS");
+            if (env_kb[pass]) setenv("MOET_MVS_KB", env_kb[pass], 1); else unsetenv("MOET_MVS_KB");
+            float *xd = dev(xa, sizeof(float) * D), *hd = dev_poisoned((size_t)D), *yd[3];
+            const moet_weight *wp[3] = {&w[0], &w[1], &w[2]};
+            for (int k = 0; k < 3; k++) yd[k] = dev_poisoned((size_t)rows[k]);
+            op->norm_mul_mat(be, xd, g, 1e-6f, 1, D, hd, 3, wp, NULL, yd);
+            out[pass][3] = malloc(sizeof(float) * D);
+            pull(out[pass][3], hd, (size_t)D);
+            for (int k = 0; k < 3; k++) {
+                out[pass][k] = malloc(sizeof(float) * rows[k]);
+                pull(out[pass][k], yd[k], (size_t)rows[k]);
+                drop(yd[k]);
+            }
+            float *x2 = dev(xa, sizeof(float) * D2), *y2 = dev(y0, sizeof(float) * R2);
+            op->mul_mat_acc(be, &w[3], x2, 1, bias, y2);
+            out[pass][4] = malloc(sizeof(float) * R2);
+            pull(out[pass][4], y2, (size_t)R2);
+            drop(xd); drop(hd); drop(x2); drop(y2);
+        }
+        unsetenv("MOET_MVS");
+        unsetenv("MOET_MVS_KB");
+        for (int pass = 1; pass < 3; pass++) {
+            const int64_t n[5] = {rows[0], rows[1], rows[2], D, R2};
+            int same = 1;
+            for (int k = 0; k < 5; k++) same &= !memcmp(out[pass][k], out[0][k], sizeof(float) * (size_t)n[k]);
+            fprintf(stderr, "%-5s %-10s %-14s %s\n", g_be_name, "mul_mat", pass == 1 ? "mv16s vs mv16p" : "mv16s 1-slot",
+                    same ? "bit-identical" : "DIFFERENT");
+            CHECK(same, "k_mv16s (%s) differs from k_mv16p", pass == 1 ? "default ring" : "one slot");
+        }
+        { /* and the shared result against the float64 product (y0 + bias + x W^T) */
+            double *rf = malloc(sizeof(double) * R2);
+            ref_mul_mat(dq3, xa, R2, D2, 1, rf);
+            for (int64_t i = 0; i < R2; i++) rf[i] += (double)y0[i] + bias[i];
+            report("mul_mat_acc", "4096 mv16s", nmse(out[1][4], rf, (size_t)R2), 1e-12);
+            free(rf);
+        }
+        for (int pass = 0; pass < 3; pass++)
+            for (int k = 0; k < 5; k++) free(out[pass][k]);
+        for (int k = 0; k < 4; k++) { op->forget(be, blk[k]); free(blk[k]); }
+        op->forget(be, g);
+        op->forget(be, bias);
+        free(xa); free(g); free(bias); free(y0); free(dq3);
+    }
     /* mlp (dense SwiGLU: dense layers, GLM-4.5's shared expert), bf16, against the float64 composition: one token
      * (CUDA: gate and up in one GEMV launch), a few, and a prefill chunk (tensor cores) */
     {

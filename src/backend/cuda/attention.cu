@@ -86,8 +86,10 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
 __global__ void __launch_bounds__(AT_WARPS * 32)
 k_attention(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_heads, int32_t n_kv,
             int32_t head_dim, float scale, const float *__restrict__ sinks, int32_t window, float *__restrict__ out) {
+    CU_TRACE(CU_TK_ATTENTION << 8);
     cu_pdl_trigger();
     cu_pdl_wait();
+    CU_TRACE_WAITED();
     __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
     const int h = blockIdx.x, t = blockIdx.y;
     const int kvh = h / (n_heads / n_kv);
@@ -129,6 +131,7 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
               const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps,
               const __grid_constant__ moet_rope rp, const int32_t *pos, moet_kv_ref kv, const moet_kv_ref *rows,
               float scale, const float *__restrict__ sinks, int32_t window, float *__restrict__ out) {
+    CU_TRACE(CU_TK_ATTN_DECODE << 8);
     const int rot_dim = rp.dim;
     cu_pdl_trigger();
     /* The rotation's cos and sin (double-precision cos/sin: a long dependent chain) before waiting for the QKV
@@ -139,6 +142,7 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
     float co = 0.f, si = 0.f;
     if (role < 2 && i < rot_dim / 2) cu_rope_cs(rp, i, p, &co, &si);
     cu_pdl_wait();
+    CU_TRACE_WAITED();
     { /* row blockIdx.y of a batched step (attn_rows): its q/k/v/out rows, its position, its cache from rows */
         const int64_t r = blockIdx.y, dq = (int64_t)n_heads * head_dim, dk = (int64_t)n_kv * head_dim;
         q += r * dq;

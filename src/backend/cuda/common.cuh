@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "quant/blocks.h"
 #include "quant/types.h"
+#include "backend/cuda/trace.cuh"
 
 #define CU_PAD(i) ((i) + ((i) >> 5))
 

@@ -454,6 +454,7 @@ static int cu_graph_run(moet_backend *be, uint64_t key, void (*step)(void *ctx),
         cudaGraphDestroy(graph);
         if (CU_CHECK(c, e)) { g->exec = NULL; return -1; }
     }
+    cu_trace_step(c);
     if (CU_CHECK(c, cudaGraphLaunch(g->exec, c->stream))) return -1;
     return 0;
 }
@@ -477,6 +478,7 @@ static void cu_destroy(moet_backend *be) {
     cu_backend *c = cu_of(be);
     if (!c) return;
     cudaStreamSynchronize(c->stream);
+    cu_trace_dump(c);
     cu_moe_fused_report(c);
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
@@ -593,6 +595,7 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
         c->pdl = c->prop.major >= 9 && !(pe && pe[0] == '0');
     }
     cu_moe_fused_trace_init(c);
+    cu_trace_init(c);
     snprintf(c->desc, sizeof c->desc, "%s (sm_%d%d, %d SMs, %.0f GiB)", c->prop.name, c->prop.major, c->prop.minor,
              c->prop.multiProcessorCount, (double)c->prop.totalGlobalMem / (1u << 30));
     return &c->base;

@@ -209,6 +209,12 @@ void cu_moe(moet_backend *be, const moet_moe_args *a);
 /* MOET_MOE_TRACE=1: prints the last fused MoE launch's phase times (stderr); called at teardown (moe_fused.cu). */
 void cu_moe_fused_report(cu_backend *c);
 void cu_moe_fused_trace_init(cu_backend *c);
+/* matmul.cu: whether the decode down kernel lets the next kernel (k_mv16s) launch at its start */
+int cu_mv_early_next(void);
+/* trace.cu: the kernel timeline (MOET_CUDA_TRACE builds, MOET_TRACE=FILE; no-ops otherwise) */
+void cu_trace_init(cu_backend *c);
+void cu_trace_step(cu_backend *c);
+void cu_trace_dump(cu_backend *c);
 size_t cu_moe_scratch_bytes(moet_backend *be, int64_t n_tok, int64_t hidden, int64_t ffn, int32_t n_experts,
                             int32_t n_used);
 

@@ -9,6 +9,7 @@
 #include "quant/synth.h"
 
 __global__ void k_add(float *y, const float *x, const float *bias, int64_t n, int64_t dim) {
+    CU_TRACE(CU_TK_ELEMWISE << 8 | 0);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * dim; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += bias ? bias[i % dim] : x[i];
 }
@@ -28,6 +29,7 @@ extern "C" void cu_add(moet_backend *be, float *y, const float *x, const float *
 }
 
 __global__ void k_rms_norm(const float *x, const float *w, int64_t dim, float eps, float *y) {
+    CU_TRACE(CU_TK_ELEMWISE << 8 | 1);
     __shared__ double part[32];
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *yr = y + (int64_t)blockIdx.x * dim;
@@ -112,6 +114,7 @@ __global__ void __launch_bounds__(AP_THREADS)
 k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
             const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps,
             const __grid_constant__ moet_rope rp, const int32_t *pos, moet_kv_ref kv) {
+    CU_TRACE(CU_TK_ELEMWISE << 8 | 3);
     const int rot_dim = rp.dim;
     __shared__ double part[AP_THREADS / 32];
     __shared__ float cs[2][AP_THREADS]; /* cos, sin of element i < rot_dim / 2 (head_dim <= 2 AP_THREADS) */
@@ -121,6 +124,7 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
     const int64_t kvd = (int64_t)n_kv * head_dim;
     cu_pdl_trigger();
     cu_pdl_wait();
+    CU_TRACE_WAITED();
     const int32_t p = pos[t];
     const int64_t prow = moet_kv_row(kv.blocks, kv.shift, p); /* the token's row in the pools */
     for (int j = threadIdx.x; j < rh; j += blockDim.x) cu_rope_cs(rp, j, p, &cs[0][j], &cs[1][j]);
@@ -260,6 +264,7 @@ extern "C" void cu_heads_narrow(moet_backend *be, const float *x, int64_t n, int
 }
 
 __global__ void k_swiglu(float *g, const float *u, int64_t n) {
+    CU_TRACE(CU_TK_ELEMWISE << 8 | 2);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float a = g[i];
         g[i] = a / (1.0f + expf(-a)) * u[i];

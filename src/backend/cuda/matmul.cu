@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t cols, size_t row_bytes, float qscale,
           float qbeta, int rotated, uint32_t seed, const float *__restrict__ x, int64_t n, int ch, int rpw,
           const float *__restrict__ bias, float *__restrict__ y, int accum) {
+    CU_TRACE(CU_TK_MUL_MAT << 8);
     extern __shared__ float xs[];
     const int stride = (int)CU_PAD(cols);
     const int64_t t0 = (int64_t)blockIdx.y * ch;
@@ -139,6 +140,7 @@ template <int F16, int NORM, int MT>
 __global__ void __launch_bounds__(MM_WARPS * 32, MT == 1 ? 4 : 3)
 k_mv16(cu_mv16_set set, int64_t cols, const float *x, int64_t n, int ch, const float *__restrict__ norm_w,
        float eps, float *__restrict__ h, int acc) {
+    CU_TRACE(CU_TK_MV16 << 8 | F16 << 2 | NORM << 1 | (MT > 1));
     extern __shared__ __align__(16) float xs[];
     __shared__ double red[MM_WARPS][MM_MAX_TOK];
     __shared__ float inv[MM_MAX_TOK];
@@ -157,6 +159,7 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *x, int64_t n, int ch, const f
     for (int i = 0; i < MV16_UNROLL; i++)
         if (r < rows && lane + 32 * i < U) q[i] = __ldg(row + lane + 32 * i);
     cu_pdl_wait();
+    CU_TRACE_WAITED();
     cu_stage_f32(xs, x + t0 * cols, nt * cols);
     __syncthreads();
     if (NORM) cu_prenorm_smem(xs, nt, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv,
@@ -274,6 +277,7 @@ template <int FMT, int NORM, int MT>
 __global__ void __launch_bounds__(MM_WARPS * 32, 2)
 k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *__restrict__ norm_w,
         float eps, float *__restrict__ h, int acc) {
+    CU_TRACE(CU_TK_MV16P << 8 | FMT << 2 | NORM << 1 | (MT > 1));
     constexpr int UN = mv_fmt<FMT>::UN;
     extern __shared__ __align__(16) float xs[];
     __shared__ double red[MM_WARPS][MM_MAX_TOK];
@@ -299,6 +303,7 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
     } else { min_ = mi; rn = r; }
     if (rown) mvp_load<FMT>(rown, lane + 32 * UN * gn, U, qn);
     cu_pdl_wait();
+    CU_TRACE_WAITED();
     cu_stage_f32(xs, x, nt * cols);
     __syncthreads();
     if (NORM) cu_prenorm_smem(xs, nt, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
@@ -331,6 +336,97 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
         if (rown) mvp_load<FMT>(rown, lane + 32 * UN * gn, U, qn);
     }
     cu_pdl_trigger();
+}
+
+/* The streaming form for one token (decode, batch 1): one CTA an SM, each of its warps walking rows
+ * gw, gw + W, ... of the set (W: warps in the grid) as k_mv16p's warps do, but a row goes into shared memory by one
+ * bulk copy (the TMA's 1-D form, cp.async.bulk) instead of into registers, into a ring of nsw slots a warp, each with
+ * its mbarrier. Why: k_mv16p holds its in-flight rows in registers (two CTAs of 128 registers a thread fill an SM's
+ * register file), so it can start only when the kernel before it leaves the SM, and at the 30b shape the q/k/v
+ * product then ran at ~1.4 TB/s (tools/trace_report.py: 19 us of a ~61 us layer). Here the CTA needs ~64 registers
+ * a thread and nsw rows of shared memory a warp: it fits beside a decode down CTA (moe_tc.cu), which lets it
+ * launch at its start (`early`), so the first nsw rows of every warp (the whole q/k/v matrix at the 30b shape) are
+ * requested while the MoE of the previous layer runs; after the wait only x is staged (and pre-normed) and the rows
+ * are multiplied from shared memory, each slot refilled with the warp's next row as soon as it is read.
+ * Arithmetic: a lane takes the same 16-byte units in the same order as in k_mv16p, and the warp sum is the same,
+ * so y is bit-identical to k_mv16p's (and k_mv16's). Bytes: rows x row_bytes (+ x); FLOPs: 2 x rows x cols. */
+#define MVS_WARPS 8
+template <int F16, int NORM>
+__global__ void __launch_bounds__(MVS_WARPS * 32, 4)
+k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__ norm_w, float eps,
+        float *__restrict__ h, int acc, int nsw, int early) {
+    CU_TRACE(CU_TK_MV16S << 8 | F16 << 2 | NORM << 1);
+    extern __shared__ __align__(16) unsigned char mvs_sm[];
+    __shared__ double red[MVS_WARPS][MM_MAX_TOK];
+    __shared__ float inv[MM_MAX_TOK];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint32_t rb = (uint32_t)set.row_bytes[0];
+    const int64_t total = set.r0[set.n], W = (int64_t)gridDim.x * MVS_WARPS, gw = (int64_t)blockIdx.x * MVS_WARPS + warp;
+    const int64_t nrw = gw < total ? (total - gw + W - 1) / W : 0; /* this warp's rows */
+    float *xs = (float *)mvs_sm;
+    uint64_t *bar = (uint64_t *)(mvs_sm + cols * sizeof(float)) + (size_t)warp * nsw;
+    unsigned char *ring = mvs_sm + cols * sizeof(float) + (size_t)MVS_WARPS * nsw * sizeof(uint64_t) + (size_t)warp * nsw * rb;
+    if (early) cu_pdl_trigger();
+    if (lane == 0) {
+        for (int s = 0; s < nsw; s++) cu_mbar_init(bar + s, 1);
+        cu_mbar_init_fence();
+        for (int64_t k = 0; k < nrw && k < nsw; k++) {
+            int mi;
+            int64_t r;
+            mv16p_row(set, gw + k * W, mi, r);
+            cu_mbar_expect(bar + k, rb);
+            cu_bulk_load(ring + k * rb, set.w[mi] + r * rb, rb, bar + k);
+        }
+    }
+    cu_pdl_wait();
+    CU_TRACE_WAITED();
+    cu_stage_f32(xs, x, cols);
+    __syncthreads();
+    if (NORM) cu_prenorm_smem(xs, 1, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
+    const float4 *xs4 = (const float4 *)xs;
+    const int64_t U = cols / 8;
+    for (int64_t k = 0; k < nrw; k++) {
+        const int s = (int)(k % nsw);
+        cu_mbar_wait(bar + s, (uint32_t)((k / nsw) & 1));
+        const uint4 *row = (const uint4 *)(ring + (size_t)s * rb);
+        float accv[1] = {0.f};
+        for (int64_t u0 = lane; u0 < U; u0 += 32 * MV16_UNROLL) {
+            uint4 q[MV16_UNROLL];
+#pragma unroll
+            for (int i = 0; i < MV16_UNROLL; i++)
+                if (u0 + 32 * i < U) q[i] = row[u0 + 32 * i];
+            mv16_group<F16, 1>(q, u0, U, xs4, cols, 1, accv);
+        }
+        __syncwarp(); /* every lane has read the slot: it may be refilled */
+        int mi;
+        int64_t r;
+        if (lane == 0 && k + nsw < nrw) {
+            mv16p_row(set, gw + (k + nsw) * W, mi, r);
+            cu_fence_proxy_async();
+            cu_mbar_expect(bar + s, rb);
+            cu_bulk_load(ring + (size_t)s * rb, set.w[mi] + r * rb, rb, bar + s);
+        }
+        mv16p_row(set, gw + k * W, mi, r);
+        const float sum = cu_warp_sum(accv[0]);
+        if (lane == 0) cu_mm_store(set.y[mi] + r, sum, set.b[mi], r, acc);
+    }
+    if (!early) cu_pdl_trigger();
+}
+
+/* MOET_MVS=0: k_mv16p for one token too (the A/B of the streaming kernel); MOET_MVS_KB: its shared memory a CTA
+ * (the ring and x; default 172 KB: beside a 30b-shaped down CTA's ~55 KB, within the SM's 228 KB);
+ * MOET_MVS_EARLY=0: it and the decode down kernel trigger their dependents at the end, as the others do. */
+static int g_mvs = 1, g_mvs_kb = 172, g_mvs_early = 1;
+static void mvs_env(void) { /* read at every launch (not in a replay): test_ops switches it between ops */
+    const char *e = getenv("MOET_MVS"), *kb = getenv("MOET_MVS_KB"), *ea = getenv("MOET_MVS_EARLY");
+    g_mvs = !(e && e[0] == '0');
+    g_mvs_kb = kb && atoi(kb) >= 16 && atoi(kb) <= 227 ? atoi(kb) : 172;
+    g_mvs_early = !(ea && ea[0] == '0');
+}
+/* Whether the kernel after a decode down may launch at down's start (k_tc_down's `early`). */
+extern "C" int cu_mv_early_next(void) {
+    mvs_env();
+    return g_mvs && g_mvs_early;
 }
 
 static int g_mm_attr_set = -1;
@@ -478,6 +574,50 @@ static int mv16_chunk(int64_t cols, int64_t n) {
     return ch;
 }
 
+/* k_mv16s for one token where it applies (MOET_MVS, every row of the set the same 16-bit width, a ring slot a
+ * warp fitting in MOET_MVS_KB); 1 when launched (or an error recorded), 0 to take another kernel. */
+static int mvs_go(cu_backend *c, const cu_mv16_set *set, int f16, int64_t cols, const float *x, const float *norm_w,
+                  float eps, float *h, int acc) {
+    mvs_env();
+    if (!g_mvs || c->prop.major < 9 || ((uintptr_t)x & 15)) return 0;
+    const size_t rb = (size_t)cols * 2;
+    for (int i = 0; i < set->n; i++)
+        if (set->row_bytes[i] != rb || ((uintptr_t)set->w[i] & 15)) return 0;
+    const int64_t total = set->r0[set->n];
+    int64_t grid = c->prop.multiProcessorCount;
+    if (grid > (total + MVS_WARPS - 1) / MVS_WARPS) grid = (total + MVS_WARPS - 1) / MVS_WARPS;
+    const int64_t rpw = (total + grid * MVS_WARPS - 1) / (grid * MVS_WARPS);
+    const int64_t big = (int64_t)c->prop.sharedMemPerBlockOptin - 1024; /* the kernel's static arrays: 560 bytes */
+    int64_t avail = (int64_t)g_mvs_kb * 1024;
+    if (avail > big) avail = big;
+    avail -= cols * (int64_t)sizeof(float);
+    int64_t nsw = avail > 0 ? avail / (int64_t)(MVS_WARPS * (rb + sizeof(uint64_t))) : 0;
+    if (nsw > rpw) nsw = rpw;
+    if (nsw < 1) return 0;
+    const size_t sm = (size_t)cols * sizeof(float) + (size_t)MVS_WARPS * nsw * (rb + sizeof(uint64_t));
+    static int attr_dev = -1;
+    if (attr_dev != c->device) {
+        if (CU_CHECK(c, cudaFuncSetAttribute(k_mv16s<0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_mv16s<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_mv16s<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_mv16s<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)))
+            return 1;
+        attr_dev = c->device;
+    }
+    const dim3 g((unsigned)grid), b(MVS_WARPS * 32);
+    const int ns = (int)nsw, ea = g_mvs_early;
+    if (norm_w) {
+        if (f16) cu_launch_pdl(c, k_mv16s<1, 1>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
+        else cu_launch_pdl(c, k_mv16s<0, 1>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
+    } else {
+        const float *nul = NULL;
+        float *nulh = NULL;
+        if (f16) cu_launch_pdl(c, k_mv16s<1, 0>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea);
+        else cu_launch_pdl(c, k_mv16s<0, 0>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea);
+    }
+    return 1;
+}
+
 /* type: BF16, F16 or CU_TYPE_Q8T (the persistent kernel only: n <= ch). */
 static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int64_t cols, const float *x, int64_t n,
                         int ch, const float *norm_w, float eps, float *h, int acc) {
@@ -506,6 +646,8 @@ static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int
             return;
         }
         if (n == 1) { MV16P_GO(MV_Q8T, 1) } else { MV16P_GO(MV_Q8T, MM_MAX_TOK) }
+    } else if (n == 1 && mvs_go(c, set, f16, cols, x, norm_w, eps, h, acc)) {
+        /* one token: the streaming kernel */
     } else if (n <= ch && g_mv16p) {
         if (f16) {
             if (n == 1) { MV16P_GO(MV_F16, 1) } else { MV16P_GO(MV_F16, MM_MAX_TOK) }
@@ -630,6 +772,7 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
 
 __global__ void k_get_rows(const uint8_t *__restrict__ w, int32_t type, int64_t cols, size_t row_bytes, float qscale,
                            float qbeta, const int32_t *__restrict__ ids, int64_t rows, float *__restrict__ y) {
+    CU_TRACE(CU_TK_GET_ROWS << 8);
     const int64_t i = blockIdx.x;
     int32_t id = ids[i];
     if (id < 0 || id >= rows) id = 0; /* ids are validated on the host; never read outside the table */

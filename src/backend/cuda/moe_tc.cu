@@ -81,6 +81,7 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
             float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
             float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h,
             int32_t route, uint8_t *__restrict__ stg, int32_t gb, int32_t grot, uint32_t gseed) {
+    CU_TRACE(CU_TK_ROUTER << 8 | NT);
     extern __shared__ __align__(16) float rsm[];
     __shared__ int last;
     __shared__ double nred[TC_RT_W][TC_RT_T];
@@ -92,6 +93,7 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
     uint4 q[TC_RT_U];
     if (e < E) tc_rrow_prefetch(rr, q);
     cu_pdl_wait();
+    CU_TRACE_WAITED();
     cu_stage_f32(xs, x, NT * H);
     __syncthreads();
     if (norm_w) /* the block's pre-norm; CTA 0 writes h for the expert kernels */
@@ -175,6 +177,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
              int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
              const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w,
              cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre, cu_tc_dpre dp) {
+    CU_TRACE(CU_TK_GATE_UP << 8 | M << 2 | DL << 1 | I8);
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int slot = blockIdx.y, tok = slot / K;
@@ -190,6 +193,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     tc_lut_fill(lut);
     if (DL) tc_e4m3_fill(nvl);
     cu_pdl_wait();
+    CU_TRACE_WAITED();
     __syncthreads();
     int32_t e;
     if (rlogits) { /* route the token here (tc_route_warps, as the router would): its logits after X */
@@ -329,7 +333,9 @@ template <int M, int DL, int I8>
 __global__ void __launch_bounds__(DL ? TC_DN_W / 2 * 32 : TC_DN_W * 32)
 k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
-          int accum, const cu_mat *__restrict__ dtable, const float *db, const uint8_t *pre, int32_t npre) {
+          int accum, const cu_mat *__restrict__ dtable, const float *db, const uint8_t *pre, int32_t npre,
+          int32_t early) {
+    CU_TRACE(CU_TK_DOWN << 8 | M << 2 | DL << 1 | I8);
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
     const int tok = blockIdx.y;
@@ -343,7 +349,11 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     int32_t *X8 = (int32_t *)(W8 + M * 64);
     tc_lut_fill(lut);
     if (DL) tc_e4m3_fill(nvl);
+    /* early: the next kernel's CTAs may launch now, beside these (the streaming GEMV of the next layer's q/k/v,
+     * matmul.cu's k_mv16s, which fits beside a down CTA and requests its rows into shared memory at once) */
+    if (early) cu_pdl_trigger();
     cu_pdl_wait();
+    CU_TRACE_WAITED();
     __syncthreads();
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     float acc[1][2] = {{0.f, 0.f}};
@@ -412,7 +422,7 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         }
     }
     if (I8) tc_i8_rows(tot, acc[0]);
-    cu_pdl_trigger();
+    if (!early) cu_pdl_trigger();
     if (t == 0) {
         red[warp * 16 + g] = acc[0][0];
         red[warp * 16 + g + 8] = acc[0][1];
@@ -854,16 +864,17 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
                            a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
+    const int32_t dne = cu_mv_early_next(); /* down lets the next kernel launch at its start (matmul.cu) */
     if (tc_i8_on(bf, dtab != NULL))
         TC_DISPATCH_PDL_I8(bf, k_tc_down, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0, 1), act, H, F, K, tab->table,
                            tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)dpre.stg,
-                           npd)
+                           npd, dne)
     else if (dtab)
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne)
     else
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 0, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne)
     CU_LAUNCHED(c, "k_tc_down");
 }
 

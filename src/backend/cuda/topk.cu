@@ -100,8 +100,10 @@ template <int F32>
 __global__ void __launch_bounds__(TK_W * 32)
 k_topk(const void *in, int64_t len, int64_t stride, int32_t k, uint64_t *okeys, int64_t ostride, const float *x,
        int64_t vocab, int32_t *ids, float *vals, double2 *parts, int64_t nparts, float *lz) {
+    CU_TRACE(CU_TK_TOPK << 8 | F32);
     cu_pdl_trigger();
     cu_pdl_wait();
+    CU_TRACE_WAITED();
     __shared__ uint64_t lists[TK_W][MOET_TOPK_MAX];
     __shared__ double2 own;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

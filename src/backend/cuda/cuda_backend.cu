@@ -32,6 +32,21 @@ extern "C" int cu_fail(cu_backend *c, cudaError_t e, const char *what, const cha
     return 1;
 }
 
+/* cu_launch_pdl's once-a-kernel carveout (cuda_int.h); kernels seen are remembered by address. */
+void cu_carveout_max(cu_backend *c, const void *k) {
+    static const void *seen[512];
+    static int n_seen, off = -1;
+    if (off < 0) {
+        const char *e = getenv("MOET_CARVEOUT");
+        off = e && e[0] == '0';
+    }
+    if (off) return;
+    for (int i = 0; i < n_seen; i++)
+        if (seen[i] == k) return;
+    if (n_seen < (int)(sizeof seen / sizeof seen[0])) seen[n_seen++] = k;
+    CU_CHECK(c, cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared));
+}
+
 /* ---- weight mirror ------------------------------------------------------------------------------------------- */
 
 static size_t ptr_hash(const void *p) {

@@ -211,6 +211,7 @@ void cu_moe_fused_report(cu_backend *c);
 void cu_moe_fused_trace_init(cu_backend *c);
 /* matmul.cu: whether the decode down kernel lets the next kernel (k_mv16s) launch at its start */
 int cu_mv_early_next(void);
+int cu_mv_carve_down(void);
 /* trace.cu: the kernel timeline (MOET_CUDA_TRACE builds, MOET_TRACE=FILE; no-ops otherwise) */
 void cu_trace_init(cu_backend *c);
 void cu_trace_step(cu_backend *c);
@@ -223,6 +224,15 @@ size_t cu_moe_scratch_bytes(moet_backend *be, int64_t n_tok, int64_t hidden, int
 #endif
 
 #ifdef __cplusplus
+/* The SM's split of its 256 KB between L1 and shared memory is chosen per kernel at launch and can change only on
+ * an SM with nothing resident: a kernel that asks for more shared memory than the split of the kernel running there
+ * cannot start beside it, however early that kernel let it launch. So the decode down kernel (moe_tc.cu) and the
+ * streaming GEMV after it (matmul.cu's k_mv16s, ~140 KB) ask for the largest shared split
+ * (cudaSharedmemCarveoutMaxShared), once a kernel (sticky for the process); MOET_CARVEOUT=0 leaves the driver's
+ * choice (the A/B). Measured on an H100 (stop 31): for every PDL launch, 30b tg64 +1.8% but 235b -3.7%; for down
+ * and k_mv16s only, 30b +5.1%, 235b -1.8%: so down takes it only where the ring holds the q/k/v rows
+ * (matmul.cu, cu_mv_carve_down). */
+void cu_carveout_max(cu_backend *c, const void *k);
 /* Launches kernel k like <<<grid, block, smem, c->stream>>>, with programmatic stream serialization when c->pdl:
  * the kernel must follow the cu_pdl_wait() rule of common.cuh. The launch error is left for CU_LAUNCHED. */
 template <typename... KArgs, typename... Args>

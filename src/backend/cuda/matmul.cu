@@ -413,14 +413,15 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
     if (!early) cu_pdl_trigger();
 }
 
-/* MOET_MVS=0: k_mv16p for one token too (the A/B of the streaming kernel); MOET_MVS_KB: its shared memory a CTA
- * (the ring and x; default 172 KB: beside a 30b-shaped down CTA's ~55 KB, within the SM's 228 KB);
+/* MOET_MVS=0: k_mv16p for one token too (the A/B of the streaming kernel); MOET_MVS_KB: its ring a CTA (default
+ * 128 KB: whole rows, as many a warp as fit; x and the barriers besides). Measured on an H100 (stop 31, tg64): 30b
+ * (4 KB rows) 4 slots a warp beat 5 (375.9 vs 364.9 t/s), 235b (8 KB rows) 2 beat 1 (87.8 vs 84.6);
  * MOET_MVS_EARLY=0: it and the decode down kernel trigger their dependents at the end, as the others do. */
-static int g_mvs = 1, g_mvs_kb = 172, g_mvs_early = 1;
+static int g_mvs = 1, g_mvs_kb = 128, g_mvs_early = 1;
 static void mvs_env(void) { /* read at every launch (not in a replay): test_ops switches it between ops */
     const char *e = getenv("MOET_MVS"), *kb = getenv("MOET_MVS_KB"), *ea = getenv("MOET_MVS_EARLY");
     g_mvs = !(e && e[0] == '0');
-    g_mvs_kb = kb && atoi(kb) >= 16 && atoi(kb) <= 227 ? atoi(kb) : 172;
+    g_mvs_kb = kb && atoi(kb) >= 16 && atoi(kb) <= 227 ? atoi(kb) : 128;
     g_mvs_early = !(ea && ea[0] == '0');
 }
 /* Whether the kernel after a decode down may launch at down's start (k_tc_down's `early`). */
@@ -428,6 +429,13 @@ extern "C" int cu_mv_early_next(void) {
     mvs_env();
     return g_mvs && g_mvs_early;
 }
+/* Whether the last pre-normed k_mv16s (the q/k/v product that follows a decode down) held at least 3/4 of its
+ * warps' rows in its ring. Only then does down take the largest shared split so that it runs beside down
+ * (cuda_int.h, cu_carveout_max): measured on an H100 (stop 31, tg64), 30b (4 of 5 rows a warp in the ring)
+ * 367.8 -> 386.5 t/s with it, 235b (2 of 9) 87.0 -> 85.5: a ring that cannot hold the matrix only competes with
+ * down's latency-bound loads for the memory. */
+static int g_mvs_cover = 0;
+extern "C" int cu_mv_carve_down(void) { return cu_mv_early_next() && g_mvs_cover; }
 
 static int g_mm_attr_set = -1;
 static int g_mv16p = -1; /* MOET_MV16P=0: k_mv16 for every 16-bit launch (A/B of the persistent kernel) */
@@ -588,12 +596,12 @@ static int mvs_go(cu_backend *c, const cu_mv16_set *set, int f16, int64_t cols, 
     if (grid > (total + MVS_WARPS - 1) / MVS_WARPS) grid = (total + MVS_WARPS - 1) / MVS_WARPS;
     const int64_t rpw = (total + grid * MVS_WARPS - 1) / (grid * MVS_WARPS);
     const int64_t big = (int64_t)c->prop.sharedMemPerBlockOptin - 1024; /* the kernel's static arrays: 560 bytes */
-    int64_t avail = (int64_t)g_mvs_kb * 1024;
-    if (avail > big) avail = big;
-    avail -= cols * (int64_t)sizeof(float);
-    int64_t nsw = avail > 0 ? avail / (int64_t)(MVS_WARPS * (rb + sizeof(uint64_t))) : 0;
+    int64_t nsw = (int64_t)g_mvs_kb * 1024 / (int64_t)(MVS_WARPS * rb);
+    if ((int64_t)(cols * sizeof(float) + MVS_WARPS * nsw * (rb + sizeof(uint64_t))) > big)
+        nsw = (big - cols * (int64_t)sizeof(float)) / (int64_t)(MVS_WARPS * (rb + sizeof(uint64_t)));
     if (nsw > rpw) nsw = rpw;
     if (nsw < 1) return 0;
+    if (norm_w) g_mvs_cover = 4 * nsw >= 3 * rpw;
     const size_t sm = (size_t)cols * sizeof(float) + (size_t)MVS_WARPS * nsw * (rb + sizeof(uint64_t));
     static int attr_dev = -1;
     if (attr_dev != c->device) {
@@ -604,6 +612,9 @@ static int mvs_go(cu_backend *c, const cu_mv16_set *set, int f16, int64_t cols, 
             return 1;
         attr_dev = c->device;
     }
+    const void *kern = norm_w ? (f16 ? (const void *)k_mv16s<1, 1> : (const void *)k_mv16s<0, 1>)
+                              : (f16 ? (const void *)k_mv16s<1, 0> : (const void *)k_mv16s<0, 0>);
+    cu_carveout_max(c, kern);
     const dim3 g((unsigned)grid), b(MVS_WARPS * 32);
     const int ns = (int)nsw, ea = g_mvs_early;
     if (norm_w) {

@@ -737,6 +737,14 @@ static int tc_i8_on(int b, int dl) {
     default: cu_launch_pdl(c, KERNEL<8>, GRID, dim3(BLOCK), SMEM, __VA_ARGS__); break;                            \
     }
 
+/* cu_carveout_max of KERNEL<M, DL, I8> for the chunk width B (TC_DISPATCH's cases) */
+#define TC_CARVE_M(B, KERNEL, DL, I8)                                                                                 \
+    switch (B) {                                                                                                     \
+    case 64: cu_carveout_max(c, (const void *)KERNEL<2, DL, I8>); break;                                             \
+    case 128: cu_carveout_max(c, (const void *)KERNEL<4, DL, I8>); break;                                            \
+    default: cu_carveout_max(c, (const void *)KERNEL<8, DL, I8>); break;                                             \
+    }
+
 static int g_tc_attr_dev = -1;
 
 template <int M> static int tc_attrs_m(cu_backend *c, int big) {
@@ -865,6 +873,11 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
                            a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     const int32_t dne = cu_mv_early_next(); /* down lets the next kernel launch at its start (matmul.cu) */
+    if (dne && cu_mv_carve_down()) { /* ... which needs the largest shared split to fit beside it (cuda_int.h) */
+        if (tc_i8_on(bf, dtab != NULL)) TC_CARVE_M(bf, k_tc_down, 0, 1)
+        else if (dtab) TC_CARVE_M(bf, k_tc_down, 1, 0)
+        else TC_CARVE_M(bf, k_tc_down, 0, 0)
+    }
     if (tc_i8_on(bf, dtab != NULL))
         TC_DISPATCH_PDL_I8(bf, k_tc_down, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0, 1), act, H, F, K, tab->table,
                            tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)dpre.stg,

@@ -1821,7 +1821,8 @@ static void perf_copy_step(void *v) {
 
 int perf_main(moet_backend *be) {
     const moet_backend_ops *op = be->ops;
-    /* MOET_PERF_ONLY=moe: the copy ceiling and the MoE tables only (a short device call) */
+    /* MOET_PERF_ONLY=moe: the copy ceiling and the MoE tables only (a short device call); =dense: the copy ceiling and
+     * the single-token dense tables only */
     const int moe_only = getenv("MOET_PERF_ONLY") && !strcmp(getenv("MOET_PERF_ONLY"), "moe");
     { /* the ceiling: a large device-to-device copy, bytes read + written */
         copy_ctx cc = {be, op->alloc(be, (size_t)1 << 31), op->alloc(be, (size_t)1 << 31), (size_t)1 << 31, 10};
@@ -1849,6 +1850,7 @@ int perf_main(moet_backend *be) {
         const int32_t tys[] = {MOET_TYPE_BF16, MOET_TYPE_Q8_0};
         float *x = dev(NULL, sizeof(float) * C), *y = dev(NULL, sizeof(float) * 81920);
         op->fill_random(be, x, MOET_TYPE_F32, 1, C, 1.0f, 3);
+        /* (one token: BF16 through k_mv16s unless MOET_MVS=0, then k_mv16p; Q8_0 through k_mv16p on q8t) */
         for (int ti = 0; ti < 2; ti++) {
             const int32_t ty = tys[ti];
             printf("%-28s %8s %10s %10s %9s %9s\n", ty == MOET_TYPE_BF16 ? "dense bf16 GEMV, 1 token" : "dense q8_0 GEMV, 1 token",
@@ -1868,7 +1870,7 @@ int perf_main(moet_backend *be) {
                 gemv_ctx gc = {be, ws, ns, 32, x, y};
                 const double best = perf_graph_best(be, 3000 + 16 * (uint64_t)ti + (uint64_t)i, perf_gemv_step, &gc,
                                                     gc.reps, y);
-                printf("%-28s %8lld %10.2f %10.2f %9.0f %8.1f%%\n", "  k_mv16p (graph, cold L2)", (long long)R,
+                printf("%-28s %8lld %10.2f %10.2f %9.0f %8.1f%%\n", "  GEMV (graph, cold L2)", (long long)R,
                        best * 1e6, bytes / 1e6, bytes / best / 1e9, 100.0 * bytes / best / g_copy_bw);
                 for (int k = 0; k < ns; k++) { op->forget(be, ws[k].data); op->release(be, (void *)ws[k].data); }
                 free(ws);
@@ -1922,6 +1924,7 @@ int perf_main(moet_backend *be) {
         free(w1); free(w3); free(wo);
         drop(x); drop(h); drop(y); drop(nw);
     }
+    if (getenv("MOET_PERF_ONLY") && !strcmp(getenv("MOET_PERF_ONLY"), "dense")) return 0; /* the two tables above */
     /* dense BF16 and Q8_0 products at the 30b QKV shape (5120 x 2048): GEMV kernels (MOET_GEMM=0) and tensor cores
      * (BF16: x as three BF16 terms; Q8_0: W and x as two F16 terms each, W's F16 copy made per call) */
     for (int qi = 0; qi < 2; qi++) {

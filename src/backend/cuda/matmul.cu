@@ -614,7 +614,7 @@ static int mvs_go(cu_backend *c, const cu_mv16_set *set, int f16, int64_t cols, 
     }
     const void *kern = norm_w ? (f16 ? (const void *)k_mv16s<1, 1> : (const void *)k_mv16s<0, 1>)
                               : (f16 ? (const void *)k_mv16s<1, 0> : (const void *)k_mv16s<0, 0>);
-    cu_carveout_max(c, kern);
+    if (norm_w && g_mvs_cover) cu_carveout_max(c, kern); /* beside down (cu_mv_carve_down), only where down takes it */
     const dim3 g((unsigned)grid), b(MVS_WARPS * 32);
     const int ns = (int)nsw, ea = g_mvs_early;
     if (norm_w) {

@@ -31,3 +31,10 @@ so=; [ -f .carry/lib/libmoet.so ] && so=lib/libmoet.so
 tar -C .carry -cf - bin $so | xz -9e > .carry/bin.tar.xz && rm -rf .carry/bin ${so:+.carry/$so}
 git describe --always --dirty --abbrev=12 > .carry/commit  # what the binaries were built from (bench JSONs)
 du -sh .carry
+# the device call takes the working tree (tracked and untracked-not-ignored files) and .carry up to 64 MiB; calls
+# of 66.64 MB went through, 66.69 MB did not (stop 31): say so here rather than after a refused call
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+car=$(du -sb .carry | cut -f1)
+awk -v t="$tree" -v c="$car" 'BEGIN {
+  printf "gpu_carry: tree %.2f MB + .carry %.2f MB = %.2f MB (the device call takes ~66.6 MB)\n", t / 1e6, c / 1e6, (t + c) / 1e6
+  if (t + c > 66.6e6) print "gpu_carry: too big: ship fewer BINS, or move aside for the call a tracked file it does not need (e.g. tests/fixtures/dev_ids.i32, used by CPU tests only)" }'

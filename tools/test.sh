@@ -11,6 +11,13 @@ j=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMOET_WERROR=ON >/dev/null
 cmake --build build -j"$j"
 ctest --test-dir build --output-on-failure -j"$j"
+# the kernel timeline (src/backend/cuda/trace.cuh) is compiled out of the build above: compile it once (sm_90a) so
+# its code cannot rot between the sessions that run it on a GPU (tools/gpu_trace.sh)
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
+  cmake -S . -B build-trace -DCMAKE_BUILD_TYPE=Release -DMOET_WERROR=ON -DMOET_CUDA_TRACE=ON \
+    -DMOET_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" >/dev/null
+  cmake --build build-trace -j"$j" --target moet_lib
+fi
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOET_SANITIZE=ON -DMOET_WERROR=ON -DMOET_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$j"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

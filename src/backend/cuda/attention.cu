@@ -11,6 +11,7 @@
  * over long contexts is the next step (docs/performance.md).
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_int.h"
@@ -19,15 +20,44 @@
 #define AT_MAX_D 8 /* head_dim <= 256 */
 #define AT_G 4     /* keys a warp takes at once: their K and V rows are all requested before any math */
 
+/* The K and V rows of keys j0 .. j0 + AT_G - 1 (those < n_keys; past the end, key j0 again, masked later) of one kv
+ * head into a warp's registers, lane l holding elements l, l + 32, ...; key `cur` comes from ks / vs (shared
+ * memory). mode 1: every key; 0: all but key cur (from the cache only: what k_attn_decode may read before its
+ * wait); 2: key cur only (the rest of a mode-0 load). */
+__device__ __forceinline__ void at_group_load(float (&kr)[AT_G][AT_MAX_D], float (&vr)[AT_G][AT_MAX_D], const float *kp0,
+                                              const float *vp0, int64_t kv_stride, const int32_t *blocks, int32_t shift,
+                                              int32_t j0, int32_t n_keys, int32_t cur, const float *ks, const float *vs,
+                                              int head_dim, int mode) {
+    const int lane = threadIdx.x & 31, nd = (head_dim + 31) / 32;
+#pragma unroll
+    for (int g = 0; g < AT_G; g++) {
+        const int32_t j = j0 + g < n_keys ? j0 + g : j0;
+        if ((mode == 0 && j == cur) || (mode == 2 && j != cur)) continue;
+        const int64_t row = j == cur ? 0 : moet_kv_row(blocks, shift, j);
+        const float *kp = j == cur ? ks : kp0 + row * kv_stride;
+        const float *vp = j == cur ? vs : vp0 + row * kv_stride;
+#pragma unroll
+        for (int d = 0; d < AT_MAX_D; d++) {
+            int i = lane + 32 * d;
+            const int ok = d < nd && i < head_dim;
+            kr[g][d] = ok ? kp[i] : 0.f;
+            vr[g][d] = ok ? vp[i] : 0.f;
+        }
+    }
+}
+
 /* One query row against keys 0 .. n_keys - 1 of one kv head (kp0 / vp0: pool row 0 of that head, rows kv_stride
  * apart; key j at pool row moet_kv_row(blocks, shift, j)),
  * the CTA's warps over groups of AT_G keys, merged in warp order; key `cur` (>= 0) is read from ks / vs instead
- * (the fused decode kernel's own rows, bit-equal to what it wrote to the cache). Writes the head's output row. */
+ * (the fused decode kernel's own rows, bit-equal to what it wrote to the cache). pre: the warp's first group
+ * (keys k0 + warp AT_G ...) is already in kr0 / vr0 but for key `cur` (k_attn_decode loads it before its wait).
+ * Writes the head's output row. */
 __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, const float *vp0, int64_t kv_stride,
                                          const int32_t *blocks, int32_t shift, int32_t n_keys, int32_t k0, float sink,
                                          int32_t cur, const float *ks, const float *vs, int head_dim,
                                          float scale, float *orow, float *sm_m, float *sm_l,
-                                         float (*sm_o)[AT_MAX_D * 32]) {
+                                         float (*sm_o)[AT_MAX_D * 32], int pre, float (&kr0)[AT_G][AT_MAX_D],
+                                         float (&vr0)[AT_G][AT_MAX_D]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nd = (head_dim + 31) / 32;
     float qv[AT_MAX_D], o[AT_MAX_D];
 #pragma unroll
@@ -40,21 +70,13 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
     /* Each step a warp takes keys j0 .. j0 + AT_G - 1 (those < n_keys): one memory round trip for all of them,
      * not two per key, then the online-softmax update with the group's maximum. */
     for (int32_t j0 = k0 + warp * AT_G; j0 < n_keys; j0 += AT_WARPS * AT_G) { /* k0: a sliding window's first key */
-        float kr[AT_G][AT_MAX_D], vr[AT_G][AT_MAX_D];
-#pragma unroll
-        for (int g = 0; g < AT_G; g++) {
-            const int32_t j = j0 + g < n_keys ? j0 + g : j0;
-            const int64_t row = moet_kv_row(blocks, shift, j);
-            const float *kp = j == cur ? ks : kp0 + row * kv_stride;
-            const float *vp = j == cur ? vs : vp0 + row * kv_stride;
-#pragma unroll
-            for (int d = 0; d < AT_MAX_D; d++) {
-                int i = lane + 32 * d;
-                const int ok = d < nd && i < head_dim;
-                kr[g][d] = ok ? kp[i] : 0.f;
-                vr[g][d] = ok ? vp[i] : 0.f;
-            }
+        if (pre && j0 == k0 + warp * AT_G) { /* the preloaded group: only key cur is still to be read */
+            at_group_load(kr0, vr0, kp0, vp0, kv_stride, blocks, shift, j0, n_keys, cur, ks, vs, head_dim, 2);
+            cu_osm_step<AT_G, AT_MAX_D>(qv, kr0, vr0, j0, n_keys, scale, m, l, o);
+            continue;
         }
+        float kr[AT_G][AT_MAX_D], vr[AT_G][AT_MAX_D];
+        at_group_load(kr, vr, kp0, vp0, kv_stride, blocks, shift, j0, n_keys, cur, ks, vs, head_dim, 1);
         cu_osm_step<AT_G, AT_MAX_D>(qv, kr, vr, j0, n_keys, scale, m, l, o);
     }
     if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
@@ -95,9 +117,10 @@ k_attention(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_heads,
     const int kvh = h / (n_heads / n_kv);
     const int64_t kv_stride = (int64_t)n_kv * head_dim;
     const float *qr = q + ((int64_t)t * n_heads + h) * head_dim;
+    float nokr[AT_G][AT_MAX_D]; /* (no preloaded group) */
     at_heads(qr, kv.k + (int64_t)kvh * head_dim, kv.v + (int64_t)kvh * head_dim, kv_stride, kv.blocks, kv.shift,
              pos[t] + 1, window > 0 && pos[t] + 1 > window ? pos[t] + 1 - window : 0, sinks ? sinks[h] : -INFINITY, -1,
-             NULL, NULL, head_dim, scale, out + ((int64_t)t * n_heads + h) * head_dim, sm_m, sm_l, sm_o);
+             NULL, NULL, head_dim, scale, out + ((int64_t)t * n_heads + h) * head_dim, sm_m, sm_l, sm_o, 0, nokr, nokr);
 }
 
 extern "C" size_t cu_attn_scratch_bytes(moet_backend *be, int32_t n_ctx) { return 16; }
@@ -130,7 +153,7 @@ __global__ void __launch_bounds__(AT_WARPS * 32)
 k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
               const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps,
               const __grid_constant__ moet_rope rp, const int32_t *pos, moet_kv_ref kv, const moet_kv_ref *rows,
-              float scale, const float *__restrict__ sinks, int32_t window, float *__restrict__ out) {
+              float scale, const float *__restrict__ sinks, int32_t window, float *__restrict__ out, int32_t pre) {
     CU_TRACE(CU_TK_ATTN_DECODE << 8);
     const int rot_dim = rp.dim;
     cu_pdl_trigger();
@@ -141,9 +164,8 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
     const int32_t p = pos[blockIdx.y];
     float co = 0.f, si = 0.f;
     if (role < 2 && i < rot_dim / 2) cu_rope_cs(rp, i, p, &co, &si);
-    cu_pdl_wait();
-    CU_TRACE_WAITED();
-    { /* row blockIdx.y of a batched step (attn_rows): its q/k/v/out rows, its position, its cache from rows */
+    { /* row blockIdx.y of a batched step (attn_rows): its q/k/v/out rows, its position, its cache from rows (a
+       * table the host uploaded before the step) */
         const int64_t r = blockIdx.y, dq = (int64_t)n_heads * head_dim, dk = (int64_t)n_kv * head_dim;
         q += r * dq;
         k += r * dk;
@@ -151,6 +173,21 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         out += r * dq;
         if (rows) kv = rows[r];
     }
+    /* pre: the warp's first group of keys before the wait, all but key p: they are cache rows earlier steps wrote
+     * (complete before this step's first kernel), found through the block table the host uploaded; only the QKV
+     * product (q, k, v and key p) depends on the kernel before this one. At a short context that is every key: the
+     * attention's one memory round trip into the cache leaves the critical path (docs/performance.md, stop 31). */
+    float kr0[AT_G][AT_MAX_D], vr0[AT_G][AT_MAX_D];
+    const int32_t k0 = window > 0 && p + 1 > window ? p + 1 - window : 0;
+    pre = pre && k0 + (int32_t)(threadIdx.x >> 5) * AT_G <= p; /* the warp has keys (no other block-table reads) */
+    if (pre) {
+        const int kvh0 = blockIdx.x / (n_heads / n_kv);
+        at_group_load(kr0, vr0, kv.k + (int64_t)kvh0 * head_dim, kv.v + (int64_t)kvh0 * head_dim,
+                      (int64_t)n_kv * head_dim, kv.blocks, kv.shift, k0 + (int32_t)(threadIdx.x >> 5) * AT_G, p + 1, p,
+                      NULL, NULL, head_dim, 0);
+    }
+    cu_pdl_wait();
+    CU_TRACE_WAITED();
     __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
     __shared__ float sq[AT_MAX_D * 32], sk[AT_MAX_D * 32], sv[AT_MAX_D * 32];
     __shared__ double part[2][AT_WARPS];
@@ -211,9 +248,15 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         }
     }
     __syncthreads();
-    at_heads(sq, kv.k + (int64_t)kvh * head_dim, kv.v + (int64_t)kvh * head_dim, kvd, kv.blocks, kv.shift, p + 1,
-             window > 0 && p + 1 > window ? p + 1 - window : 0, sinks ? sinks[h] : -INFINITY, p, sk, sv, head_dim, scale,
-             out + (int64_t)h * head_dim, sm_m, sm_l, sm_o);
+    at_heads(sq, kv.k + (int64_t)kvh * head_dim, kv.v + (int64_t)kvh * head_dim, kvd, kv.blocks, kv.shift, p + 1, k0,
+             sinks ? sinks[h] : -INFINITY, p, sk, sv, head_dim, scale, out + (int64_t)h * head_dim, sm_m, sm_l, sm_o,
+             pre, kr0, vr0);
+}
+
+/* MOET_ATTN_PRE=0: k_attn_decode reads all its keys after its wait (the A/B of the preloaded first group). */
+static int32_t at_pre(void) {
+    const char *e = getenv("MOET_ATTN_PRE");
+    return !(e && e[0] == '0');
 }
 
 /* The q / k norm weights' device copies (NULL where there is none); 0 after recording an error. */
@@ -243,7 +286,8 @@ extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v
     if (a->sinks && !(sk = (const float *)cu_weight(c, a->sinks, (size_t)a->n_heads * sizeof(float)))) return 0;
     const moet_kv_ref none = {NULL, NULL, NULL, 0, 0};
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads, (unsigned)a->n_tok), dim3(AT_WARPS * 32), 0, q, k, v,
-                  a->n_heads, a->n_kv, hd, qn, kn, eps, *rp, a->pos, none, rows, a->scale, sk, a->window, a->out);
+                  a->n_heads, a->n_kv, hd, qn, kn, eps, *rp, a->pos, none, rows, a->scale, sk, a->window, a->out,
+                  at_pre());
     CU_LAUNCHED(c, "k_attn_decode (rows)");
     return 0;
 }
@@ -263,6 +307,7 @@ extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float 
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return;
     if (a->sinks && !(sk = (const float *)cu_weight(c, a->sinks, (size_t)a->n_heads * sizeof(float)))) return;
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv,
-                  hd, qn, kn, eps, *rp, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, sk, a->window, a->out);
+                  hd, qn, kn, eps, *rp, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, sk, a->window, a->out,
+                  at_pre());
     CU_LAUNCHED(c, "k_attn_decode");
 }

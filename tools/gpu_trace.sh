@@ -15,7 +15,8 @@ for shape in ${SHAPES:-qwen3-30b-a3b qwen3-235b-a22b}; do
   .carry/bin/moet bench --synthetic "$shape" --device cuda -p 0 -n "$n" --reps 2 ${ARGS:-} 2>/dev/null | grep tg | tee "$out/bench-$shape-trace-off.txt"
   MOET_TRACE="$out/trace-$shape.txt" .carry/bin/moet bench --synthetic "$shape" --device cuda -p 0 -n "$n" --reps 2 ${ARGS:-} 2>"$out/trace-$shape.log" |
     grep tg | tee "$out/bench-$shape-trace-on.txt"
-  python3 tools/trace_report.py "$out/trace-$shape.txt" --launches ${LAUNCHES:-16} --json "$out/trace-$shape.json" > "$out/trace-$shape-report.txt"
+  python3 tools/trace_report.py "$out/trace-$shape.txt" --launches ${LAUNCHES:-16} --detail ${DETAIL:-61:67} \
+    --json "$out/trace-$shape.json" > "$out/trace-$shape-report.txt"  # DETAIL: a mid layer of the Qwen3 shapes
   tail -n 16 "$out/trace-$shape-report.txt"
   xz -9 "$out/trace-$shape.txt"
 done

@@ -6,7 +6,10 @@ One record a CTA: kid cta sm t0 tw t1 (ns). Records are grouped into launches in
 kernel changes or a CTA index repeats). For each launch: `lead`, how long before the previous launch's last CTA
 ended its first CTA started (PDL overlap; negative: it started after), `wait`, from the previous launch's end to
 when its last CTA got past its wait for it, and `adv`, how far it moved the end of the step (its end minus the
-previous end): the advances sum to the step. Usage: trace_report.py TRACE [--launches N] [--json OUT]
+previous end): the advances sum to the step. --detail A:B prints launches A..B-1 CTA by CTA in quantiles
+(min / median / 90% / max of each CTA's start, wait release and end, relative to the previous launch's end): where a
+kernel's CTAs really start (beside the previous kernel, or only when it leaves) and when their waits return.
+Usage: trace_report.py TRACE [--launches N] [--detail A:B] [--json OUT]
 """
 import collections
 import json
@@ -39,6 +42,10 @@ def main():
         nshow = int(args[args.index("--launches") + 1])
     if "--json" in args:
         jout = args[args.index("--json") + 1]
+    detail = None
+    if "--detail" in args:
+        a, b = args[args.index("--detail") + 1].split(":")
+        detail = (int(a), int(b))
     recs = []
     for line in open(path):
         if line.startswith("#") or not line.strip():
@@ -52,8 +59,9 @@ def main():
     cur = None
     for t0, kid, cta, sm, tw, t1 in recs:
         if cur is None or kid != cur["kid"] or cta in cur["ctas"]:
-            cur = {"kid": kid, "ctas": set(), "t0": t0, "t0last": t0, "tw": 0, "t1": 0, "sms": set()}
+            cur = {"kid": kid, "ctas": set(), "t0": t0, "t0last": t0, "tw": 0, "t1": 0, "sms": set(), "recs": []}
             launches.append(cur)
+        cur["recs"].append((t0, tw, t1))
         cur["ctas"].add(cta)
         cur["sms"].add(sm)
         cur["t0last"] = t0
@@ -88,6 +96,22 @@ def main():
             print("   ...")
         prev_end = max(prev_end, l["t1"])
     total = (prev_end - base) / 1e3
+    if detail:
+        print(f"\nlaunches {detail[0]}..{detail[1] - 1}, CTA times relative to the previous launch's end (us): "
+              "min / median / 90% / max")
+        pe = base
+        for i, l in enumerate(launches):
+            if detail[0] <= i < detail[1]:
+                def qs(v):
+                    if not v:
+                        return "-"
+                    v = sorted(v)
+                    return " / ".join(f"{v[int(p * (len(v) - 1))]:6.2f}" for p in (0, 0.5, 0.9, 1))
+                st = [(r[0] - pe) / 1e3 for r in l["recs"]]
+                wt = [(r[1] - pe) / 1e3 for r in l["recs"] if r[1]]
+                en = [(r[2] - pe) / 1e3 for r in l["recs"]]
+                print(f"{i:4d} {kname(l['kid'])[:24]:24s} {len(l['recs']):5d}  start {qs(st)}  waited {qs(wt)}  end {qs(en)}")
+            pe = max(pe, l["t1"])
     print(f"\n{'kernel':28s} {'n':>4s} {'ctas':>6s} {'adv us':>8s} {'share':>6s} {'dur us':>7s} {'lead':>6s} {'wait':>6s} {'after wait':>10s}")
     out = {"trace": path, "ctas": len(recs), "launches": len(launches), "step_us": total, "timer_step_ns": gran, "kernels": []}
     for name, a in agg.items():

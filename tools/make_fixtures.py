@@ -20,7 +20,7 @@ Writes into OUTDIR:
   gpt-oss-mini/             a small GptOssForCausalLM (sinks, a sliding layer, YaRN untruncated, biased router and
                             experts, the clamped SwiGLU), the same way; --only-gpt-oss writes just this one
                             (--only-new: both, each on its own even if the other fails)
-  dev_ids.i32               the whole dev text tokenized (little-endian int32), if --dev is given
+  dev_ids.u16               the whole dev text tokenized (little-endian uint16), if --dev is given
   ppl_ref.json              transformers' fp32 perplexity of moe-mini-a on dev windows (ctx 512, 16 chunks)
 """
 import argparse, json, os, shutil, struct, hashlib, sys
@@ -339,8 +339,11 @@ def main():
     if a.dev:
         with open(a.dev, encoding="utf-8") as f:
             dev_ids = tok.encode(f.read()).ids
-        with open(os.path.join(a.out, "dev_ids.i32"), "wb") as f:
-            f.write(struct.pack(f"<{len(dev_ids)}i", *dev_ids))
+        # little-endian uint16 (every id of a vocabulary below 65536; half the bytes of int32: the tree travels to
+        # each device call); the sha256 below stays that of the int32 packing, comparable with earlier runs
+        assert max(dev_ids) < 65536
+        with open(os.path.join(a.out, "dev_ids.u16"), "wb") as f:
+            f.write(struct.pack(f"<{len(dev_ids)}H", *dev_ids))
         print(f"dev ids: {len(dev_ids)} sha256 "
               f"{hashlib.sha256(struct.pack(f'<{len(dev_ids)}i', *dev_ids)).hexdigest()}", flush=True)
         windows = [dev_ids[i * 1000: i * 1000 + 40] for i in range(4)]

@@ -6,9 +6,12 @@
  * (common.cuh), so W is read once per chunk of up to 8 tokens and x never conflicts in shared memory. Rotated W2
  * matrices (stored as W·R) multiply x·R, rotated in shared memory by the CTA before use.
  * BF16/F16 matrices that are not rotated (attention, lm_head, routers: most of a decode step's bytes) take
- * k_mul_mat16 instead: a warp per row reading 16-byte chunks, consecutive lanes on consecutive chunks, so each load
+ * k_mv16 instead: a warp per row reading 16-byte chunks, consecutive lanes on consecutive chunks, so each load
  * instruction of a warp covers 512 contiguous bytes and MV16_UNROLL of them are in flight before the math; x sits
- * unpadded in shared memory and is read as float4 (a lane's 8 elements are contiguous).
+ * unpadded in shared memory and is read as float4 (a lane's 8 elements are contiguous). One chunk of tokens takes
+ * its persistent form k_mv16p (one wave, rows in registers); one token takes k_mv16s (rows in a shared-memory ring
+ * of bulk copies, so it can start beside the decode MoE's down kernel and stream the next q/k/v during it). All
+ * three give bit-identical y.
  * Bytes per call: rows × row_bytes (+ n × cols × 4 of x); FLOPs: 2 × n × rows × cols.
  */
 #include <stdlib.h>

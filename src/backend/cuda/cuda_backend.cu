@@ -32,7 +32,8 @@ extern "C" int cu_fail(cu_backend *c, cudaError_t e, const char *what, const cha
     return 1;
 }
 
-/* cu_launch_pdl's once-a-kernel carveout (cuda_int.h); kernels seen are remembered by address. */
+/* The largest shared split for kernel k, once a kernel (cuda_int.h); kernels seen are remembered by address (one
+ * engine thread launches, as for the other caches here). */
 void cu_carveout_max(cu_backend *c, const void *k) {
     static const void *seen[512];
     static int n_seen, off = -1;

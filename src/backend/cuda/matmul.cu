@@ -348,8 +348,8 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
  * register file), so it can start only when the kernel before it leaves the SM, and at the 30b shape the q/k/v
  * product then ran at ~1.4 TB/s (tools/trace_report.py: 19 us of a ~61 us layer). Here the CTA needs ~64 registers
  * a thread and nsw rows of shared memory a warp: it fits beside a decode down CTA (moe_tc.cu), which lets it
- * launch at its start (`early`), so the first nsw rows of every warp (the whole q/k/v matrix at the 30b shape) are
- * requested while the MoE of the previous layer runs; after the wait only x is staged (and pre-normed) and the rows
+ * launch at its start (`early`), so the first nsw rows of every warp (4 of its 5 q/k/v rows at the 30b shape, with
+ * the default 128 KB ring) are requested while the MoE of the previous layer runs; after the wait only x is staged (and pre-normed) and the rows
  * are multiplied from shared memory, each slot refilled with the warp's next row as soon as it is read.
  * Arithmetic: a lane takes the same 16-byte units in the same order as in k_mv16p, and the warp sum is the same,
  * so y is bit-identical to k_mv16p's (and k_mv16's). Bytes: rows x row_bytes (+ x); FLOPs: 2 x rows x cols. */

@@ -29,6 +29,15 @@ rm -rf .carry/node_modules
 # (libmoet.so of a MOET_SHARED_LIB build travels in the same archive: the scripts' unpacking puts it in .carry/lib)
 so=; [ -f .carry/lib/libmoet.so ] && so=lib/libmoet.so
 tar -C .carry -cf - bin $so | xz -9e > .carry/bin.tar.xz && rm -rf .carry/bin ${so:+.carry/$so}
+# TRACE_BUILD=build-sm90tr: that trace build's moet and libmoet.so too, as .carry/tr.tar.xz (tools/gpu_trace.sh runs
+# it), so that one call can time the release build and draw the timeline
+rm -f .carry/tr.tar.xz
+if [ -n "${TRACE_BUILD:-}" ]; then
+  rm -rf .carry/tr && mkdir -p .carry/tr/bin .carry/tr/lib
+  cp "$TRACE_BUILD/moet" .carry/tr/bin/ && cp -L "$TRACE_BUILD/libmoet.so" .carry/tr/lib/
+  strip --strip-unneeded .carry/tr/bin/* .carry/tr/lib/*
+  tar -C .carry/tr -cf - bin lib | xz -9e > .carry/tr.tar.xz && rm -rf .carry/tr
+fi
 git describe --always --dirty --abbrev=12 > .carry/commit  # what the binaries were built from (bench JSONs)
 du -sh .carry
 # the device call takes the working tree (tracked and untracked-not-ignored files) and .carry up to 64 MiB; calls

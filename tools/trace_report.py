@@ -7,8 +7,9 @@ kernel changes or a CTA index repeats). For each launch: `lead`, how long before
 ended its first CTA started (PDL overlap; negative: it started after), `wait`, from the previous launch's end to
 when its last CTA got past its wait for it, and `adv`, how far it moved the end of the step (its end minus the
 previous end): the advances sum to the step. --detail A:B prints launches A..B-1 CTA by CTA in quantiles
-(min / median / 90% / max of each CTA's start, wait release and end, relative to the previous launch's end): where a
-kernel's CTAs really start (beside the previous kernel, or only when it leaves) and when their waits return.
+(min / median / 90% / max of each CTA's start, wait release and end, relative to the previous launch's end, and of
+its marks where the kernel has them: trace.cuh's CU_TRACE_MARK): where a kernel's CTAs really start (beside the
+previous kernel, or only when it leaves), when their waits return and where their time after the wait goes.
 Usage: trace_report.py TRACE [--launches N] [--detail A:B] [--json OUT]
 """
 import collections
@@ -50,18 +51,20 @@ def main():
     for line in open(path):
         if line.startswith("#") or not line.strip():
             continue
-        kid, cta, sm, t0, tw, t1 = (int(v) for v in line.split())
-        recs.append((t0, kid, cta, sm, tw, t1))
+        v = [int(f) for f in line.split()]
+        kid, cta, sm, t0, tw, t1 = v[:6]
+        m0, m1 = (v[6], v[7]) if len(v) >= 8 else (0, 0)  # CU_TRACE_MARK(0 / 1); older traces have none
+        recs.append((t0, kid, cta, sm, tw, t1, m0, m1))
     if not recs:
         sys.exit("trace_report: no records")
     recs.sort()
     launches = []
     cur = None
-    for t0, kid, cta, sm, tw, t1 in recs:
+    for t0, kid, cta, sm, tw, t1, m0, m1 in recs:
         if cur is None or kid != cur["kid"] or cta in cur["ctas"]:
             cur = {"kid": kid, "ctas": set(), "t0": t0, "t0last": t0, "tw": 0, "t1": 0, "sms": set(), "recs": []}
             launches.append(cur)
-        cur["recs"].append((t0, tw, t1))
+        cur["recs"].append((t0, tw, t1, m0, m1))
         cur["ctas"].add(cta)
         cur["sms"].add(sm)
         cur["t0last"] = t0
@@ -111,6 +114,10 @@ def main():
                 wt = [(r[1] - pe) / 1e3 for r in l["recs"] if r[1]]
                 en = [(r[2] - pe) / 1e3 for r in l["recs"]]
                 print(f"{i:4d} {kname(l['kid'])[:24]:24s} {len(l['recs']):5d}  start {qs(st)}  waited {qs(wt)}  end {qs(en)}")
+                for j in (0, 1):  # the kernel's marks (trace.cuh CU_TRACE_MARK), where it has them
+                    mk = [(r[3 + j] - pe) / 1e3 for r in l["recs"] if r[3 + j]]
+                    if mk:
+                        print(f"{'':30s}  mark{j} {qs(mk)}")
             pe = max(pe, l["t1"])
     print(f"\n{'kernel':28s} {'n':>4s} {'ctas':>6s} {'adv us':>8s} {'share':>6s} {'dur us':>7s} {'lead':>6s} {'wait':>6s} {'after wait':>10s}")
     out = {"trace": path, "ctas": len(recs), "launches": len(launches), "step_us": total, "timer_step_ns": gran, "kernels": []}

@@ -227,6 +227,27 @@ __device__ __forceinline__ float tc_i8_fetch_staged(const uint8_t *stg, int job,
     return __ldcg((const float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)) + job);
 }
 
+/* tc_i8_fetch_staged's copy by cp.async (no registers held: the loads stay in flight across the routing); the caller
+ * waits (cp.async.wait_all) and __syncwarp()s before reading W. Returns 2^e, loaded now. */
+template <int M>
+__device__ __forceinline__ float tc_i8_fetch_staged_async(const uint8_t *stg, int job, int njobs, uint32_t *W) {
+    const uint4 *src = (const uint4 *)(stg + (size_t)job * TC_I8_STAGE_BYTES(M));
+    for (int i = threadIdx.x & 31; i < (int)(TC_I8_STAGE_BYTES(M) / 16); i += 32)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(cu_smem_u32((uint4 *)W + i)), "l"(src + i) : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    return __ldcg((const float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)) + job);
+}
+__device__ __forceinline__ void tc_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+/* The expert table (bytes of it) into this SM's L1 before the kernel's wait: a decode expert kernel learns its
+ * expert only after routing, and then the cu_mat it reads is one more dependent round trip to L2 (~0.5-1 us under
+ * load) before its weight loads can go out; from L1 it is tens of cycles. The table is a few KB (32 bytes an
+ * expert matrix) and static, so this is legal before cu_pdl_wait. */
+__device__ __forceinline__ void tc_prefetch_l1(const void *p, size_t bytes) {
+    for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)p + o));
+}
+
 /* The lane's B registers and C start of block bi of a staged chunk (shared memory). */
 __device__ __forceinline__ void tc_i8_bfrag(const uint32_t *W, const int32_t *Xs, int bi, uint32_t b[2][2], int32_t ci[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -372,13 +393,25 @@ __device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_
         const float v = p[e];
         int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
         int j = 0;
-        for (; j + 4 <= E; j += 4) {
-            const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
-            r0 += (o0 > v) | ((o0 == v) & (j < e));
-            r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));
-            r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));
-            r3 += (o3 > v) | ((o3 == v) & (j + 3 < e));
+        /* 16-byte broadcast loads where p is aligned (E % 4 == 0 and the callers' p: 16-byte aligned): a quarter of
+         * the shared-memory instructions of this loop, the same comparisons */
+#define TC_RANK4(o0, o1, o2, o3)                                                                                  \
+    r0 += (o0 > v) | ((o0 == v) & (j < e));                                                                       \
+    r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));                                                                   \
+    r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));                                                                   \
+    r3 += (o3 > v) | ((o3 == v) & (j + 3 < e))
+        if (!(E & 3) && !((uintptr_t)p & 15)) {
+            for (; j + 4 <= E; j += 4) {
+                const float4 o = *(const float4 *)(p + j);
+                TC_RANK4(o.x, o.y, o.z, o.w);
+            }
+        } else {
+            for (; j + 4 <= E; j += 4) {
+                const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
+                TC_RANK4(o0, o1, o2, o3);
+            }
         }
+#undef TC_RANK4
         for (; j < E; j++) r0 += (p[j] > v) | ((p[j] == v) & (j < e));
         const int rank = r0 + r1 + r2 + r3;
         if (rank < K) { ik[rank] = e; pk[rank] = v; }

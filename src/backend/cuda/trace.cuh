@@ -7,7 +7,7 @@
  * much of it the launch overlap hides. Nsight Compute times kernels one at a time (serialised, no overlap) and Nsight
  * Systems does not run on the device machine here (KINDS.md), so the kernels time themselves: every CTA of an
  * instrumented kernel writes one record, its %globaltimer at entry (t0), after its wait for the previous grid (tw)
- * and when its last warp leaves (t1). tools/trace_report.py groups the records into launches and prints, for each
+ * and when its last warp leaves (t1), and optionally at two marks inside (CU_TRACE_MARK). tools/trace_report.py groups the records into launches and prints, for each
  * kernel of the step, when its first CTA started and its last one ended relative to the previous kernel's end:
  * the step's critical path, kernel by kernel.
  *
@@ -39,6 +39,7 @@ enum {
 typedef struct {
     uint32_t kid, cta, sm, pad;
     unsigned long long t0, tw, t1; /* %globaltimer, ns */
+    unsigned long long m[2];       /* CU_TRACE_MARK(0 / 1): when the CTA's last warp got there (0: no mark) */
 } cu_trace_rec;
 typedef struct {
     cu_trace_rec *rec;
@@ -77,6 +78,7 @@ struct cu_trace_scope {
                 r->t0 = t;
                 r->tw = 0;
                 r->t1 = 0;
+                r->m[0] = r->m[1] = 0;
             }
         }
         __syncthreads();
@@ -86,6 +88,13 @@ struct cu_trace_scope {
         const unsigned s = cu_tr_slot;
         if (s < c_trace.cap) atomicMax(&c_trace.rec[s].tw, cu_now());
     }
+    /* a point inside the kernel (every warp that passes it records; the latest counts): where a CTA's time after
+     * its wait goes, e.g. routing done, weights arrived */
+    __device__ void mark(int i) {
+        if (!c_trace.rec || (threadIdx.x & 31)) return;
+        const unsigned s = cu_tr_slot;
+        if (s < c_trace.cap) atomicMax(&c_trace.rec[s].m[i], cu_now());
+    }
     __device__ ~cu_trace_scope() {
         if (!c_trace.rec || (threadIdx.x & 31)) return;
         const unsigned s = cu_tr_slot;
@@ -94,12 +103,14 @@ struct cu_trace_scope {
 };
 #define CU_TRACE(kid) cu_trace_scope cu_trs_(kid)
 #define CU_TRACE_WAITED() cu_trs_.waited()
+#define CU_TRACE_MARK(i) cu_trs_.mark(i)
 
 static void cu_trace_bind_tu(const cu_trace_buf *b) { cudaMemcpyToSymbol(c_trace, b, sizeof *b); }
 static const int cu_trace_registered_ __attribute__((unused)) = cu_trace_register(cu_trace_bind_tu);
 #else
 #define CU_TRACE(kid) ((void)0)
 #define CU_TRACE_WAITED() ((void)0)
+#define CU_TRACE_MARK(i) ((void)0)
 #endif
 
 #endif

@@ -3,7 +3,7 @@
 # of ENVS (';'-separated, each a space-separated list of VAR=VALUE; an empty entry is the default), ROUNDS rounds
 # alternating so that drift falls on every setting alike. One line a run to $OUT/ab.txt:
 #   shape <tab> setting <tab> round <tab> the bench's tg line
-# e.g. ENVS="MOET_MOE_OVL=0;" SHAPES="qwen3-30b-a3b qwen3-235b-a22b" ROUNDS=2 TG=64 bash tools/gpu_ab.sh
+# e.g. ENVS="MOET_MOE_OVL=0;default" SHAPES="qwen3-30b-a3b qwen3-235b-a22b" ROUNDS=2 TG=64 bash tools/gpu_ab.sh
 # (ARGS adds bench options; PP>0 times a prompt too; each run's JSON beside ab.txt.) Binaries: .carry (gpu_carry.sh).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -11,10 +11,11 @@ out=${OUT:-gpu-out}; mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)
 IFS=';' read -r -a sets <<< "${ENVS:-}"
-[ ${#sets[@]} -eq 0 ] && sets=("")
+[ ${#sets[@]} -eq 0 ] && sets=("")  # the word `default` is the empty setting too (bash drops a trailing empty one)
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for shape in ${SHAPES:-qwen3-30b-a3b}; do
     for s in "${sets[@]}"; do
+      [ "$s" = default ] && s=
       tag=$(echo "${s:-default}" | sed 's/MOET_//g; s/ /,/g')
       line=$(env $s .carry/bin/moet bench --synthetic "$shape" --device cuda -p "${PP:-0}" -n "${TG:-64}" ${ARGS:-} \
              --json "$out/bench-$shape-$tag-r$r.json" 2>/dev/null |

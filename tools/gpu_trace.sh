@@ -21,11 +21,12 @@ fi
 [ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
 IFS=';' read -r -a sets <<< "${ENVS:-}"
-[ ${#sets[@]} -eq 0 ] && sets=("")
+[ ${#sets[@]} -eq 0 ] && sets=("")  # the word `default` is the empty setting too (bash drops a trailing empty one)
 for shape in ${SHAPES:-qwen3-30b-a3b qwen3-235b-a22b}; do
   n=${TG:-32}
   $bin bench --synthetic "$shape" --device cuda -p 0 -n "$n" --reps 2 ${ARGS:-} 2>/dev/null | grep tg | tee "$out/bench-$shape-trace-off.txt"
   for s in "${sets[@]}"; do
+    [ "$s" = default ] && s=
     tag=$shape; [ -n "$s" ] && tag=$shape-$(echo "$s" | sed 's/MOET_//g; s/ /,/g')
     env $s MOET_TRACE="$out/trace-$tag.txt" $bin bench --synthetic "$shape" --device cuda -p 0 -n "$n" --reps 2 ${ARGS:-} \
       2>"$out/trace-$tag.log" | grep tg | tee "$out/bench-$tag-trace-on.txt"

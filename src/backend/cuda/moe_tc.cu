@@ -38,6 +38,7 @@
  * Bytes (decode, per token): k x 3 x ffn x hidden x 9/32 + the router; FLOPs 2 x k x 3 x ffn x hidden.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/cuda/moe_tc.cuh"
 
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(DL))
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
              const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w,
-             cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre, cu_tc_dpre dp, int32_t ovl) {
+             cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre, cu_tc_dpre dp, int32_t ovl, int64_t dnb, int32_t dnl) {
     CU_TRACE(CU_TK_GATE_UP << 8 | M << 2 | DL << 1 | I8);
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -194,13 +195,13 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     int32_t *X8 = (int32_t *)(W8 + M * 64);
     tc_lut_fill(lut);
     if (DL) tc_e4m3_fill(nvl);
-    if (ovl) tc_prefetch_l1(table, (size_t)E * 3 * sizeof(cu_mat)); /* the cu_mat read after routing: from L1 */
+    if (ovl & TC_OVL_L1) tc_prefetch_l1(table, (size_t)E * 3 * sizeof(cu_mat)); /* the cu_mat read after routing */
     cu_pdl_wait();
     CU_TRACE_WAITED();
     /* ovl: the warp's first staged x chunk does not depend on the routing: its copy goes out now, by cp.async, and
      * arrives while the CTA routes (one L2 round trip off the chain: logits -> route -> weights) */
     float p2a = 0.f;
-    if constexpr (I8) if (pre && ovl && warp < nch) p2a = tc_i8_fetch_staged_async<M>(pre, tok * nch + warp, npre, W8);
+    if constexpr (I8) if (pre && (ovl & TC_OVL_XA) && warp < nch) p2a = tc_i8_fetch_staged_async<M>(pre, tok * nch + warp, npre, W8);
     __syncthreads();
     int32_t e;
     if (rlogits) { /* route the token here (tc_route_warps, as the router would): its logits after X */
@@ -229,6 +230,9 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     float ag[1][2] = {{0.f, 0.f}}, au[1][2] = {{0.f, 0.f}};
     const float one[1] = {1.0f};
     float tg[4] = {0.f, 0.f, 0.f, 0.f}, tu[4] = {0.f, 0.f, 0.f, 0.f}; /* I8: the running sums */
+    /* TC_OVL_DN: this CTA's share of the slot's down matrix into L2 (here, not beside the chunk loop's own loads,
+     * where the register cap of 3 CTAs an SM spilled) */
+    if (!DL && dnb) tc_prefetch_l2_part(table[e * 3 + 2].w, dnb, ti, dnl);
     for (int c = warp; c < nch; c += nw) {
         uint32_t wg[8], wu[8], sg, su;
         tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
@@ -236,7 +240,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         if constexpr (I8) { /* the integer form (quant/tile.h); never with the delta */
             float p2;
             if (pre) { /* staged once by the router's extra CTAs (tc_prestage): chunk c of token tok, npre slots */
-                if (ovl && c == warp) { /* its copy went out before the routing */
+                if ((ovl & TC_OVL_XA) && c == warp) { /* its copy went out before the routing */
                     tc_async_wait_all();
                     p2 = p2a;
                 } else {
@@ -348,7 +352,7 @@ __global__ void __launch_bounds__(DL ? TC_DN_W / 2 * 32 : TC_DN_W * 32)
 k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
           int accum, const cu_mat *__restrict__ dtable, const float *db, const uint8_t *pre, int32_t npre,
-          int32_t early, int32_t pf) {
+          int32_t early, int32_t ovl, int32_t pf) {
     CU_TRACE(CU_TK_DOWN << 8 | M << 2 | DL << 1 | I8);
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -366,14 +370,15 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     /* early: the next kernel's CTAs may launch now, beside these (the streaming GEMV of the next layer's q/k/v,
      * matmul.cu's k_mv16s, which fits beside a down CTA and requests its rows into shared memory at once) */
     if (early) cu_pdl_trigger();
-    if (pf) tc_prefetch_l1(table, (size_t)pf); /* pf: the table's bytes (ovl; 0: off) */
+    if (ovl & TC_OVL_L1) tc_prefetch_l1(table, (size_t)pf); /* pf: the table's bytes */
     cu_pdl_wait();
     CU_TRACE_WAITED();
-    /* pf (ovl): the token's K picks in one load a lane (lane k: pick k), handed round by shuffle, instead of a
+    /* TC_OVL_PK: the token's K picks in one load a lane (lane k: pick k), handed round by shuffle, instead of a
      * dependent pair of loads in each item */
     int32_t pid = 0;
     float pwt = 0.f;
-    if (pf && lane < K) {
+    const int pk1 = ovl & TC_OVL_PK;
+    if (pk1 && lane < K) {
         pid = __ldcg(topk_ids + tok * K + lane);
         pwt = __ldcg(topk_w + tok * K + lane);
     }
@@ -384,8 +389,8 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     float tot[4] = {0.f, 0.f, 0.f, 0.f}; /* I8: the running sums */
     for (int it = warp; it < n_items; it += nw) {
         const int k = it / nch, c = it - k * nch;
-        const int32_t e = pf ? __shfl_sync(0xffffffffu, pid, k) : __ldcg(topk_ids + tok * K + k);
-        const float wk = pf ? __shfl_sync(0xffffffffu, pwt, k) : __ldcg(topk_w + tok * K + k);
+        const int32_t e = pk1 ? __shfl_sync(0xffffffffu, pid, k) : __ldcg(topk_ids + tok * K + k);
+        const float wk = pk1 ? __shfl_sync(0xffffffffu, pwt, k) : __ldcg(topk_w + tok * K + k);
         const cu_mat dm = table[e * 3 + 2];
         if (it == warp) CU_TRACE_MARK(0); /* the first pick known */
         uint32_t wd[8], sd;
@@ -879,11 +884,13 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
         cu_moe_route_topk(c, a, logits, T);
         if (c->err[0]) return;
     }
-    /* The latency chain of the expert kernels (ovl): the table into L1 before their waits, gate/up's first staged x
-     * chunk copied during its routing, down's picks in one load. Bit-identical (the same values from the same
-     * places); MOET_MOE_OVL=0 for the A/B. */
+    /* The latency chain of the expert kernels (ovl, TC_OVL_* bits in moe_tc.cuh): all bit-identical (the same
+     * values from the same places); MOET_MOE_OVL=<mask> for the A/B. */
     const char *ov = getenv("MOET_MOE_OVL");
-    const int32_t ovl = !(ov && ov[0] == '0'), pf = ovl ? (int32_t)((size_t)E * 3 * sizeof(cu_mat)) : 0;
+    const int32_t ovl = ov ? (int32_t)strtol(ov, NULL, 0) : TC_OVL_DEFAULT, pf = (int32_t)((size_t)E * 3 * sizeof(cu_mat));
+    /* TC_OVL_DN: a down matrix's bytes, and its 128-byte lines a gate/up CTA (F / 16 of them a slot) prefetches */
+    const int64_t dnb = ovl & TC_OVL_DN ? (int64_t)(moet_type_row_bytes(tab->type, F) * (size_t)H) : 0;
+    const int32_t dnl = (int32_t)((dnb + 127) / 128 / (F / 16) + 1);
     const int nwg = tc_warps(H / bh, TC_GU_W), nwd = tc_warps(K * (F / bf), dtab ? TC_DN_W / 2 : TC_DN_W);
     const dim3 ggu((unsigned)(F / 16), (unsigned)(T * K)), gdn((unsigned)(H / 16), (unsigned)T);
     const cu_mat *dt = dtab ? dtab->table : NULL;
@@ -892,15 +899,15 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (tc_i8_on(bh, dtab != NULL))
         TC_DISPATCH_PDL_I8(bh, k_tc_gate_up, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, stg, npre, dpre, ovl)
+                           a->norm_topk, a->topk_w, rs, oxv, stg, npre, dpre, ovl, dnb, dnl)
     else if (dtab)
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp, ovl)
+                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp, ovl, (int64_t)0, 0)
     else
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 0, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp, ovl)
+                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp, ovl, (int64_t)0, 0)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     const int32_t dne = cu_mv_early_next(); /* down lets the next kernel launch at its start (matmul.cu) */
     if (dne && cu_mv_carve_down()) { /* ... which needs the largest shared split to fit beside it (cuda_int.h) */
@@ -911,13 +918,13 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (tc_i8_on(bf, dtab != NULL))
         TC_DISPATCH_PDL_I8(bf, k_tc_down, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0, 1), act, H, F, K, tab->table,
                            tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)dpre.stg,
-                           npd, dne, pf)
+                           npd, dne, ovl, pf)
     else if (dtab)
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne, pf)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne, ovl, pf)
     else
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 0, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne, pf)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne, ovl, pf)
     CU_LAUNCHED(c, "k_tc_down");
 }
 

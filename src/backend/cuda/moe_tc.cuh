@@ -248,6 +248,27 @@ __device__ __forceinline__ void tc_prefetch_l1(const void *p, size_t bytes) {
         asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)p + o));
 }
 
+/* Lines [part n, part n + n) of 128 bytes at p, those below `bytes`, into L2 (the CTA's threads, a line each): a
+ * hint with no result, so legal before or after any wait. */
+__device__ __forceinline__ void tc_prefetch_l2_part(const uint8_t *p, int64_t bytes, int64_t part, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int64_t o = (part * n + i) * 128;
+        if (o < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+    }
+}
+
+/* The expert kernels' latency chain (k_tc_gate_up / k_tc_down's `ovl` bits; MOET_MOE_OVL=<mask>):
+ *   L1  the expert table into L1 before the wait (the cu_mat read after routing hits L1, not L2)
+ *   XA  gate/up's first staged x chunk by cp.async before its routing
+ *   PK  down's K picks in one load a lane, not a dependent pair of loads an item
+ *   DN  gate/up, once routed, prefetches its share of the slot's down matrix into L2: down's weights depend on the
+ *       routing only, so they stream from DRAM while gate/up computes, and down reads them from L2 */
+#define TC_OVL_L1 1
+#define TC_OVL_XA 2
+#define TC_OVL_PK 4
+#define TC_OVL_DN 8
+#define TC_OVL_DEFAULT (TC_OVL_L1 | TC_OVL_PK | TC_OVL_DN)
+
 /* The lane's B registers and C start of block bi of a staged chunk (shared memory). */
 __device__ __forceinline__ void tc_i8_bfrag(const uint32_t *W, const int32_t *Xs, int bi, uint32_t b[2][2], int32_t ci[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -362,10 +383,10 @@ __device__ __forceinline__ void tc_nv_mac(uint2 wd, const uint32_t bf[2][NG][2],
 
 /* ---- decode: router + top-k ---------------------------------------------------------------------------------- */
 
-/* Routes one token from its E router logits l (shared) with the first nr = min(warps, ceil(E / 32)) warps of the
+/* Routes one token from its E router logits l (shared) with the first nr = min(warps, ceil(2 E / 32)) warps of the
  * CTA, which synchronise among themselves on named barrier 1 only: every route warp takes the max and the sum of
  * p = exp(l - max) over all E itself (the same butterfly in each, so the same sum), writes its own p, then the
- * rank of e = how many p beat it (ties: the lower id first, the CPU's order); rank < K is pick number rank (a warp
+ * rank of e (two lanes an expert, below) = how many p beat it (ties: the lower id first, the CPU's order); rank < K is pick number rank (a warp
  * picking K maxima one after another is a chain of K x 10 shuffles). Warp 0 then renormalises the K weights in
  * pick order (norm_topk) and writes ids / weights. The CTA-wide form (every thread, three __syncthreads and a walk
  * over the warps' partials) held a third of the router's stall samples, yet this one measured the same 14.3-14.7
@@ -376,10 +397,38 @@ __device__ __forceinline__ void tc_route_bar(int nthreads) {
     asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
 }
 
+/* How many of p[j0 .. j1) beat v = p[e] (greater, or equal at a lower index: the CPU's order). 16-byte broadcast
+ * loads where the range and p allow (a quarter of the shared-memory instructions; the same comparisons). */
+__device__ __forceinline__ int tc_rank_range(const float *p, float v, int e, int j0, int j1) {
+    int r0 = 0, r1 = 0, r2 = 0, r3 = 0, j = j0;
+#define TC_RANK4(o0, o1, o2, o3)                                                                                  \
+    r0 += (o0 > v) | ((o0 == v) & (j < e));                                                                       \
+    r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));                                                                   \
+    r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));                                                                   \
+    r3 += (o3 > v) | ((o3 == v) & (j + 3 < e))
+    if (!(j0 & 3) && !((uintptr_t)p & 15)) {
+        for (; j + 4 <= j1; j += 4) {
+            const float4 o = *(const float4 *)(p + j);
+            TC_RANK4(o.x, o.y, o.z, o.w);
+        }
+    } else {
+        for (; j + 4 <= j1; j += 4) {
+            const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
+            TC_RANK4(o0, o1, o2, o3);
+        }
+    }
+#undef TC_RANK4
+    for (; j < j1; j++) r0 += (p[j] > v) | ((p[j] == v) & (j < e));
+    return r0 + r1 + r2 + r3;
+}
+
+/* nr route warps rank the E experts two lanes an expert (lane pairs: each counts over half of p, the two counts
+ * added by one shuffle), so the rank loop, the longest step of a gate/up CTA's routing at the 30b shape (~3 us of
+ * routing after the wait, trace marks, stop 32), is half as long where the CTA has the warps. */
 __device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_t K, int32_t norm_topk, float *p,
                                                int32_t *ik, float *pk, int32_t *ids, float *wts) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    const int nr = (E + 31) / 32 < nw ? (E + 31) / 32 : nw, nth = 32 * nr;
+    const int nr = (2 * E + 31) / 32 < nw ? (2 * E + 31) / 32 : nw, nth = 32 * nr;
     if (warp >= nr) return;
     float mx = -INFINITY;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
@@ -389,32 +438,12 @@ __device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_
     const float tot = cu_warp_sum(sum);
     for (int e = threadIdx.x; e < E; e += nth) p[e] = expf(l[e] - mx);
     tc_route_bar(nth);
-    for (int e = threadIdx.x; e < E; e += nth) {
-        const float v = p[e];
-        int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
-        int j = 0;
-        /* 16-byte broadcast loads where p is aligned (E % 4 == 0 and the callers' p: 16-byte aligned): a quarter of
-         * the shared-memory instructions of this loop, the same comparisons */
-#define TC_RANK4(o0, o1, o2, o3)                                                                                  \
-    r0 += (o0 > v) | ((o0 == v) & (j < e));                                                                       \
-    r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));                                                                   \
-    r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));                                                                   \
-    r3 += (o3 > v) | ((o3 == v) & (j + 3 < e))
-        if (!(E & 3) && !((uintptr_t)p & 15)) {
-            for (; j + 4 <= E; j += 4) {
-                const float4 o = *(const float4 *)(p + j);
-                TC_RANK4(o.x, o.y, o.z, o.w);
-            }
-        } else {
-            for (; j + 4 <= E; j += 4) {
-                const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
-                TC_RANK4(o0, o1, o2, o3);
-            }
-        }
-#undef TC_RANK4
-        for (; j < E; j++) r0 += (p[j] > v) | ((p[j] == v) & (j < e));
-        const int rank = r0 + r1 + r2 + r3;
-        if (rank < K) { ik[rank] = e; pk[rank] = v; }
+    const int h2 = E >> 1;
+    for (int base = warp * 32; base < 2 * E; base += nth) { /* warp-uniform trips: the shuffle below */
+        const int e2 = base + lane, e = e2 >> 1, half = e2 & 1, ok = e2 < 2 * E;
+        int rank = ok ? tc_rank_range(p, p[e], e, half ? h2 : 0, half ? E : h2) : 0;
+        rank += __shfl_xor_sync(0xffffffffu, rank, 1);
+        if (ok && !half && rank < K) { ik[rank] = e; pk[rank] = p[e]; }
     }
     tc_route_bar(nth);
     if (warp == 0) { /* K <= MOE_MAX_K <= 32: a lane a pick */

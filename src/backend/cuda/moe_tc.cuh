@@ -227,27 +227,6 @@ __device__ __forceinline__ float tc_i8_fetch_staged(const uint8_t *stg, int job,
     return __ldcg((const float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)) + job);
 }
 
-/* tc_i8_fetch_staged's copy by cp.async (no registers held: the loads stay in flight across the routing); the caller
- * waits (cp.async.wait_all) and __syncwarp()s before reading W. Returns 2^e, loaded now. */
-template <int M>
-__device__ __forceinline__ float tc_i8_fetch_staged_async(const uint8_t *stg, int job, int njobs, uint32_t *W) {
-    const uint4 *src = (const uint4 *)(stg + (size_t)job * TC_I8_STAGE_BYTES(M));
-    for (int i = threadIdx.x & 31; i < (int)(TC_I8_STAGE_BYTES(M) / 16); i += 32)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(cu_smem_u32((uint4 *)W + i)), "l"(src + i) : "memory");
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    return __ldcg((const float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)) + job);
-}
-__device__ __forceinline__ void tc_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-/* The expert table (bytes of it) into this SM's L1 before the kernel's wait: a decode expert kernel learns its
- * expert only after routing, and then the cu_mat it reads is one more dependent round trip to L2 (~0.5-1 us under
- * load) before its weight loads can go out; from L1 it is tens of cycles. The table is a few KB (32 bytes an
- * expert matrix) and static, so this is legal before cu_pdl_wait. */
-__device__ __forceinline__ void tc_prefetch_l1(const void *p, size_t bytes) {
-    for (size_t o = (size_t)threadIdx.x * 128; o < bytes; o += (size_t)blockDim.x * 128)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)p + o));
-}
-
 /* Lines [part n, part n + n) of 128 bytes at p, those below `bytes`, into L2 (the CTA's threads, a line each): a
  * hint with no result, so legal before or after any wait. */
 __device__ __forceinline__ void tc_prefetch_l2_part(const uint8_t *p, int64_t bytes, int64_t part, int n) {
@@ -257,17 +236,23 @@ __device__ __forceinline__ void tc_prefetch_l2_part(const uint8_t *p, int64_t by
     }
 }
 
-/* The expert kernels' latency chain (k_tc_gate_up / k_tc_down's `ovl` bits; MOET_MOE_OVL=<mask>):
- *   L1  the expert table into L1 before the wait (the cu_mat read after routing hits L1, not L2)
- *   XA  gate/up's first staged x chunk by cp.async before its routing
- *   PK  down's K picks in one load a lane, not a dependent pair of loads an item
- *   DN  gate/up, once routed, prefetches its share of the slot's down matrix into L2: down's weights depend on the
- *       routing only, so they stream from DRAM while gate/up computes, and down reads them from L2 */
-#define TC_OVL_L1 1
-#define TC_OVL_XA 2
+/* The expert kernels' latency chain (k_tc_gate_up / k_tc_down's `ovl` bits; MOET_MOE_OVL=<mask> for A/Bs; all
+ * bit-identical: the same values from other places):
+ *   PK   down: warp 0 reads the token's picks and their table entries once for the CTA (shared memory), not every
+ *        warp a dependent pair of loads and a table entry an item
+ *   DN   gate/up, once routed, prefetches its share of the slot's down matrix into L2 (opt-in: measured slower)
+ *   GT   gate/up: two threads read the expert's table entries for the CTA, not every warp both
+ *   REP  TC_REP copies of the logits, the staged x and the picks (cu_tc_rep, moe_tc.cu): what hundreds of CTAs
+ *        read at once is spread over TC_REP lines instead of queueing at one L2 slice
+ * Measured at stop 32 (an H100) and dropped: the table into L1 before the wait (prefetch.global.L1 by every CTA) and
+ * gate/up's first staged x chunk by cp.async before its routing, both slower (the MoE op 21.6 -> 22.3 and -> 24.1 us:
+ * more reads of the same few lines at the worst moment). */
 #define TC_OVL_PK 4
 #define TC_OVL_DN 8
-#define TC_OVL_DEFAULT (TC_OVL_L1 | TC_OVL_PK | TC_OVL_DN)
+#define TC_OVL_GT 16
+#define TC_OVL_REP 32
+#define TC_OVL_DEFAULT (TC_OVL_PK | TC_OVL_GT | TC_OVL_REP)
+#define TC_REP 8
 
 /* The lane's B registers and C start of block bi of a staged chunk (shared memory). */
 __device__ __forceinline__ void tc_i8_bfrag(const uint32_t *W, const int32_t *Xs, int bi, uint32_t b[2][2], int32_t ci[4]) {

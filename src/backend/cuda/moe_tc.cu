@@ -251,7 +251,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         const float *lsrc = rr ? rp.lg + (size_t)(rr - 1) * (gridDim.y / K) * E : rlogits; /* copy rr (TC_OVL_REP) */
         for (int i = threadIdx.x; i < E; i += blockDim.x) lg[i] = __ldcg(lsrc + (int64_t)tok * E + i);
         __syncthreads();
-        if (!rs.on) tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts);
+        if (!rs.on) tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts, (ovl >> TC_OVL_RT_SHIFT) & 3);
         else tc_route_sig_warps(lg, rs.bias, E, K, rs.G, rs.TG, norm_topk, rs.scale, p, rik, rids, rwts);
         __syncthreads();
         e = rids[slot - tok * K];

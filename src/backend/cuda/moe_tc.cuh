@@ -253,6 +253,9 @@ __device__ __forceinline__ void tc_prefetch_l2_part(const uint8_t *p, int64_t by
 #define TC_OVL_REP 32
 #define TC_OVL_DEFAULT (TC_OVL_PK | TC_OVL_GT | TC_OVL_REP)
 #define TC_REP 8
+#define TC_OVL_RT_SHIFT 6 /* bits 6-7 of ovl: gate/up's tc_route_warps mode (TC_RT_TWO | TC_RT_V4) */
+#define TC_RT_TWO 1
+#define TC_RT_V4 2
 
 /* The lane's B registers and C start of block bi of a staged chunk (shared memory). */
 __device__ __forceinline__ void tc_i8_bfrag(const uint32_t *W, const int32_t *Xs, int bi, uint32_t b[2][2], int32_t ci[4]) {
@@ -384,14 +387,14 @@ __device__ __forceinline__ void tc_route_bar(int nthreads) {
 
 /* How many of p[j0 .. j1) beat v = p[e] (greater, or equal at a lower index: the CPU's order). 16-byte broadcast
  * loads where the range and p allow (a quarter of the shared-memory instructions; the same comparisons). */
-__device__ __forceinline__ int tc_rank_range(const float *p, float v, int e, int j0, int j1) {
+__device__ __forceinline__ int tc_rank_range(const float *p, float v, int e, int j0, int j1, int v4) {
     int r0 = 0, r1 = 0, r2 = 0, r3 = 0, j = j0;
 #define TC_RANK4(o0, o1, o2, o3)                                                                                  \
     r0 += (o0 > v) | ((o0 == v) & (j < e));                                                                       \
     r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));                                                                   \
     r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));                                                                   \
     r3 += (o3 > v) | ((o3 == v) & (j + 3 < e))
-    if (!(j0 & 3) && !((uintptr_t)p & 15)) {
+    if (v4 && !(j0 & 3) && !((uintptr_t)p & 15)) {
         for (; j + 4 <= j1; j += 4) {
             const float4 o = *(const float4 *)(p + j);
             TC_RANK4(o.x, o.y, o.z, o.w);
@@ -407,13 +410,14 @@ __device__ __forceinline__ int tc_rank_range(const float *p, float v, int e, int
     return r0 + r1 + r2 + r3;
 }
 
-/* nr route warps rank the E experts two lanes an expert (lane pairs: each counts over half of p, the two counts
+/* mode (TC_RT_*): TC_RT_TWO: nr route warps rank the E experts two lanes an expert (lane pairs: each counts over half of p, the two counts
  * added by one shuffle), so the rank loop, the longest step of a gate/up CTA's routing at the 30b shape (~3 us of
- * routing after the wait, trace marks, stop 32), is half as long where the CTA has the warps. */
+ * routing after the wait, trace marks, stop 32), is half as long where the CTA has the warps; TC_RT_V4:
+ * tc_rank_range's 16-byte loads. Either way the same ranks. */
 __device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_t K, int32_t norm_topk, float *p,
-                                               int32_t *ik, float *pk, int32_t *ids, float *wts) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    const int nr = (2 * E + 31) / 32 < nw ? (2 * E + 31) / 32 : nw, nth = 32 * nr;
+                                               int32_t *ik, float *pk, int32_t *ids, float *wts, int mode = 0) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, two = mode & TC_RT_TWO;
+    const int nr = ((two ? 2 : 1) * E + 31) / 32 < nw ? ((two ? 2 : 1) * E + 31) / 32 : nw, nth = 32 * nr;
     if (warp >= nr) return;
     float mx = -INFINITY;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
@@ -423,12 +427,20 @@ __device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_
     const float tot = cu_warp_sum(sum);
     for (int e = threadIdx.x; e < E; e += nth) p[e] = expf(l[e] - mx);
     tc_route_bar(nth);
-    const int h2 = E >> 1;
-    for (int base = warp * 32; base < 2 * E; base += nth) { /* warp-uniform trips: the shuffle below */
-        const int e2 = base + lane, e = e2 >> 1, half = e2 & 1, ok = e2 < 2 * E;
-        int rank = ok ? tc_rank_range(p, p[e], e, half ? h2 : 0, half ? E : h2) : 0;
-        rank += __shfl_xor_sync(0xffffffffu, rank, 1);
-        if (ok && !half && rank < K) { ik[rank] = e; pk[rank] = p[e]; }
+    const int v4 = mode & TC_RT_V4;
+    if (two) {
+        const int h2 = E >> 1;
+        for (int base = warp * 32; base < 2 * E; base += nth) { /* warp-uniform trips: the shuffle below */
+            const int e2 = base + lane, e = e2 >> 1, half = e2 & 1, ok = e2 < 2 * E;
+            int rank = ok ? tc_rank_range(p, p[e], e, half ? h2 : 0, half ? E : h2, v4) : 0;
+            rank += __shfl_xor_sync(0xffffffffu, rank, 1);
+            if (ok && !half && rank < K) { ik[rank] = e; pk[rank] = p[e]; }
+        }
+    } else {
+        for (int e = threadIdx.x; e < E; e += nth) {
+            const int rank = tc_rank_range(p, p[e], e, 0, E, v4);
+            if (rank < K) { ik[rank] = e; pk[rank] = p[e]; }
+        }
     }
     tc_route_bar(nth);
     if (warp == 0) { /* K <= MOE_MAX_K <= 32: a lane a pick */

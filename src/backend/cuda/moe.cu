@@ -447,8 +447,7 @@ static size_t grp_ints(int64_t T, int32_t E, int32_t K) {
 
 extern "C" size_t cu_moe_scratch_bytes(moet_backend *be, int64_t T, int64_t H, int64_t F, int32_t E, int32_t K) {
     return ((size_t)T * E + (size_t)T * K * F + grp_floats(T, H, K)) * sizeof(float) + grp_ints(T, E, K) * sizeof(int32_t) +
-           (T < MOE_GROUP_MIN ? cu_moe_tc_stage_bytes(T, H, F, K) + cu_moe_tc_rep_bytes(T, H, E, K)
-                              : cu_moe_gb_stage_bytes(T, H, F, K) + 16) + 256;
+           (T < MOE_GROUP_MIN ? cu_moe_tc_stage_bytes(T, H, F, K) : cu_moe_gb_stage_bytes(T, H, F, K) + 16) + 256;
 }
 
 #define RS_WARPS 4

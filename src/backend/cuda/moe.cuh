@@ -208,7 +208,6 @@ extern "C" int cu_moe_gb_tile(int64_t T, int32_t E, int32_t K);
 extern "C" size_t cu_moe_gb_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K);
 extern "C" size_t cu_moe_tc_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K); /* moe_tc.cu: decode's staged
                                                                                        * gate/up and down inputs */
-extern "C" size_t cu_moe_tc_rep_bytes(int64_t T, int64_t H, int32_t E, int32_t K); /* moe_tc.cu: TC_OVL_REP's copies */
 /* dtab: the delta's residuals (NULL: none), then x: the unrotated rows and spare: T*K floats of scratch. */
 extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *xr,
                           const float *x, int64_t T, int64_t H, int64_t F, int32_t K, const int32_t *topk_ids,

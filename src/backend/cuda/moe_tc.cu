@@ -38,7 +38,6 @@
  * Bytes (decode, per token): k x 3 x ffn x hidden x 9/32 + the router; FLOPs 2 x k x 3 x ffn x hidden.
  */
 #include <math.h>
-#include <stdlib.h>
 
 #include "backend/cuda/moe_tc.cuh"
 
@@ -75,48 +74,13 @@ __device__ __forceinline__ void tc_prestage(const float *xrow, int c, int rot, u
     tc_stage_slot<M>(v, stg, job, njobs);
 }
 
-/* Copies of what every CTA of the next kernel reads (TC_OVL_REP). At decode the 384 gate/up CTAs of the 30b shape all
- * read the same 512 bytes of logits and the same 17 KB of staged x, and the 128 down CTAs' 24 warps the same 64 bytes
- * of picks: each 128-byte line lives in one L2 slice, which serves the same line's requests one after another, so a
- * line read by hundreds of CTAs at once is a queue. The writers put n copies (copy 0: the usual place, copies 1..n-1
- * here) and a reader takes copy (its tile index mod n). */
-typedef struct {
-    int32_t n;       /* copies (1: none) */
-    int64_t xstride; /* bytes from one copy of the staged x to the next */
-    uint8_t *x;      /* the staged x, copies 1..n-1 */
-    float *lg;       /* the router logits, copies 1..n-1: [n - 1][T E] */
-    int32_t *ids;    /* the picks, copies 1..n-1: [n - 1][T K] (written by gate/up where it routes) */
-    float *w;
-} cu_tc_rep;
-
-/* tc_prestage into rp.n copies: staged once in the warp's shared scratch smw (TC_I8_STAGE_BYTES), then copied (the
- * same bytes as tc_prestage writes). */
-template <int M>
-__device__ __forceinline__ void tc_prestage_rep(const float *xrow, int c, int rot, uint32_t seed, uint8_t *stg, int job,
-                                                int njobs, const cu_tc_rep &rp, uint32_t *smw) {
-    const int lane = threadIdx.x & 31, base = c * 32 * M + lane * M;
-    float v[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = i < M ? xrow[base + i] : 0.f;
-    cu_rot_regs<M>(v, rot, seed, base, NULL);
-    const float p2 = tc_stage_i8<M>(v, smw, (int32_t *)(smw + M * 64));
-    __syncwarp();
-    constexpr int n16 = (int)(TC_I8_STAGE_BYTES(M) / 16);
-    for (int r = 0; r < rp.n; r++) {
-        uint8_t *dst = r ? rp.x + (size_t)(r - 1) * rp.xstride : stg;
-        uint4 *d = (uint4 *)(dst + (size_t)job * TC_I8_STAGE_BYTES(M));
-        for (int i = lane; i < n16; i += 32) d[i] = ((const uint4 *)smw)[i];
-        if (lane == 0) ((float *)(dst + (size_t)njobs * TC_I8_STAGE_BYTES(M)))[job] = p2;
-    }
-}
-
 template <int NT>
 __global__ void __launch_bounds__(TC_RT_W * 32)
 k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
             const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
             float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
             float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h,
-            int32_t route, uint8_t *__restrict__ stg, int32_t gb, int32_t grot, uint32_t gseed, cu_tc_rep rp) {
+            int32_t route, uint8_t *__restrict__ stg, int32_t gb, int32_t grot, uint32_t gseed) {
     CU_TRACE(CU_TK_ROUTER << 8 | NT);
     extern __shared__ __align__(16) float rsm[];
     __shared__ int last;
@@ -140,19 +104,11 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
         const int nch = (int)(H / gb), job = ((int)blockIdx.x - ncr) * (blockDim.x >> 5) + warp;
         if (job < NT * nch) {
             const int tok = job / nch, c = job - tok * nch;
-            /* the warp's staging scratch after the softmax scratch (rp.n > 1: the host sized rsm for it) */
-            uint32_t *smw = (uint32_t *)((((uintptr_t)(p + NT * E) + 15) & ~(uintptr_t)15) +
-                                         (size_t)warp * TC_I8_STAGE_BYTES(gb / 32));
-            if (rp.n > 1) switch (gb) {
-                case 64: tc_prestage_rep<2>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch, rp, smw); break;
-                case 128: tc_prestage_rep<4>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch, rp, smw); break;
-                default: tc_prestage_rep<8>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch, rp, smw); break;
-                }
-            else switch (gb) {
-                case 64: tc_prestage<2>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch); break;
-                case 128: tc_prestage<4>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch); break;
-                default: tc_prestage<8>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch); break;
-                }
+            switch (gb) {
+            case 64: tc_prestage<2>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch); break;
+            case 128: tc_prestage<4>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch); break;
+            default: tc_prestage<8>(xs + (int64_t)tok * H, c, grot, gseed, stg, job, NT * nch); break;
+            }
         }
     }
     if (e < E) {
@@ -160,8 +116,8 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
         tc_rrow_dot<NT>(rr, q, rtype, rqs, rqb, xs, H, acc);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            const float s = cu_warp_sum(acc[t]); /* every lane holds it: lane r writes copy r */
-            if (lane < rp.n) (lane ? rp.lg + (size_t)(lane - 1) * NT * E : logits)[t * E + e] = s;
+            const float s = cu_warp_sum(acc[t]);
+            if (lane == 0) logits[t * E + e] = s;
         }
     }
     CU_TRACE_MARK(1); /* the logits written */
@@ -222,7 +178,7 @@ __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(DL))
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
              const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w,
-             cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre, cu_tc_dpre dp, int32_t ovl, int64_t dnb, int32_t dnl, cu_tc_rep rp) {
+             cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre, cu_tc_dpre dp) {
     CU_TRACE(CU_TK_GATE_UP << 8 | M << 2 | DL << 1 | I8);
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -230,8 +186,6 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     const int64_t ti = blockIdx.x, NB = H / 32;
     constexpr int b = 32 * M, m = M, nb = M;
     const int nch = (int)(H / b);
-    const int rr = rp.n > 1 ? (int)(ti % rp.n) : 0; /* the copy of the logits and staged x this CTA reads */
-    const uint8_t *rx = rr && pre ? rp.x : NULL;
     float *lut = (float *)smem, *nvl = lut + 256, *red = nvl + (DL ? 256 : 0); /* [256] | DL: [256] | [nw][2][16] */
     constexpr size_t SB = I8 ? TC_I8_STAGE_BYTES(M) : 2 * b * sizeof(__half); /* a warp's staged chunk */
     unsigned char *stg = (unsigned char *)(red + (size_t)nw * 32);
@@ -248,45 +202,28 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         __shared__ int32_t rids[MOE_MAX_K], rik[MOE_MAX_K];
         __shared__ float rwts[MOE_MAX_K], rpk[MOE_MAX_K];
         float *lg = (float *)(stg + (size_t)nw * SB), *p = lg + E;
-        const float *lsrc = rr ? rp.lg + (size_t)(rr - 1) * (gridDim.y / K) * E : rlogits; /* copy rr (TC_OVL_REP) */
-        for (int i = threadIdx.x; i < E; i += blockDim.x) lg[i] = __ldcg(lsrc + (int64_t)tok * E + i);
+        for (int i = threadIdx.x; i < E; i += blockDim.x) lg[i] = __ldcg(rlogits + (int64_t)tok * E + i);
         __syncthreads();
-        if (!rs.on) tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts, (ovl >> TC_OVL_RT_SHIFT) & 3);
+        if (!rs.on) tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts);
         else tc_route_sig_warps(lg, rs.bias, E, K, rs.G, rs.TG, norm_topk, rs.scale, p, rik, rids, rwts);
         __syncthreads();
         e = rids[slot - tok * K];
         if (blockIdx.x == 0 && threadIdx.x == 0) { /* the routing k_tc_down and the expert cache read */
             topk_ids[slot] = e;
             topk_w[slot] = rwts[slot - tok * K];
-        } else if ((int)blockIdx.x < rp.n && threadIdx.x == 0) { /* and its copies (TC_OVL_REP) */
-            rp.ids[(size_t)(blockIdx.x - 1) * gridDim.y + slot] = e;
-            rp.w[(size_t)(blockIdx.x - 1) * gridDim.y + slot] = rwts[slot - tok * K];
         }
     } else {
         e = __ldcg(topk_ids + slot); /* the router's output: coherent (cu_pdl_wait) */
     }
     CU_TRACE_MARK(0); /* routed */
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
-    cu_mat gm, um;
-    if (ovl & TC_OVL_GT) { /* two threads read the expert's two table entries for the CTA, not every warp both */
-        __shared__ cu_mat gsm[2];
-        if (threadIdx.x < 2) gsm[threadIdx.x] = table[e * 3 + threadIdx.x];
-        __syncthreads();
-        gm = gsm[0];
-        um = gsm[1];
-    } else {
-        gm = table[e * 3];
-        um = table[e * 3 + 1];
-    }
+    const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
     float Ag, Bg, Au, Bu;
     tc_ab(type, gm.qbeta, &Ag, &Bg);
     tc_ab(type, um.qbeta, &Au, &Bu);
     float ag[1][2] = {{0.f, 0.f}}, au[1][2] = {{0.f, 0.f}};
     const float one[1] = {1.0f};
     float tg[4] = {0.f, 0.f, 0.f, 0.f}, tu[4] = {0.f, 0.f, 0.f, 0.f}; /* I8: the running sums */
-    /* TC_OVL_DN: this CTA's share of the slot's down matrix into L2 (here, not beside the chunk loop's own loads,
-     * where the register cap of 3 CTAs an SM spilled) */
-    if (!DL && dnb) tc_prefetch_l2_part(table[e * 3 + 2].w, dnb, ti, dnl);
     for (int c = warp; c < nch; c += nw) {
         uint32_t wg[8], wu[8], sg, su;
         tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
@@ -294,7 +231,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         if constexpr (I8) { /* the integer form (quant/tile.h); never with the delta */
             float p2;
             if (pre) { /* staged once by the router's extra CTAs (tc_prestage): chunk c of token tok, npre slots */
-                p2 = tc_i8_fetch_staged<M>(rx ? rx + (size_t)(rr - 1) * rp.xstride : pre, tok * nch + c, npre, W8);
+                p2 = tc_i8_fetch_staged<M>(pre, tok * nch + c, npre, W8);
                 __syncwarp();
             } else {
                 float v[8];
@@ -401,7 +338,7 @@ __global__ void __launch_bounds__(DL ? TC_DN_W / 2 * 32 : TC_DN_W * 32)
 k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
           int accum, const cu_mat *__restrict__ dtable, const float *db, const uint8_t *pre, int32_t npre,
-          int32_t early, int32_t ovl, cu_tc_rep rp) {
+          int32_t early) {
     CU_TRACE(CU_TK_DOWN << 8 | M << 2 | DL << 1 | I8);
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -421,19 +358,6 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     if (early) cu_pdl_trigger();
     cu_pdl_wait();
     CU_TRACE_WAITED();
-    /* TC_OVL_PK: warp 0 reads the token's K picks (from copy blockIdx.x mod rp.n) and their table entries once for
-     * the CTA, instead of every warp a dependent pair of loads and a table entry an item */
-    __shared__ int32_t sid[MOE_MAX_K];
-    __shared__ float swt[MOE_MAX_K];
-    __shared__ cu_mat smat[MOE_MAX_K];
-    const int pk1 = ovl & TC_OVL_PK;
-    if (pk1 && warp == 0 && lane < K) {
-        const int r = rp.n > 1 ? (int)(ti % rp.n) : 0;
-        const int32_t id = __ldcg((r ? rp.ids + (size_t)(r - 1) * gridDim.y * K : topk_ids) + tok * K + lane);
-        swt[lane] = __ldcg((r ? rp.w + (size_t)(r - 1) * gridDim.y * K : topk_w) + tok * K + lane);
-        sid[lane] = id;
-        smat[lane] = table[id * 3 + 2];
-    }
     __syncthreads();
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     float acc[1][2] = {{0.f, 0.f}};
@@ -441,9 +365,9 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     float tot[4] = {0.f, 0.f, 0.f, 0.f}; /* I8: the running sums */
     for (int it = warp; it < n_items; it += nw) {
         const int k = it / nch, c = it - k * nch;
-        const int32_t e = pk1 ? sid[k] : __ldcg(topk_ids + tok * K + k);
-        const float wk = pk1 ? swt[k] : __ldcg(topk_w + tok * K + k);
-        const cu_mat dm = pk1 ? smat[k] : table[e * 3 + 2];
+        const int32_t e = __ldcg(topk_ids + tok * K + k);
+        const float wk = __ldcg(topk_w + tok * K + k);
+        const cu_mat dm = table[e * 3 + 2];
         if (it == warp) CU_TRACE_MARK(0); /* the first pick known */
         uint32_t wd[8], sd;
         tc_fetch<M>(dm, H, NB, ti, (int64_t)c * nb, wd, sd);
@@ -914,36 +838,11 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
                     T * K * (F / bf) <= CU_DN_TICKETS ? (int)(T * K * (F / bf)) : 0;
     const cu_tc_dpre dpre = {npd ? sbase + (cu_moe_tc_stage_bytes(T, H, 0, 0) & ~(size_t)15) : NULL, c->dn_tickets,
                              (int32_t)bf, tab->down_rotated, npd, tab->down_seed};
-    /* The latency chain of the expert kernels (ovl, TC_OVL_* bits in moe_tc.cuh): all bit-identical (the same
-     * values from other places); MOET_MOE_OVL=<mask> for the A/B. */
-    const char *ov = getenv("MOET_MOE_OVL");
-    const int32_t ovl = ov ? (int32_t)strtol(ov, NULL, 0) : TC_OVL_DEFAULT;
-    /* TC_OVL_REP: copies 1..TC_REP-1 after the staged rows (cu_moe_tc_rep_bytes); the picks' copies only where gate/up
-     * routes (otherwise a routing launch writes the picks, once) */
-    cu_tc_rep rp = {1, 0, NULL, NULL, NULL, NULL}, rpd = rp;
-    if (ovl & TC_OVL_REP) {
-        const size_t xsz = (cu_moe_tc_stage_bytes(T, H, 0, 0) + 15) & ~(size_t)15;
-        uint8_t *rb = sbase + ((cu_moe_tc_stage_bytes(T, H, F, K) + 15) & ~(size_t)15);
-        rp.n = TC_REP;
-        rp.xstride = (int64_t)xsz;
-        rp.x = rb;
-        rb += (TC_REP - 1) * xsz;
-        rp.lg = (float *)rb;
-        rb += ((TC_REP - 1) * (size_t)T * E * sizeof(float) + 15) & ~(size_t)15;
-        rp.ids = (int32_t *)rb;
-        rb += ((TC_REP - 1) * (size_t)T * K * sizeof(int32_t) + 15) & ~(size_t)15;
-        rp.w = (float *)rb;
-        if (route_gu) { /* gate/up CTAs 1..n-1 of each slot write the picks' copies: no more copies than CTAs */
-            rpd = rp;
-            if (rpd.n > F / 16) rpd.n = (int32_t)(F / 16);
-        }
-    }
-    const size_t rsm_x = rp.n > 1 && npre ? 16 + (size_t)rnw * TC_I8_STAGE_BYTES(bh / 32) : 0; /* tc_prestage_rep's */
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw + (npre + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
-    cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm + rsm_x, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
+    cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
                   rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h,      \
-                  !route_gu && !sig && !tks, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed, rp)
+                  !route_gu && !sig && !tks, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;
@@ -961,9 +860,6 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
         cu_moe_route_topk(c, a, logits, T);
         if (c->err[0]) return;
     }
-    /* TC_OVL_DN: a down matrix's bytes, and its 128-byte lines a gate/up CTA (F / 16 of them a slot) prefetches */
-    const int64_t dnb = ovl & TC_OVL_DN ? (int64_t)(moet_type_row_bytes(tab->type, F) * (size_t)H) : 0;
-    const int32_t dnl = (int32_t)((dnb + 127) / 128 / (F / 16) + 1);
     const int nwg = tc_warps(H / bh, TC_GU_W), nwd = tc_warps(K * (F / bf), dtab ? TC_DN_W / 2 : TC_DN_W);
     const dim3 ggu((unsigned)(F / 16), (unsigned)(T * K)), gdn((unsigned)(H / 16), (unsigned)T);
     const cu_mat *dt = dtab ? dtab->table : NULL;
@@ -972,15 +868,15 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (tc_i8_on(bh, dtab != NULL))
         TC_DISPATCH_PDL_I8(bh, k_tc_gate_up, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, stg, npre, dpre, ovl, dnb, dnl, rp)
+                           a->norm_topk, a->topk_w, rs, oxv, stg, npre, dpre)
     else if (dtab)
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp, ovl, (int64_t)0, 0, rp)
+                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp)
     else
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 0, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp, ovl, (int64_t)0, 0, rp)
+                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     const int32_t dne = cu_mv_early_next(); /* down lets the next kernel launch at its start (matmul.cu) */
     if (dne && cu_mv_carve_down()) { /* ... which needs the largest shared split to fit beside it (cuda_int.h) */
@@ -991,20 +887,14 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     if (tc_i8_on(bf, dtab != NULL))
         TC_DISPATCH_PDL_I8(bf, k_tc_down, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0, 1), act, H, F, K, tab->table,
                            tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)dpre.stg,
-                           npd, dne, ovl, rpd)
+                           npd, dne)
     else if (dtab)
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne, ovl, rpd)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne)
     else
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 0, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne, ovl, rpd)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne)
     CU_LAUNCHED(c, "k_tc_down");
-}
-
-/* The copies of TC_OVL_REP after the staged rows (cu_moe_tc_decode's layout). */
-extern "C" size_t cu_moe_tc_rep_bytes(int64_t T, int64_t H, int32_t E, int32_t K) {
-    const size_t xsz = (cu_moe_tc_stage_bytes(T, H, 0, 0) + 15) & ~(size_t)15;
-    return 16 + (TC_REP - 1) * (xsz + (size_t)T * E * sizeof(float) + (size_t)T * K * 2 * sizeof(int32_t)) + 3 * 16;
 }
 
 /* The MoE scratch the decode path's staged gate/up chunks take after act (cu_moe_tc_decode), T tokens of width H. */

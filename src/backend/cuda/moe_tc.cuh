@@ -227,36 +227,6 @@ __device__ __forceinline__ float tc_i8_fetch_staged(const uint8_t *stg, int job,
     return __ldcg((const float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)) + job);
 }
 
-/* Lines [part n, part n + n) of 128 bytes at p, those below `bytes`, into L2 (the CTA's threads, a line each): a
- * hint with no result, so legal before or after any wait. */
-__device__ __forceinline__ void tc_prefetch_l2_part(const uint8_t *p, int64_t bytes, int64_t part, int n) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int64_t o = (part * n + i) * 128;
-        if (o < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
-    }
-}
-
-/* The expert kernels' latency chain (k_tc_gate_up / k_tc_down's `ovl` bits; MOET_MOE_OVL=<mask> for A/Bs; all
- * bit-identical: the same values from other places):
- *   PK   down: warp 0 reads the token's picks and their table entries once for the CTA (shared memory), not every
- *        warp a dependent pair of loads and a table entry an item
- *   DN   gate/up, once routed, prefetches its share of the slot's down matrix into L2 (opt-in: measured slower)
- *   GT   gate/up: two threads read the expert's table entries for the CTA, not every warp both
- *   REP  TC_REP copies of the logits, the staged x and the picks (cu_tc_rep, moe_tc.cu): what hundreds of CTAs
- *        read at once is spread over TC_REP lines instead of queueing at one L2 slice
- * Measured at stop 32 (an H100) and dropped: the table into L1 before the wait (prefetch.global.L1 by every CTA) and
- * gate/up's first staged x chunk by cp.async before its routing, both slower (the MoE op 21.6 -> 22.3 and -> 24.1 us:
- * more reads of the same few lines at the worst moment). */
-#define TC_OVL_PK 4
-#define TC_OVL_DN 8
-#define TC_OVL_GT 16
-#define TC_OVL_REP 32
-#define TC_OVL_DEFAULT (TC_OVL_PK | TC_OVL_GT | TC_OVL_REP)
-#define TC_REP 8
-#define TC_OVL_RT_SHIFT 6 /* bits 6-7 of ovl: gate/up's tc_route_warps mode (TC_RT_TWO | TC_RT_V4) */
-#define TC_RT_TWO 1
-#define TC_RT_V4 2
-
 /* The lane's B registers and C start of block bi of a staged chunk (shared memory). */
 __device__ __forceinline__ void tc_i8_bfrag(const uint32_t *W, const int32_t *Xs, int bi, uint32_t b[2][2], int32_t ci[4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -371,10 +341,10 @@ __device__ __forceinline__ void tc_nv_mac(uint2 wd, const uint32_t bf[2][NG][2],
 
 /* ---- decode: router + top-k ---------------------------------------------------------------------------------- */
 
-/* Routes one token from its E router logits l (shared) with the first nr = min(warps, ceil(2 E / 32)) warps of the
+/* Routes one token from its E router logits l (shared) with the first nr = min(warps, ceil(E / 32)) warps of the
  * CTA, which synchronise among themselves on named barrier 1 only: every route warp takes the max and the sum of
  * p = exp(l - max) over all E itself (the same butterfly in each, so the same sum), writes its own p, then the
- * rank of e (two lanes an expert, below) = how many p beat it (ties: the lower id first, the CPU's order); rank < K is pick number rank (a warp
+ * rank of e = how many p beat it (ties: the lower id first, the CPU's order); rank < K is pick number rank (a warp
  * picking K maxima one after another is a chain of K x 10 shuffles). Warp 0 then renormalises the K weights in
  * pick order (norm_topk) and writes ids / weights. The CTA-wide form (every thread, three __syncthreads and a walk
  * over the warps' partials) held a third of the router's stall samples, yet this one measured the same 14.3-14.7
@@ -385,39 +355,10 @@ __device__ __forceinline__ void tc_route_bar(int nthreads) {
     asm volatile("bar.sync 1, %0;" ::"r"(nthreads) : "memory");
 }
 
-/* How many of p[j0 .. j1) beat v = p[e] (greater, or equal at a lower index: the CPU's order). 16-byte broadcast
- * loads where the range and p allow (a quarter of the shared-memory instructions; the same comparisons). */
-__device__ __forceinline__ int tc_rank_range(const float *p, float v, int e, int j0, int j1, int v4) {
-    int r0 = 0, r1 = 0, r2 = 0, r3 = 0, j = j0;
-#define TC_RANK4(o0, o1, o2, o3)                                                                                  \
-    r0 += (o0 > v) | ((o0 == v) & (j < e));                                                                       \
-    r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));                                                                   \
-    r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));                                                                   \
-    r3 += (o3 > v) | ((o3 == v) & (j + 3 < e))
-    if (v4 && !(j0 & 3) && !((uintptr_t)p & 15)) {
-        for (; j + 4 <= j1; j += 4) {
-            const float4 o = *(const float4 *)(p + j);
-            TC_RANK4(o.x, o.y, o.z, o.w);
-        }
-    } else {
-        for (; j + 4 <= j1; j += 4) {
-            const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
-            TC_RANK4(o0, o1, o2, o3);
-        }
-    }
-#undef TC_RANK4
-    for (; j < j1; j++) r0 += (p[j] > v) | ((p[j] == v) & (j < e));
-    return r0 + r1 + r2 + r3;
-}
-
-/* mode (TC_RT_*): TC_RT_TWO: nr route warps rank the E experts two lanes an expert (lane pairs: each counts over half of p, the two counts
- * added by one shuffle), so the rank loop, the longest step of a gate/up CTA's routing at the 30b shape (~3 us of
- * routing after the wait, trace marks, stop 32), is half as long where the CTA has the warps; TC_RT_V4:
- * tc_rank_range's 16-byte loads. Either way the same ranks. */
 __device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_t K, int32_t norm_topk, float *p,
-                                               int32_t *ik, float *pk, int32_t *ids, float *wts, int mode = 0) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, two = mode & TC_RT_TWO;
-    const int nr = ((two ? 2 : 1) * E + 31) / 32 < nw ? ((two ? 2 : 1) * E + 31) / 32 : nw, nth = 32 * nr;
+                                               int32_t *ik, float *pk, int32_t *ids, float *wts) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int nr = (E + 31) / 32 < nw ? (E + 31) / 32 : nw, nth = 32 * nr;
     if (warp >= nr) return;
     float mx = -INFINITY;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
@@ -427,20 +368,20 @@ __device__ __forceinline__ void tc_route_warps(const float *l, int32_t E, int32_
     const float tot = cu_warp_sum(sum);
     for (int e = threadIdx.x; e < E; e += nth) p[e] = expf(l[e] - mx);
     tc_route_bar(nth);
-    const int v4 = mode & TC_RT_V4;
-    if (two) {
-        const int h2 = E >> 1;
-        for (int base = warp * 32; base < 2 * E; base += nth) { /* warp-uniform trips: the shuffle below */
-            const int e2 = base + lane, e = e2 >> 1, half = e2 & 1, ok = e2 < 2 * E;
-            int rank = ok ? tc_rank_range(p, p[e], e, half ? h2 : 0, half ? E : h2, v4) : 0;
-            rank += __shfl_xor_sync(0xffffffffu, rank, 1);
-            if (ok && !half && rank < K) { ik[rank] = e; pk[rank] = p[e]; }
+    for (int e = threadIdx.x; e < E; e += nth) {
+        const float v = p[e];
+        int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+        int j = 0;
+        for (; j + 4 <= E; j += 4) {
+            const float o0 = p[j], o1 = p[j + 1], o2 = p[j + 2], o3 = p[j + 3];
+            r0 += (o0 > v) | ((o0 == v) & (j < e));
+            r1 += (o1 > v) | ((o1 == v) & (j + 1 < e));
+            r2 += (o2 > v) | ((o2 == v) & (j + 2 < e));
+            r3 += (o3 > v) | ((o3 == v) & (j + 3 < e));
         }
-    } else {
-        for (int e = threadIdx.x; e < E; e += nth) {
-            const int rank = tc_rank_range(p, p[e], e, 0, E, v4);
-            if (rank < K) { ik[rank] = e; pk[rank] = p[e]; }
-        }
+        for (; j < E; j++) r0 += (p[j] > v) | ((p[j] == v) & (j < e));
+        const int rank = r0 + r1 + r2 + r3;
+        if (rank < K) { ik[rank] = e; pk[rank] = v; }
     }
     tc_route_bar(nth);
     if (warp == 0) { /* K <= MOE_MAX_K <= 32: a lane a pick */

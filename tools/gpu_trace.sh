@@ -30,7 +30,7 @@ for shape in ${SHAPES:-qwen3-30b-a3b qwen3-235b-a22b}; do
     tag=$shape; [ -n "$s" ] && tag=$shape-$(echo "$s" | sed 's/MOET_//g; s/ /,/g')
     env $s MOET_TRACE="$out/trace-$tag.txt" $bin bench --synthetic "$shape" --device cuda -p 0 -n "$n" --reps 2 ${ARGS:-} \
       2>"$out/trace-$tag.log" | grep tg | tee "$out/bench-$tag-trace-on.txt"
-    python3 tools/trace_report.py "$out/trace-$tag.txt" --launches ${LAUNCHES:-16} --detail ${DETAIL:-61:67} \
+    python3 tools/trace_report.py "$out/trace-$tag.txt" --launches ${LAUNCHES:-16} --detail ${DETAIL:-61:67} --early \
       --json "$out/trace-$tag.json" > "$out/trace-$tag-report.txt"  # DETAIL: a mid layer of the Qwen3 shapes
     tail -n 16 "$out/trace-$tag-report.txt"
     xz -9 "$out/trace-$tag.txt"

@@ -10,10 +10,15 @@ previous end): the advances sum to the step. --detail A:B prints launches A..B-1
 (min / median / 90% / max of each CTA's start, wait release and end, relative to the previous launch's end, and of
 its marks where the kernel has them: trace.cuh's CU_TRACE_MARK): where a kernel's CTAs really start (beside the
 previous kernel, or only when it leaves), when their waits return and where their time after the wait goes.
-Usage: trace_report.py TRACE [--launches N] [--detail A:B] [--json OUT]
+--early prints, for each kernel, the share of its CTAs a launch that started at least 1 us before the previous launch
+ended (beside it: PDL overlap that the SMs' registers, shared memory and L1/shared split allowed), per launch min /
+median / mean / max: stop 32 found q/k/v's start beside down erratic (7% to 100% of the CTAs, layer by layer).
+TRACE may be xz-compressed (.xz).
+Usage: trace_report.py TRACE [--launches N] [--detail A:B] [--early] [--json OUT]
 """
 import collections
 import json
+import lzma
 import sys
 
 FAM = {1: "get_rows", 2: "mv16p", 3: "mv16", 4: "attn_decode", 5: "attention", 6: "tc_router", 7: "tc_gate_up",
@@ -48,7 +53,7 @@ def main():
         a, b = args[args.index("--detail") + 1].split(":")
         detail = (int(a), int(b))
     recs = []
-    for line in open(path):
+    for line in (lzma.open(path, "rt") if path.endswith(".xz") else open(path)):
         if line.startswith("#") or not line.strip():
             continue
         v = [int(f) for f in line.split()]
@@ -119,6 +124,15 @@ def main():
                     if mk:
                         print(f"{'':30s}  mark{j} {qs(mk)}")
             pe = max(pe, l["t1"])
+    if "--early" in args:
+        print("\nCTAs started >= 1 us before the previous launch's end, share a launch: min / median / mean / max")
+        pe, ear = base, collections.OrderedDict()
+        for l in launches:
+            ear.setdefault(kname(l["kid"]), []).append(sum(1 for r in l["recs"] if r[0] < pe - 1000) / len(l["recs"]))
+            pe = max(pe, l["t1"])
+        for name, v in ear.items():
+            w = sorted(v)
+            print(f"  {name[:28]:28s} {len(v):4d} launches  {w[0]:.2f} / {w[len(w) // 2]:.2f} / {sum(w) / len(w):.2f} / {w[-1]:.2f}")
     print(f"\n{'kernel':28s} {'n':>4s} {'ctas':>6s} {'adv us':>8s} {'share':>6s} {'dur us':>7s} {'lead':>6s} {'wait':>6s} {'after wait':>10s}")
     out = {"trace": path, "ctas": len(recs), "launches": len(launches), "step_us": total, "timer_step_ns": gran, "kernels": []}
     for name, a in agg.items():

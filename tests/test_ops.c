@@ -429,6 +429,17 @@ int main(int argc, char **argv) {
         }
         be = moet_backend_cuda_create(0, err, sizeof err);
         REQUIRE(be, "cuda backend: %s", err);
+        { /* the register budgets the decode step's overlap rests on (docs/performance.md "Stop 32"): a router CTA
+           * (512 threads) must fit beside o_proj's k_mv16s CTA, and q/k/v's k_mv16s CTA (256) beside a 30b-shape
+           * down CTA (768); registers are allocated 8 a thread at a time. A build past them ran 9% slower at the
+           * 30b shape while every op still passed. */
+            const int rr = moet_backend_cuda_kernel_regs("router"), rd = moet_backend_cuda_kernel_regs("down"),
+                      rm = moet_backend_cuda_kernel_regs("mv16s");
+            const int use = 768 * ((rd + 7) / 8 * 8) + 256 * ((rm + 7) / 8 * 8);
+            fprintf(stderr, "cuda  regs       router %d (<= 88), down %d + mv16s %d: %d of 65536 an SM\n", rr, rd, rm, use);
+            CHECK(rr > 0 && rr <= 88, "k_tc_router takes %d registers a thread: past 88 it no longer starts beside o_proj", rr);
+            CHECK(rd > 0 && rm > 0 && use <= 65536, "k_tc_down (%d) and k_mv16s (%d) no longer fit one SM's registers", rd, rm);
+        }
         g_tol_scale = 100;
         g_be = be;
         if (argc > 2 && !strcmp(argv[2], "--perf")) {

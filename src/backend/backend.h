@@ -286,6 +286,10 @@ int moet_backend_cpu_threads(const moet_backend *be);
 moet_backend *moet_backend_cuda_create(int device, char *err, size_t errlen);
 /* Number of CUDA GPUs this process can use (0 without CUDA or without a GPU). */
 int moet_backend_cuda_device_count(void);
+/* Registers a thread of one of the decode kernels whose CTAs must share an SM (the co-residency the decode step's
+ * overlap depends on, docs/performance.md "Stop 32"): "router" (k_tc_router, 1 token), "down" (k_tc_down, integer
+ * form, 256-column chunks), "mv16s" (k_mv16s, bf16, pre-normed). -1: unknown name, no CUDA or no GPU. */
+int moet_backend_cuda_kernel_regs(const char *kernel);
 
 
 #ifdef __cplusplus

@@ -573,6 +573,16 @@ extern "C" int moet_backend_cuda_device_count(void) {
     return n;
 }
 
+extern "C" int cu_moe_tc_regs(int down);
+extern "C" int cu_mv16s_regs(void);
+extern "C" int moet_backend_cuda_kernel_regs(const char *kernel) {
+    if (!kernel || moet_backend_cuda_device_count() <= 0) return -1;
+    if (!strcmp(kernel, "router")) return cu_moe_tc_regs(0);
+    if (!strcmp(kernel, "down")) return cu_moe_tc_regs(1);
+    if (!strcmp(kernel, "mv16s")) return cu_mv16s_regs();
+    return -1;
+}
+
 extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t errlen) {
     int n = moet_backend_cuda_device_count();
     if (device < 0 || device >= n) {

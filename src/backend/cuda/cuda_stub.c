@@ -10,3 +10,8 @@ moet_backend *moet_backend_cuda_create(int device, char *err, size_t errlen) {
 }
 
 int moet_backend_cuda_device_count(void) { return 0; }
+
+int moet_backend_cuda_kernel_regs(const char *kernel) {
+    (void)kernel;
+    return -1;
+}

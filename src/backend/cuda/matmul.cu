@@ -632,6 +632,13 @@ static int mvs_go(cu_backend *c, const cu_mv16_set *set, int f16, int64_t cols, 
     return 1;
 }
 
+/* Registers a thread of the pre-normed bf16 k_mv16s (moet_backend_cuda_kernel_regs); -1 on an error. */
+extern "C" int cu_mv16s_regs(void) {
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, k_mv16s<0, 1>) != cudaSuccess) { cudaGetLastError(); return -1; }
+    return fa.numRegs;
+}
+
 /* type: BF16, F16 or CU_TYPE_Q8T (the persistent kernel only: n <= ch). */
 static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int64_t cols, const float *x, int64_t n,
                         int ch, const float *norm_w, float eps, float *h, int acc) {

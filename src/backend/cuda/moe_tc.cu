@@ -897,6 +897,15 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     CU_LAUNCHED(c, "k_tc_down");
 }
 
+/* Registers a thread of the decode router (one token) and of the integer-form down (256-column chunks): see
+ * moet_backend_cuda_kernel_regs. -1 on an error. */
+extern "C" int cu_moe_tc_regs(int down) {
+    cudaFuncAttributes fa;
+    const cudaError_t e = down ? cudaFuncGetAttributes(&fa, k_tc_down<8, 0, 1>) : cudaFuncGetAttributes(&fa, k_tc_router<1>);
+    if (e != cudaSuccess) { cudaGetLastError(); return -1; }
+    return fa.numRegs;
+}
+
 /* The MoE scratch the decode path's staged gate/up chunks take after act (cu_moe_tc_decode), T tokens of width H. */
 extern "C" size_t cu_moe_tc_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K) {
     return (size_t)T * ((size_t)H / 32 * 68 * 4 + (size_t)H / 64 * sizeof(float)) + 16 +

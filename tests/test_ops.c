@@ -436,9 +436,12 @@ int main(int argc, char **argv) {
             const int rr = moet_backend_cuda_kernel_regs("router"), rd = moet_backend_cuda_kernel_regs("down"),
                       rm = moet_backend_cuda_kernel_regs("mv16s");
             const int use = 768 * ((rd + 7) / 8 * 8) + 256 * ((rm + 7) / 8 * 8);
-            fprintf(stderr, "cuda  regs       router %d (<= 88), down %d + mv16s %d: %d of 65536 an SM\n", rr, rd, rm, use);
-            CHECK(rr > 0 && rr <= 88, "k_tc_router takes %d registers a thread: past 88 it no longer starts beside o_proj", rr);
-            CHECK(rd > 0 && rm > 0 && use <= 65536, "k_tc_down (%d) and k_mv16s (%d) no longer fit one SM's registers", rd, rm);
+            fprintf(stderr, "cuda  regs       router %d (<= 88), down %d + mv16s %d: %d of 65536 an SM\n", rr, rd, rm,
+                    use);
+            CHECK(rr > 0 && rr <= 88, "k_tc_router takes %d registers a thread: past 88 it no longer starts beside o_proj",
+                  rr);
+            CHECK(rd > 0 && rm > 0 && use <= 65536, "k_tc_down (%d) and k_mv16s (%d) no longer fit one SM's registers", rd,
+                  rm);
         }
         g_tol_scale = 100;
         g_be = be;

@@ -901,7 +901,8 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
  * moet_backend_cuda_kernel_regs. -1 on an error. */
 extern "C" int cu_moe_tc_regs(int down) {
     cudaFuncAttributes fa;
-    const cudaError_t e = down ? cudaFuncGetAttributes(&fa, k_tc_down<8, 0, 1>) : cudaFuncGetAttributes(&fa, k_tc_router<1>);
+    const cudaError_t e = down ? cudaFuncGetAttributes(&fa, k_tc_down<8, 0, 1>)
+                               : cudaFuncGetAttributes(&fa, k_tc_router<1>);
     if (e != cudaSuccess) { cudaGetLastError(); return -1; }
     return fa.numRegs;
 }

@@ -59,8 +59,8 @@ extern "C" void cu_trace_dump(cu_backend *c) {
                    cudaMemcpy(h, g_buf.rec, (size_t)m * sizeof *h, cudaMemcpyDeviceToHost) == cudaSuccess) {
             fprintf(f, "# moet kernel trace: %u CTAs recorded (%u kept); kid cta sm t0 tw t1 m0 m1\n", n, m);
             for (unsigned i = 0; i < m; i++)
-                fprintf(f, "%u %u %u %llu %llu %llu %llu %llu\n", h[i].kid, h[i].cta, h[i].sm, h[i].t0, h[i].tw, h[i].t1,
-                        h[i].m[0], h[i].m[1]);
+                fprintf(f, "%u %u %u %llu %llu %llu %llu %llu\n", h[i].kid, h[i].cta, h[i].sm, h[i].t0, h[i].tw,
+                        h[i].t1, h[i].m[0], h[i].m[1]);
             fprintf(stderr, "moet: kernel trace of the last step (%u CTAs) written to %s\n", m, g_path);
         }
         if (f) fclose(f);

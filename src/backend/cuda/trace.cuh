@@ -6,10 +6,11 @@
  * CUDA graph, and each moves a few MB; what bounds it is no longer bytes but each kernel's fixed latency and how
  * much of it the launch overlap hides. Nsight Compute times kernels one at a time (serialised, no overlap) and Nsight
  * Systems does not run on the device machine here (KINDS.md), so the kernels time themselves: every CTA of an
- * instrumented kernel writes one record, its %globaltimer at entry (t0), after its wait for the previous grid (tw)
- * and when its last warp leaves (t1), and optionally at two marks inside (CU_TRACE_MARK). tools/trace_report.py groups the records into launches and prints, for each
- * kernel of the step, when its first CTA started and its last one ended relative to the previous kernel's end:
- * the step's critical path, kernel by kernel.
+ * instrumented kernel writes one record, its %globaltimer at entry (t0), after its wait for the previous grid (tw),
+ * when its last warp leaves (t1) and, where the kernel has them, at two points inside (CU_TRACE_MARK).
+ * tools/trace_report.py groups the records into launches and prints, for each kernel of the step, when its first
+ * CTA started and its last one ended relative to the previous kernel's end: the step's critical path, kernel by
+ * kernel.
  *
  * Cost when on: one global atomic, one __syncthreads and a few stores a CTA. The device pointer lives in a
  * __constant__ per translation unit (no relocatable device code), so each .cu registers a binder at static

@@ -29,15 +29,19 @@ rm -rf .carry/node_modules
 # (libmoet.so of a MOET_SHARED_LIB build travels in the same archive: the scripts' unpacking puts it in .carry/lib)
 so=; [ -f .carry/lib/libmoet.so ] && so=lib/libmoet.so
 tar -C .carry -cf - bin $so | xz -9e > .carry/bin.tar.xz && rm -rf .carry/bin ${so:+.carry/$so}
-# TRACE_BUILD=build-sm90tr: that trace build's moet and libmoet.so too, as .carry/tr.tar.xz (tools/gpu_trace.sh runs
-# it), so that one call can time the release build and draw the timeline
-rm -f .carry/tr.tar.xz
-if [ -n "${TRACE_BUILD:-}" ]; then
-  rm -rf .carry/tr && mkdir -p .carry/tr/bin .carry/tr/lib
-  cp "$TRACE_BUILD/moet" .carry/tr/bin/ && cp -L "$TRACE_BUILD/libmoet.so" .carry/tr/lib/
-  strip --strip-unneeded .carry/tr/bin/* .carry/tr/lib/*
-  tar -C .carry/tr -cf - bin lib | xz -9e > .carry/tr.tar.xz && rm -rf .carry/tr
-fi
+# Other shared-library builds' moet and libmoet.so beside these, one archive each: TRACE_BUILD (a -DMOET_CUDA_TRACE=ON
+# build, .carry/tr.tar.xz: tools/gpu_trace.sh runs it) and BASE_BUILD (the build to compare with, e.g. the last
+# commit's in a git worktree, .carry/base.tar.xz: tools/gpu_ab.sh's setting `base` runs it), so that one call times
+# the new build against the old and draws the timeline (machines differ by ~5%: never compare across calls)
+pack_extra() {  # NAME BUILD
+  rm -rf ".carry/$1" && mkdir -p ".carry/$1/bin" ".carry/$1/lib"
+  cp "$2/moet" ".carry/$1/bin/" && cp -L "$2/libmoet.so" ".carry/$1/lib/"
+  strip --strip-unneeded ".carry/$1"/bin/* ".carry/$1"/lib/*
+  tar -C ".carry/$1" -cf - bin lib | xz -9e > ".carry/$1.tar.xz" && rm -rf ".carry/$1"
+}
+rm -f .carry/tr.tar.xz .carry/base.tar.xz
+[ -n "${TRACE_BUILD:-}" ] && pack_extra tr "$TRACE_BUILD"
+[ -n "${BASE_BUILD:-}" ] && pack_extra base "$BASE_BUILD"
 git describe --always --dirty --abbrev=12 > .carry/commit  # what the binaries were built from (bench JSONs)
 du -sh .carry
 # the device call takes the working tree (tracked and untracked-not-ignored files) and .carry up to 64 MiB; calls

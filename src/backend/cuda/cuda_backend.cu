@@ -573,8 +573,6 @@ extern "C" int moet_backend_cuda_device_count(void) {
     return n;
 }
 
-extern "C" int cu_moe_tc_regs(int down);
-extern "C" int cu_mv16s_regs(void);
 extern "C" int moet_backend_cuda_kernel_regs(const char *kernel) {
     if (!kernel || moet_backend_cuda_device_count() <= 0) return -1;
     if (!strcmp(kernel, "router")) return cu_moe_tc_regs(0);

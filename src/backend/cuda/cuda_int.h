@@ -212,6 +212,10 @@ void cu_moe_fused_trace_init(cu_backend *c);
 /* matmul.cu: whether the decode down kernel lets the next kernel (k_mv16s) launch at its start */
 int cu_mv_early_next(void);
 int cu_mv_carve_down(void);
+/* moet_backend_cuda_kernel_regs's sources: registers a thread of the decode router (down 0) or down (1), moe_tc.cu,
+ * and of the pre-normed bf16 k_mv16s, matmul.cu; -1 on an error */
+int cu_moe_tc_regs(int down);
+int cu_mv16s_regs(void);
 /* trace.cu: the kernel timeline (MOET_CUDA_TRACE builds, MOET_TRACE=FILE; no-ops otherwise) */
 void cu_trace_init(cu_backend *c);
 void cu_trace_step(cu_backend *c);

@@ -632,7 +632,7 @@ static int mvs_go(cu_backend *c, const cu_mv16_set *set, int f16, int64_t cols, 
     return 1;
 }
 
-/* Registers a thread of the pre-normed bf16 k_mv16s (moet_backend_cuda_kernel_regs); -1 on an error. */
+/* cuda_int.h: registers a thread of the pre-normed bf16 k_mv16s */
 extern "C" int cu_mv16s_regs(void) {
     cudaFuncAttributes fa;
     if (cudaFuncGetAttributes(&fa, k_mv16s<0, 1>) != cudaSuccess) { cudaGetLastError(); return -1; }

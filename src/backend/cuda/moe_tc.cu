@@ -897,8 +897,7 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     CU_LAUNCHED(c, "k_tc_down");
 }
 
-/* Registers a thread of the decode router (one token) and of the integer-form down (256-column chunks): see
- * moet_backend_cuda_kernel_regs. -1 on an error. */
+/* cuda_int.h: the decode router (one token) or the integer-form down (256-column chunks) */
 extern "C" int cu_moe_tc_regs(int down) {
     cudaFuncAttributes fa;
     const cudaError_t e = down ? cudaFuncGetAttributes(&fa, k_tc_down<8, 0, 1>)

@@ -105,6 +105,13 @@ static void *dev_poisoned(size_t n_floats) {
     free(h);
     return d;
 }
+/* Overwrites n floats of backend memory with NaN (an output poisoned before the launch that must write it). */
+static void poison_dev(void *d, size_t n_floats) {
+    float *h = malloc(n_floats * sizeof(float));
+    poison(h, n_floats);
+    g_be->ops->upload(g_be, d, h, n_floats * sizeof(float));
+    free(h);
+}
 /* The MoE op one token at a time over T tokens (the decode path): x rows from xd, y rows to yd. */
 static void moe_tokenwise(moet_backend *be, const moet_moe_args *ma, float *xd, float *yd, int T, int H) {
     for (int t = 0; t < T; t++) {
@@ -334,7 +341,7 @@ static void moe_ref_experts(const float *x, float *dq[3][8], const int *ids, con
                             double *rr) {
     for (int j = 0; j < K; j++) {
         const int e = ids[j];
-        double g[256];
+        double g[1024]; /* F <= 1024: the shapes below */
         for (int f = 0; f < F; f++) {
             double a = 0, u = 0;
             for (int i = 0; i < H; i++) { a += (double)dq[0][e][f * H + i] * x[i]; u += (double)dq[1][e][f * H + i] * x[i]; }
@@ -1474,8 +1481,11 @@ int main(int argc, char **argv) {
     /* the last three: CUDA's grouped kernels of moe_grp.cu (widths multiples of 128) with tiles of 8, 16 and 32 slots
      * (3, 15 and 36 slots an expert on average; 96 tokens: more than one tile an expert) */
     /* and one token through 256-column chunks both ways (the decode kernels' common case) */
-    static const int moe_shapes[10][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12},
-                                          {1024, 64, 2}, {256, 128, 8}, {128, 256, 40}, {256, 256, 96}, {256, 256, 1}};
+    /* and 64-column chunks, nine of them (H and F 576): several chunks a gate/up warp and several (pick, chunk)
+     * items a down warp, so moe_st.cu's rings wrap */
+    static const int moe_shapes[11][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12},
+                                          {1024, 64, 2}, {256, 128, 8}, {128, 256, 40}, {256, 256, 96}, {256, 256, 1},
+                                          {576, 576, 2}};
     const int is_cuda = !strcmp(be->ops->name, "cuda");
     /* CUDA's single-token block is opt-in (MOET_MOE_FUSED=1): the decode checks below run it against the CPU
      * reference and then the three launches (MOET_MOE_FUSED=0) against it, bit for bit */
@@ -1483,7 +1493,7 @@ int main(int argc, char **argv) {
     const char *fu_env = getenv("MOET_MOE_FUSED");
     const int ab = is_cuda && !(fu_env && fu_env[0] == '0');
     if (ab) setenv("MOET_MOE_FUSED", "1", 1);
-    for (int ms = 0; ms < 10; ms++) {
+    for (int ms = 0; ms < 11; ms++) {
         const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = moe_shapes[ms][2];
         float *xr = malloc(sizeof(float) * T * H), *rw = malloc(sizeof(float) * E * H), *o = malloc(sizeof(float) * T * H);
         float *dq[3][8];
@@ -1640,6 +1650,21 @@ int main(int argc, char **argv) {
             unsetenv("MOET_MOE_PRESTAGE_DN");
             pull(o3, od, (size_t)(T * H));
             CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the prestaged inputs differ", H, F);
+            /* the streamed kernels (moe_st.cu: two tiles a CTA, weights through shared memory; by default only where
+             * the legacy grid takes two waves, so forced here) against the legacy ones, bit for bit, with each
+             * staging: the default, down's prestaged, none */
+            static const char *const st_pre[3][2] = {{NULL, NULL}, {"MOET_MOE_PRESTAGE_DN", "1"}, {"MOET_MOE_PRESTAGE", "0"}};
+            setenv("MOET_MOE_ST", "1", 1);
+            for (int v = 0; v < 3; v++) {
+                if (st_pre[v][0]) setenv(st_pre[v][0], st_pre[v][1], 1);
+                poison_dev(od, (size_t)(T * H));
+                moe_tokenwise(be, &ma, xd, od, T, H);
+                if (st_pre[v][0]) unsetenv(st_pre[v][0]);
+                pull(o3, od, (size_t)(T * H));
+                CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the streamed kernels differ (staging %d)",
+                      H, F, v);
+            }
+            unsetenv("MOET_MOE_ST");
             /* the f16 form (MOET_MOE_I8=0) against float64 as closely */
             setenv("MOET_MOE_I8", "0", 1);
             moe_tokenwise(be, &ma, xd, od, T, H);

@@ -22,7 +22,7 @@ import lzma
 import sys
 
 FAM = {1: "get_rows", 2: "mv16p", 3: "mv16", 4: "attn_decode", 5: "attention", 6: "tc_router", 7: "tc_gate_up",
-       8: "tc_down", 9: "topk", 10: "mul_mat", 11: "elementwise", 12: "mv16s"}
+       8: "tc_down", 9: "topk", 10: "mul_mat", 11: "elementwise", 12: "mv16s", 13: "st_gate_up", 14: "st_down"}
 ELEM = {0: "add", 1: "rms_norm", 2: "swiglu", 3: "attn_prep"}
 
 
@@ -36,6 +36,8 @@ def kname(kid):
         return f"mv16p<{['bf16', 'f16', 'q8t'][var >> 2]}{',norm' if var & 2 else ''}{',mt' if var & 1 else ''}>"
     if fam in (7, 8):
         return f"{FAM[fam]}<{var >> 2}{',dl' if var & 2 else ''}{',i8' if var & 1 else ''}>"
+    if fam in (13, 14):
+        return f"{FAM[fam]}<{var >> 2},tp{var & 3}>"
     return FAM.get(fam, f"k{fam}") + (f"<{var}>" if var else "")
 
 

@@ -52,15 +52,6 @@
  * ("no instruction" was a third of the stall samples).
  * bf16 rows (H % 256 == 0) and f32 rows (H % 128 == 0) read 16 bytes a lane, TC_RT_U chunks in flight, the first
  * bf16 ones requested before the previous kernel's x is waited for; other types go block by block. */
-/* A warp's rotated chunk staged in the integer form into slot job of njobs in global memory (the slots, then their
- * 2^e: what tc_i8_fetch_staged reads). */
-template <int M>
-__device__ __forceinline__ void tc_stage_slot(const float v[8], uint8_t *stg, int job, int njobs) {
-    uint32_t *W = (uint32_t *)(stg + (size_t)job * TC_I8_STAGE_BYTES(M));
-    const float p2 = tc_stage_i8<M>(v, W, (int32_t *)(W + M * 64));
-    if ((threadIdx.x & 31) == 0) ((float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)))[job] = p2;
-}
-
 /* gate/up's x chunk c of one token (a row of the router's staged, pre-normed x), rotated (cu_rot_regs, as
  * cu_rot_chunk_t: bit-identical to gate/up's own), into slot job. */
 template <int M>
@@ -140,36 +131,6 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
 
 /* ---- decode: gate/up ----------------------------------------------------------------------------------------- */
 
-/* Down's inputs staged once (the integer form): the last gate/up CTA to finish a chunk of a slot's activations
- * (counted on cnt: T K (F / b) device ints, 0 between launches) rotates and stages it for every down CTA, as
- * tc_prestage does gate/up's x. stg: NULL for none. */
-typedef struct {
-    uint8_t *stg;
-    int32_t *cnt;
-    int32_t b, rot, n; /* the down matrices' rotation chunk and rotation, and T K (F / b) slots */
-    uint32_t seed;
-} cu_tc_dpre;
-
-/* Chunk c of one slot's activation row (written by other CTAs of this launch: loaded coherently) into job's slot. */
-template <int M>
-__device__ __forceinline__ void tc_prestage_act(const float *arow, int c, int rot, uint32_t seed, uint8_t *stg, int job,
-                                                int njobs) {
-    float v[8];
-    cu_rot_chunk_t<M>(v, arow, rot, seed, c, NULL);
-    tc_stage_slot<M>(v, stg, job, njobs);
-}
-
-/* The activation of one row's gate and up sums: silu(g) u (the formula these kernels always had, so their results
- * stay bit for bit), or for gpt-oss (ox) the expert's biases at index bi (e F + row) and the clamped form. */
-__device__ __forceinline__ float tc_act(float g, float u, const cu_moe_oss &ox, int64_t bi) {
-    if (!ox.gb && !(ox.lim > 0.f)) return g / (1.0f + expf(-g)) * u;
-    if (ox.gb) {
-        g += ox.gb[bi];
-        u += ox.ub[bi];
-    }
-    return cu_moe_act(g, u, ox.lim);
-}
-
 /* DL: the expert's NVFP4 delta residuals (dtable, tiled: blocks.h) are added into the same accumulators after each
  * chunk's base products, x staged again as the residual sees it (unrotated, as the quantizer stores NVFP4 residuals,
  * or by the residual's own rotation). */
@@ -197,24 +158,8 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     cu_pdl_wait();
     CU_TRACE_WAITED();
     __syncthreads();
-    int32_t e;
-    if (rlogits) { /* route the token here (tc_route_warps, as the router would): its logits after X */
-        __shared__ int32_t rids[MOE_MAX_K], rik[MOE_MAX_K];
-        __shared__ float rwts[MOE_MAX_K], rpk[MOE_MAX_K];
-        float *lg = (float *)(stg + (size_t)nw * SB), *p = lg + E;
-        for (int i = threadIdx.x; i < E; i += blockDim.x) lg[i] = __ldcg(rlogits + (int64_t)tok * E + i);
-        __syncthreads();
-        if (!rs.on) tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts);
-        else tc_route_sig_warps(lg, rs.bias, E, K, rs.G, rs.TG, norm_topk, rs.scale, p, rik, rids, rwts);
-        __syncthreads();
-        e = rids[slot - tok * K];
-        if (blockIdx.x == 0 && threadIdx.x == 0) { /* the routing k_tc_down and the expert cache read */
-            topk_ids[slot] = e;
-            topk_w[slot] = rwts[slot - tok * K];
-        }
-    } else {
-        e = __ldcg(topk_ids + slot); /* the router's output: coherent (cu_pdl_wait) */
-    }
+    const int32_t e = tc_gu_route(rlogits, (float *)(stg + (size_t)nw * SB), tok, slot, E, K, norm_topk, rs,
+                                  topk_ids, topk_w);
     CU_TRACE_MARK(0); /* routed */
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
@@ -307,26 +252,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         for (int w = 0; w < nw; w++) { sg += red[(w * 2) * 16 + r]; su += red[(w * 2 + 1) * 16 + r]; }
         act[(int64_t)slot * F + ti * 16 + r] = tc_act(sg, su, ox, (int64_t)e * F + ti * 16 + r);
     }
-    if constexpr (I8) if (dp.stg) { /* the last CTA of this slot's chunk stages it for down (cu_tc_dpre) */
-        __shared__ int dlast;
-        const int nchd = (int)(F / dp.b), cd = (int)(ti * 16 / dp.b), ci = slot * nchd + cd;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) dlast = atomicAdd(dp.cnt + ci, 1) == dp.b / 16 - 1;
-        __syncthreads();
-        if (dlast) {
-            if (threadIdx.x == 0) dp.cnt[ci] = 0;
-            __threadfence();
-            if (warp == 0) {
-                const float *arow = act + (int64_t)slot * F;
-                switch (dp.b) {
-                case 64: tc_prestage_act<2>(arow, cd, dp.rot, dp.seed, dp.stg, ci, dp.n); break;
-                case 128: tc_prestage_act<4>(arow, cd, dp.rot, dp.seed, dp.stg, ci, dp.n); break;
-                default: tc_prestage_act<8>(arow, cd, dp.rot, dp.seed, dp.stg, ci, dp.n); break;
-                }
-            }
-        }
-    }
+    if constexpr (I8) if (dp.stg) tc_dpre_finish(dp, slot, ti * 16, 1, act, F);
 }
 
 /* ---- decode: down + combine ---------------------------------------------------------------------------------- */
@@ -780,6 +706,24 @@ static int tc_attrs(cu_backend *c) {
     return 0;
 }
 
+/* CTAs of the integer-form k_tc_down an SM holds at nw warps (the streamed kernels take over where its grid is more
+ * than one wave); the last answer kept. */
+static int tc_occ_down(cu_backend *c, int b, int nw) {
+    static int last_b = -1, last_nw = -1, last_dev = -1, last = 1;
+    if (b == last_b && nw == last_nw && c->device == last_dev) return last;
+    int n = 0;
+    const size_t sm = tc_smem_dec(nw, 16, b, 0, 1);
+    cudaError_t e;
+    switch (b) {
+    case 64: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_tc_down<2, 0, 1>, nw * 32, sm); break;
+    case 128: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_tc_down<4, 0, 1>, nw * 32, sm); break;
+    default: e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_tc_down<8, 0, 1>, nw * 32, sm); break;
+    }
+    if (e != cudaSuccess) { cudaGetLastError(); n = 1; }
+    last_b = b; last_nw = nw; last_dev = c->device; last = n > 0 ? n : 1;
+    return last;
+}
+
 void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, const cu_expert_table *dtab,
                       float *logits, float *act, const cu_moe_oss *ox) {
     const int64_t T = a->n_tok, H = a->hidden, F = a->ffn;
@@ -865,7 +809,15 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     const cu_mat *dt = dtab ? dtab->table : NULL;
     const size_t rsm_gu = route_gu ? 2 * (size_t)E * sizeof(float) : 0; /* the logits and their softmax */
     const float *rlg = route_gu ? logits : NULL;
-    if (tc_i8_on(bh, dtab != NULL))
+    /* where the legacy grid takes two waves: several tiles a CTA, weights streamed into shared memory (moe_st.cu) */
+    int st_gu = 0;
+    if (tc_i8_on(bh, dtab != NULL) && tab->aligned16) {
+        const cu_moe_st_gu g = {xin, H, F, K, (int32_t)T, E, bh, nwg, tab->type, tab->gu_rotated, a->norm_topk, npre,
+                                tab->gu_seed, tab->table, a->topk_ids, act, a->topk_w, rlg, rs, oxv, stg, dpre};
+        if ((st_gu = cu_moe_st_gate_up(c, &g, TC_GU_CTAS(0))) < 0) return;
+    }
+    if (st_gu) { /* launched (moe_st.cu) */
+    } else if (tc_i8_on(bh, dtab != NULL))
         TC_DISPATCH_PDL_I8(bh, k_tc_gate_up, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
                            a->norm_topk, a->topk_w, rs, oxv, stg, npre, dpre)
@@ -884,7 +836,14 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
         else if (dtab) TC_CARVE_M(bf, k_tc_down, 1, 0)
         else TC_CARVE_M(bf, k_tc_down, 0, 0)
     }
-    if (tc_i8_on(bf, dtab != NULL))
+    int st_dn = 0;
+    if (tc_i8_on(bf, dtab != NULL) && tab->aligned16) {
+        const cu_moe_st_dn d = {act, H, F, K, (int32_t)T, bf, nwd, tab->type, a->accumulate, npd, dne, tab->table,
+                                a->topk_ids, a->topk_w, oxv.db, a->y, (const uint8_t *)dpre.stg};
+        if ((st_dn = cu_moe_st_down(c, &d, tc_occ_down(c, bf, nwd))) < 0) return;
+    }
+    if (st_dn) { /* launched (moe_st.cu) */
+    } else if (tc_i8_on(bf, dtab != NULL))
         TC_DISPATCH_PDL_I8(bf, k_tc_down, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0, 1), act, H, F, K, tab->table,
                            tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)dpre.stg,
                            npd, dne)

@@ -540,6 +540,129 @@ __device__ __forceinline__ void tc_rrow_dot(const tc_rrow &r, uint4 q[TC_RT_U], 
     }
 }
 
+/* ---- decode pieces of gate/up and down, shared by moe_tc.cu and moe_st.cu (the same code, so the same bits) ---- */
+
+/* A warp's rotated chunk staged in the integer form into slot job of njobs in global memory (the slots, then their
+ * 2^e: what tc_i8_fetch_staged reads). */
+template <int M>
+__device__ __forceinline__ void tc_stage_slot(const float v[8], uint8_t *stg, int job, int njobs) {
+    uint32_t *W = (uint32_t *)(stg + (size_t)job * TC_I8_STAGE_BYTES(M));
+    const float p2 = tc_stage_i8<M>(v, W, (int32_t *)(W + M * 64));
+    if ((threadIdx.x & 31) == 0) ((float *)(stg + (size_t)njobs * TC_I8_STAGE_BYTES(M)))[job] = p2;
+}
+
+/* Down's inputs staged once (the integer form): the last gate/up CTA to finish a chunk of a slot's activations
+ * (counted on cnt: T K (F / b) device ints, 0 between launches) rotates and stages it for every down CTA, as
+ * tc_prestage does gate/up's x. stg: NULL for none. */
+typedef struct {
+    uint8_t *stg;
+    int32_t *cnt;
+    int32_t b, rot, n; /* the down matrices' rotation chunk and rotation, and T K (F / b) slots */
+    uint32_t seed;
+} cu_tc_dpre;
+
+/* Chunk c of one slot's activation row (written by other CTAs of this launch: loaded coherently) into job's slot. */
+template <int M>
+__device__ __forceinline__ void tc_prestage_act(const float *arow, int c, int rot, uint32_t seed, uint8_t *stg, int job,
+                                                int njobs) {
+    float v[8];
+    cu_rot_chunk_t<M>(v, arow, rot, seed, c, NULL);
+    tc_stage_slot<M>(v, stg, job, njobs);
+}
+
+/* The activation of one row's gate and up sums: silu(g) u (the formula these kernels always had, so their results
+ * stay bit for bit), or for gpt-oss (ox) the expert's biases at index bi (e F + row) and the clamped form. */
+__device__ __forceinline__ float tc_act(float g, float u, const cu_moe_oss &ox, int64_t bi) {
+    if (!ox.gb && !(ox.lim > 0.f)) return g / (1.0f + expf(-g)) * u;
+    if (ox.gb) {
+        g += ox.gb[bi];
+        u += ox.ub[bi];
+    }
+    return cu_moe_act(g, u, ox.lim);
+}
+
+/* Gate/up's pick for its slot: routed here from the token's logits (tc_route_warps / tc_route_sig_warps, as the
+ * router would; lg: 2 E floats of shared memory), or the router's (rlogits NULL). CTA x = 0 of the slot writes the
+ * pick and weight for down and the expert cache. Every thread of the CTA calls it after cu_pdl_wait(). */
+__device__ __forceinline__ int32_t tc_gu_route(const float *rlogits, float *lg, int tok, int slot, int32_t E, int32_t K,
+                                               int32_t norm_topk, const cu_route_sig &rs, int32_t *topk_ids,
+                                               float *topk_w) {
+    if (!rlogits) return __ldcg(topk_ids + slot); /* the router's output: coherent (cu_pdl_wait) */
+    __shared__ int32_t rids[MOE_MAX_K], rik[MOE_MAX_K];
+    __shared__ float rwts[MOE_MAX_K], rpk[MOE_MAX_K];
+    float *p = lg + E;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) lg[i] = __ldcg(rlogits + (int64_t)tok * E + i);
+    __syncthreads();
+    if (!rs.on) tc_route_warps(lg, E, K, norm_topk, p, rik, rpk, rids, rwts);
+    else tc_route_sig_warps(lg, rs.bias, E, K, rs.G, rs.TG, norm_topk, rs.scale, p, rik, rids, rwts);
+    __syncthreads();
+    const int32_t e = rids[slot - tok * K];
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        topk_ids[slot] = e;
+        topk_w[slot] = rwts[slot - tok * K];
+    }
+    return e;
+}
+
+/* After a gate/up CTA wrote act rows [r0, r0 + nr) of slot: the CTA that completes a chunk of dp.b rows (counted on
+ * dp.cnt, reset by it) rotates and stages the chunk for down (cu_tc_dpre). nr divides dp.b and the rows of a CTA
+ * lie in one chunk. Every thread of the CTA calls it. */
+__device__ __forceinline__ void tc_dpre_finish(const cu_tc_dpre &dp, int slot, int64_t r0, int nr, const float *act,
+                                               int64_t F) {
+    __shared__ int dlast;
+    const int nchd = (int)(F / dp.b), cd = (int)(r0 / dp.b), ci = slot * nchd + cd;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) dlast = atomicAdd(dp.cnt + ci, nr / 16) == dp.b / 16 - nr / 16;
+    __syncthreads();
+    if (dlast) {
+        if (threadIdx.x == 0) dp.cnt[ci] = 0;
+        __threadfence();
+        if (threadIdx.x < 32) {
+            const float *arow = act + (int64_t)slot * F;
+            switch (dp.b) {
+            case 64: tc_prestage_act<2>(arow, cd, dp.rot, dp.seed, dp.stg, ci, dp.n); break;
+            case 128: tc_prestage_act<4>(arow, cd, dp.rot, dp.seed, dp.stg, ci, dp.n); break;
+            default: tc_prestage_act<8>(arow, cd, dp.rot, dp.seed, dp.stg, ci, dp.n); break;
+            }
+        }
+    }
+}
+
+/* ---- moe_st.cu: the decode gate/up and down with several tiles a CTA (where the legacy grid takes two waves) --- */
+
+typedef struct { /* k_tc_gate_up's arguments (the integer form, no delta), b its rotation chunk, nw its warps */
+    const float *x;
+    int64_t H, F;
+    int32_t K, T, E, b, nw, type, rot, norm_topk, npre;
+    uint32_t seed;
+    const cu_mat *table;
+    int32_t *topk_ids;
+    float *act, *topk_w;
+    const float *rlogits;
+    cu_route_sig rs;
+    cu_moe_oss ox;
+    const uint8_t *pre;
+    cu_tc_dpre dp;
+} cu_moe_st_gu;
+
+typedef struct { /* k_tc_down's (the integer form, no delta) */
+    const float *act;
+    int64_t H, F;
+    int32_t K, T, b, nw, type, accum, npre, early;
+    const cu_mat *table;
+    const int32_t *topk_ids;
+    const float *topk_w, *db;
+    float *y;
+    const uint8_t *pre;
+} cu_moe_st_dn;
+
+/* Launch the streamed kernel and return 1, or return 0 where the legacy one keeps the shape (its grid, at
+ * legacy_per_sm CTAs an SM, fits one wave; tiles that do not pair; shared memory), -1 on an error (recorded in c).
+ * The experts' matrices must be 16-byte aligned (cu_expert_table.aligned16). MOET_MOE_ST=0 / =1: never / always. */
+int cu_moe_st_gate_up(cu_backend *c, const cu_moe_st_gu *g, int legacy_per_sm);
+int cu_moe_st_down(cu_backend *c, const cu_moe_st_dn *d, int legacy_per_sm);
+
 /* Warps for `items` equal work items, at most cap: as few as keep every warp's share the same (24 -> 12 x 2). The
  * decode kernels' split; the fused block reproduces it to stay bit-identical. */
 static inline int tc_warps(int64_t items, int cap) {

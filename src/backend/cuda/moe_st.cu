@@ -1,0 +1,340 @@
+/*
+ * moe_st.cu — the decode gate/up and down of moe_tc.cu (the integer form, no delta) for shapes whose grid would take
+ * more than one wave: several 16-row tiles a CTA, the weights streamed into shared memory.
+ *
+ * Why: k_tc_gate_up is one CTA per (16-row tile, slot), k_tc_down one per (16-row tile, token), each warp holding
+ * its chunk's weight words in registers. At qwen3-235b-a22b's shape that is 768 gate/up CTAs (3 an SM: 396 a wave)
+ * and 256 down CTAs (24 warps: 1 an SM), two waves each, and the timeline (stop 32, trace build, H100) shows both
+ * waves paying the whole chain again: gate/up routes 4.5 us, then its products take 10 us, twice (33 us a layer for
+ * 28 MB, 0.86 TB/s); down 19 us for 14 MB. Here a CTA takes TP tiles of the same slot (gate/up) or token (down),
+ * so the grid is one wave, and each warp's work units (a chunk of one tile: gate + up, or one pick's down) arrive by
+ * cp.async into a ring of ST_D slots a warp: the next unit's bytes are in flight while this one is multiplied,
+ * and no weight word waits in a register, so the register budget (3 gate/up CTAs an SM) holds.
+ *
+ * Bit for bit the legacy kernels' results: the same warps (tc_warps), each warp the same chunks (gate/up) or
+ * (pick, chunk) items (down) in the same order, each unit through the same tc_i8_tile / tc_i8_chunk_done into one
+ * running sum a tile, the warps' partials added in warp order. Only the place the weight words come from changed
+ * (shared memory: the scale byte of row r of block bi is byte 16 bi + r of the unit's scales, which tc_sc shuffled
+ * round before). test_ops checks it (MOET_MOE_ST=1 against =0).
+ * Bytes and FLOPs as moe_tc.cu's decode: per token K x 3 x F x H x 9/32 and 2 x K x 3 x F x H.
+ */
+#include <math.h>
+
+#include "backend/cuda/moe_tc.cuh"
+
+#define ST_D 2 /* units in flight a warp (ring slots) */
+
+__device__ __forceinline__ void st_cp16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(cu_smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void st_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void st_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+/* Bytes of one matrix's unit: M blocks of tile codes (128 bytes each), then their 16 scale bytes each. */
+template <int M> struct st_unit {
+    static constexpr int bytes = M * 144;
+};
+
+/* The warp's copy of one unit of matrix m (tile ti, chunk c of M blocks) to dst: 9 M pieces of 16 bytes. */
+template <int M>
+__device__ __forceinline__ void st_issue_mat(unsigned char *dst, const cu_mat &m, int64_t rows, int64_t NB, int64_t ti,
+                                             int c) {
+    const int64_t tb = ti * NB + (int64_t)c * M;
+    const unsigned char *cw = (const unsigned char *)tc_codes(m) + tb * 128, *sw = tc_scales(m, rows, NB) + tb * 16;
+    for (int i = threadIdx.x & 31; i < 9 * M; i += 32) st_cp16(dst + 16 * i, i < 8 * M ? cw + 16 * i : sw + 16 * (i - 8 * M));
+}
+
+/* One matrix's unit against the staged chunk: tc_i8_tile over its M blocks (scale bytes read in place). */
+template <int M>
+__device__ __forceinline__ void st_unit_mac(const unsigned char *u, const uint32_t *W8, const int32_t *X8,
+                                            const float *lut, float cacc[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2;
+    const uint32_t *cw = (const uint32_t *)u;
+    const unsigned char *sc = u + 128 * M;
+#pragma unroll 2 /* full unrolling held both units' loads at once: 460 bytes spilled at M = 8 */
+    for (int bi = 0; bi < M; bi++) {
+        uint32_t bf[2][2];
+        int32_t ci[4];
+        tc_i8_bfrag(W8, X8, bi, bf, ci);
+        tc_i8_tile(cw[32 * bi + lane], bf, ci, lut[sc[16 * bi + g]], lut[sc[16 * bi + g + 8]], cacc);
+    }
+}
+
+/* ---- gate/up: TP tiles of one slot a CTA ----------------------------------------------------------------------
+ * Grid (F / 16 / TP, T K). Dynamic shared memory: lut [256] | red [nw][2 TP][16] | staging [nw] | ring [nw][ST_D]
+ * units (gate then up) | the routing's 2 E floats. */
+template <int M, int TP>
+__global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(0))
+k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,
+             int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act, const float *rlogits, int32_t E,
+             int32_t norm_topk, float *topk_w, cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre,
+             cu_tc_dpre dp) {
+    CU_TRACE(CU_TK_GATE_UP_ST << 8 | M << 2 | TP);
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int UB = 2 * st_unit<M>::bytes, SB = (int)TC_I8_STAGE_BYTES(M);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int slot = blockIdx.y, tok = slot / K;
+    const int64_t ti0 = (int64_t)blockIdx.x * TP, NB = H / 32;
+    const int nch = (int)(H / (32 * M));
+    float *lut = (float *)smem, *red = lut + 256;
+    uint32_t *W8 = (uint32_t *)(red + (size_t)nw * 2 * TP * 16 + (size_t)warp * SB / 4);
+    int32_t *X8 = (int32_t *)(W8 + M * 64);
+    unsigned char *rings = (unsigned char *)(red + (size_t)nw * 2 * TP * 16) + (size_t)nw * SB;
+    unsigned char *ring = rings + (size_t)warp * ST_D * UB;
+    tc_lut_fill(lut);
+    cu_pdl_wait();
+    CU_TRACE_WAITED();
+    __syncthreads();
+    const int32_t e = tc_gu_route(rlogits, (float *)(rings + (size_t)nw * ST_D * UB), tok, slot, E, K, norm_topk, rs,
+                                  topk_ids, topk_w);
+    CU_TRACE_MARK(0); /* routed */
+    const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
+    float Ag, Bg, Au, Bu;
+    tc_ab(type, gm.qbeta, &Ag, &Bg);
+    tc_ab(type, um.qbeta, &Au, &Bu);
+    const int nci = warp < nch ? (nch - warp + nw - 1) / nw : 0, U = nci * TP; /* the warp's chunks and units */
+    auto issue = [&](int u) {
+        if (u < U) {
+            const int c = warp + (u / TP) * nw;
+            unsigned char *d = ring + (size_t)(u % ST_D) * UB;
+            st_issue_mat<M>(d, gm, F, NB, ti0 + u % TP, c);
+            st_issue_mat<M>(d + st_unit<M>::bytes, um, F, NB, ti0 + u % TP, c);
+        }
+        st_commit();
+    };
+#pragma unroll
+    for (int u = 0; u < ST_D; u++) issue(u);
+    float tg[TP][4], tu[TP][4];
+#pragma unroll
+    for (int j = 0; j < TP; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) tg[j][i] = tu[j][i] = 0.f;
+    for (int ci = 0; ci < nci; ci++) {
+        const int c = warp + ci * nw;
+        float p2;
+        if (pre) { /* staged once by the router's extra CTAs (tc_prestage) */
+            p2 = tc_i8_fetch_staged<M>(pre, tok * nch + c, npre, W8);
+        } else {
+            float v[8];
+            cu_rot_chunk_t<M>(v, x + (int64_t)tok * H, rot, seed, c, gm.signs);
+            p2 = tc_stage_i8<M>(v, W8, X8);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < TP; j++) {
+            const int u = ci * TP + j;
+            st_wait<ST_D - 1>();
+            __syncwarp(); /* every lane's pieces of unit u landed */
+            const unsigned char *ub = ring + (size_t)(u % ST_D) * UB;
+            float cg[4] = {0.f, 0.f, 0.f, 0.f}, cu4[4] = {0.f, 0.f, 0.f, 0.f};
+            st_unit_mac<M>(ub, W8, X8, lut, cg);
+            st_unit_mac<M>(ub + st_unit<M>::bytes, W8, X8, lut, cu4);
+            tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cg, tg[j]);
+            tc_i8_chunk_done(um.qscale * p2, Au, Bu, cu4, tu[j]);
+            __syncwarp(); /* its slot read by every lane */
+            issue(u + ST_D);
+        }
+    }
+    st_wait<0>();
+    CU_TRACE_MARK(1); /* the products done */
+    cu_pdl_trigger();
+#pragma unroll
+    for (int j = 0; j < TP; j++) {
+        float ag[2], au[2];
+        tc_i8_rows(tg[j], ag);
+        tc_i8_rows(tu[j], au);
+        if ((lane & 3) == 0) {
+            const int g = lane >> 2;
+            red[((warp * TP + j) * 2 + 0) * 16 + g] = ag[0];
+            red[((warp * TP + j) * 2 + 0) * 16 + g + 8] = ag[1];
+            red[((warp * TP + j) * 2 + 1) * 16 + g] = au[0];
+            red[((warp * TP + j) * 2 + 1) * 16 + g + 8] = au[1];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 * TP) {
+        const int j = threadIdx.x >> 4, r = threadIdx.x & 15;
+        float sg = 0.f, su = 0.f;
+        for (int w = 0; w < nw; w++) { sg += red[((w * TP + j) * 2) * 16 + r]; su += red[((w * TP + j) * 2 + 1) * 16 + r]; }
+        const int64_t row = (ti0 + j) * 16 + r;
+        act[(int64_t)slot * F + row] = tc_act(sg, su, ox, (int64_t)e * F + row);
+    }
+    if (dp.stg) tc_dpre_finish(dp, slot, ti0 * 16, 16 * TP, act, F);
+}
+
+/* ---- down + combine: TP tiles of one token a CTA --------------------------------------------------------------
+ * Grid (H / 16 / TP, T). Dynamic shared memory: lut [256] | red [nw][TP][16] | staging [nw] | ring [nw][ST_D]. */
+template <int M, int TP>
+__global__ void __launch_bounds__(TC_DN_W * 32)
+k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,
+          const int32_t *topk_ids, const float *topk_w, float *__restrict__ y, int accum, const float *db,
+          const uint8_t *pre, int32_t npre, int32_t early) {
+    CU_TRACE(CU_TK_DOWN_ST << 8 | M << 2 | TP);
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ cu_mat dms[MOE_MAX_K];
+    __shared__ float wks[MOE_MAX_K];
+    constexpr int UB = st_unit<M>::bytes, SB = (int)TC_I8_STAGE_BYTES(M);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const int tok = blockIdx.y;
+    const int64_t ti0 = (int64_t)blockIdx.x * TP, NB = F / 32;
+    const int nch = (int)(F / (32 * M)), n_items = K * nch;
+    float *lut = (float *)smem, *red = lut + 256;
+    uint32_t *W8 = (uint32_t *)(red + (size_t)nw * TP * 16 + (size_t)warp * SB / 4);
+    int32_t *X8 = (int32_t *)(W8 + M * 64);
+    unsigned char *ring = (unsigned char *)(red + (size_t)nw * TP * 16) + (size_t)nw * SB + (size_t)warp * ST_D * UB;
+    tc_lut_fill(lut);
+    if (early) cu_pdl_trigger(); /* as k_tc_down: the next kernel may launch beside this one */
+    cu_pdl_wait();
+    CU_TRACE_WAITED();
+    if (threadIdx.x < K) { /* the token's picks: their down matrices and router weights, once a CTA */
+        const int32_t e = __ldcg(topk_ids + tok * K + threadIdx.x);
+        dms[threadIdx.x] = table[e * 3 + 2];
+        wks[threadIdx.x] = __ldcg(topk_w + tok * K + threadIdx.x);
+    }
+    __syncthreads();
+    CU_TRACE_MARK(0); /* the picks known */
+    const int nli = warp < n_items ? (n_items - warp + nw - 1) / nw : 0, U = nli * TP;
+    auto issue = [&](int u) {
+        if (u < U) {
+            const int it = warp + (u / TP) * nw, k = it / nch;
+            st_issue_mat<M>(ring + (size_t)(u % ST_D) * UB, dms[k], H, NB, ti0 + u % TP, it - k * nch);
+        }
+        st_commit();
+    };
+#pragma unroll
+    for (int u = 0; u < ST_D; u++) issue(u);
+    float tot[TP][4];
+#pragma unroll
+    for (int j = 0; j < TP; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) tot[j][i] = 0.f;
+    for (int li = 0; li < nli; li++) {
+        const int it = warp + li * nw, k = it / nch, c = it - k * nch;
+        const cu_mat &dm = dms[k];
+        float A, B;
+        tc_ab(type, dm.qbeta, &A, &B);
+        float p2;
+        if (pre) { /* staged once by gate/up's last CTA of the chunk (cu_tc_dpre) */
+            p2 = tc_i8_fetch_staged<M>(pre, (tok * K + k) * nch + c, npre, W8);
+        } else {
+            float v[8];
+            cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, dm.rotated, dm.rot_seed, c, dm.signs);
+            p2 = tc_stage_i8<M>(v, W8, X8);
+        }
+        __syncwarp();
+        const float q = dm.qscale * p2 * wks[k];
+#pragma unroll
+        for (int j = 0; j < TP; j++) {
+            const int u = li * TP + j;
+            st_wait<ST_D - 1>();
+            __syncwarp();
+            float cd[4] = {0.f, 0.f, 0.f, 0.f};
+            st_unit_mac<M>(ring + (size_t)(u % ST_D) * UB, W8, X8, lut, cd);
+            tc_i8_chunk_done(q, A, B, cd, tot[j]);
+            __syncwarp();
+            issue(u + ST_D);
+        }
+    }
+    st_wait<0>();
+    CU_TRACE_MARK(1); /* the products done */
+    if (!early) cu_pdl_trigger();
+#pragma unroll
+    for (int j = 0; j < TP; j++) {
+        float acc[2];
+        tc_i8_rows(tot[j], acc);
+        if ((lane & 3) == 0) {
+            red[(warp * TP + j) * 16 + (lane >> 2)] = acc[0];
+            red[(warp * TP + j) * 16 + (lane >> 2) + 8] = acc[1];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 * TP) {
+        const int j = threadIdx.x >> 4, r = threadIdx.x & 15;
+        const int64_t row = (ti0 + j) * 16 + r;
+        float s = 0.f;
+        for (int w = 0; w < nw; w++) s += red[(w * TP + j) * 16 + r];
+        if (db) /* gpt-oss: each pick's down bias at its router weight */
+            for (int k = 0; k < K; k++)
+                s += __ldcg(topk_w + tok * K + k) * db[(int64_t)__ldcg(topk_ids + tok * K + k) * H + row];
+        float *yp = y + (int64_t)tok * H + row;
+        *yp = accum ? *yp + s : s;
+    }
+}
+
+/* ---- host side ----------------------------------------------------------------------------------------------- */
+
+static size_t st_smem_gu(int nw, int M, int TP, int32_t E, int route) {
+    return (256 + (size_t)nw * 2 * TP * 16) * sizeof(float) + (size_t)nw * TC_I8_STAGE_BYTES(M) +
+           (size_t)nw * ST_D * 2 * 144 * M + (route ? 2 * (size_t)E * sizeof(float) : 0);
+}
+static size_t st_smem_dn(int nw, int M, int TP) {
+    return (256 + (size_t)nw * TP * 16) * sizeof(float) + (size_t)nw * TC_I8_STAGE_BYTES(M) + (size_t)nw * ST_D * 144 * M;
+}
+
+/* Tiles a CTA for a legacy grid of `ctas` CTAs of which `per_sm` fit an SM: 1 (the legacy kernel) where one wave
+ * holds them, else 2 where the tiles pair up. MOET_MOE_ST=0 never, =1 wherever the tiles pair up (the tests). */
+static int st_tiles(cu_backend *c, int64_t ctas, int per_sm, int64_t tiles) {
+    const char *s = getenv("MOET_MOE_ST");
+    if (s && s[0] == '0') return 1;
+    if (tiles % 2) return 1;
+    if (s && s[0] == '1') return 2;
+    return ctas > (int64_t)per_sm * c->prop.multiProcessorCount ? 2 : 1;
+}
+
+template <int M, int TP> static int st_attrs(cu_backend *c) {
+    static int dev = -1;
+    if (dev == c->device) return 0;
+    const int big = (int)c->prop.sharedMemPerBlockOptin;
+    if (CU_CHECK(c, cudaFuncSetAttribute(k_st_gate_up<M, TP>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_st_down<M, TP>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)))
+        return -1;
+    cu_carveout_max(c, (const void *)k_st_gate_up<M, TP>);
+    cu_carveout_max(c, (const void *)k_st_down<M, TP>);
+    dev = c->device;
+    return 0;
+}
+
+template <int M>
+static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
+    if (st_attrs<M, 2>(c)) return -1;
+    const dim3 grid((unsigned)(g->F / 32), (unsigned)(g->T * g->K));
+    cu_launch_pdl(c, k_st_gate_up<M, 2>, grid, dim3(g->nw * 32), st_smem_gu(g->nw, M, 2, g->E, g->rlogits != NULL),
+                  g->x, g->H, g->F, g->K, g->table, g->type, g->rot, g->seed, g->topk_ids, g->act, g->rlogits, g->E,
+                  g->norm_topk, g->topk_w, g->rs, g->ox, g->pre, g->npre, g->dp);
+    return CU_LAUNCHED(c, "k_st_gate_up") ? -1 : 0;
+}
+
+/* Launches the streamed gate/up (moe_st.h's contract) and returns 1, or returns 0 where the legacy kernel keeps
+ * the shape (one wave holds it, or tiles that do not pair up), -1 on an error (recorded in c). */
+int cu_moe_st_gate_up(cu_backend *c, const cu_moe_st_gu *g, int legacy_per_sm) {
+    const int64_t tiles = g->F / 16;
+    if (st_tiles(c, tiles * g->T * g->K, legacy_per_sm, tiles) == 1) return 0;
+    if (st_smem_gu(g->nw, g->b / 32, 2, g->E, g->rlogits != NULL) > c->prop.sharedMemPerBlockOptin) return 0;
+    switch (g->b) {
+    case 64: return st_gate_up_m<2>(c, g) ? -1 : 1;
+    case 128: return st_gate_up_m<4>(c, g) ? -1 : 1;
+    case 256: return st_gate_up_m<8>(c, g) ? -1 : 1;
+    default: return 0;
+    }
+}
+
+template <int M>
+static int st_down_m(cu_backend *c, const cu_moe_st_dn *d) {
+    if (st_attrs<M, 2>(c)) return -1;
+    const dim3 grid((unsigned)(d->H / 32), (unsigned)d->T);
+    cu_launch_pdl(c, k_st_down<M, 2>, grid, dim3(d->nw * 32), st_smem_dn(d->nw, M, 2), d->act, d->H, d->F, d->K,
+                  d->table, d->type, d->topk_ids, d->topk_w, d->y, d->accum, d->db, d->pre, d->npre, d->early);
+    return CU_LAUNCHED(c, "k_st_down") ? -1 : 0;
+}
+
+int cu_moe_st_down(cu_backend *c, const cu_moe_st_dn *d, int legacy_per_sm) {
+    const int64_t tiles = d->H / 16;
+    if (d->K > MOE_MAX_K || st_tiles(c, tiles * d->T, legacy_per_sm, tiles) == 1) return 0;
+    if (st_smem_dn(d->nw, d->b / 32, 2) > c->prop.sharedMemPerBlockOptin) return 0;
+    switch (d->b) {
+    case 64: return st_down_m<2>(c, d) ? -1 : 1;
+    case 128: return st_down_m<4>(c, d) ? -1 : 1;
+    case 256: return st_down_m<8>(c, d) ? -1 : 1;
+    default: return 0;
+    }
+}

@@ -1654,6 +1654,9 @@ int main(int argc, char **argv) {
              * the legacy grid takes two waves, so forced here) against the legacy ones, bit for bit, with each
              * staging: the default, down's prestaged, none */
             static const char *const st_pre[3][2] = {{NULL, NULL}, {"MOET_MOE_PRESTAGE_DN", "1"}, {"MOET_MOE_PRESTAGE", "0"}};
+            const char *st_env = getenv("MOET_MOE_ST");
+            char st_keep[8] = "";
+            if (st_env) snprintf(st_keep, sizeof st_keep, "%s", st_env);
             setenv("MOET_MOE_ST", "1", 1);
             for (int v = 0; v < 3; v++) {
                 if (st_pre[v][0]) setenv(st_pre[v][0], st_pre[v][1], 1);
@@ -1664,7 +1667,7 @@ int main(int argc, char **argv) {
                 CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the streamed kernels differ (staging %d)",
                       H, F, v);
             }
-            unsetenv("MOET_MOE_ST");
+            if (st_keep[0]) setenv("MOET_MOE_ST", st_keep, 1); else unsetenv("MOET_MOE_ST");
             /* the f16 form (MOET_MOE_I8=0) against float64 as closely */
             setenv("MOET_MOE_I8", "0", 1);
             moe_tokenwise(be, &ma, xd, od, T, H);

@@ -15,10 +15,14 @@
  * (pick, chunk) items (down) in the same order, each unit through the same tc_i8_tile / tc_i8_chunk_done into one
  * running sum a tile, the warps' partials added in warp order. Only the place the weight words come from changed
  * (shared memory: the scale byte of row r of block bi is byte 16 bi + r of the unit's scales, which tc_sc shuffled
- * round before). test_ops checks it (MOET_MOE_ST=1 against =0).
+ * round before). test_ops checks it (MOET_MOE_ST=1 against the default).
+ * Opt-in (MOET_MOE_ST=auto: where the legacy grid takes two waves) until a GPU has run it: written in stop 33, when
+ * no device machine came.
  * Bytes and FLOPs as moe_tc.cu's decode: per token K x 3 x F x H x 9/32 and 2 x K x 3 x F x H.
  */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/moe_tc.cuh"
 
@@ -272,13 +276,13 @@ static size_t st_smem_dn(int nw, int M, int TP) {
 }
 
 /* Tiles a CTA for a legacy grid of `ctas` CTAs of which `per_sm` fit an SM: 1 (the legacy kernel) where one wave
- * holds them, else 2 where the tiles pair up. MOET_MOE_ST=0 never, =1 wherever the tiles pair up (the tests). */
+ * holds them, else 2 where the tiles pair up (MOET_MOE_ST=auto). MOET_MOE_ST=1: 2 wherever the tiles pair up (the
+ * tests); unset or 0: the legacy kernels. Opt-in until it has run on a GPU: no device machine came in stop 33. */
 static int st_tiles(cu_backend *c, int64_t ctas, int per_sm, int64_t tiles) {
     const char *s = getenv("MOET_MOE_ST");
-    if (s && s[0] == '0') return 1;
-    if (tiles % 2) return 1;
-    if (s && s[0] == '1') return 2;
-    return ctas > (int64_t)per_sm * c->prop.multiProcessorCount ? 2 : 1;
+    if (!s || s[0] == '0' || tiles % 2) return 1;
+    if (s[0] == '1') return 2;
+    return !strcmp(s, "auto") && ctas > (int64_t)per_sm * c->prop.multiProcessorCount ? 2 : 1;
 }
 
 template <int M, int TP> static int st_attrs(cu_backend *c) {

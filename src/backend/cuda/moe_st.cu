@@ -285,12 +285,21 @@ static int st_tiles(cu_backend *c, int64_t ctas, int per_sm, int64_t tiles) {
     return !strcmp(s, "auto") && ctas > (int64_t)per_sm * c->prop.multiProcessorCount ? 2 : 1;
 }
 
+/* The largest dynamic shared memory a kernel may ask for: the opt-in limit less its static arrays (asking for the
+ * whole limit fails the attribute call where the kernel has any). */
+static int st_dyn_max(cu_backend *c, const void *k) {
+    cudaFuncAttributes fa;
+    if (CU_CHECK(c, cudaFuncGetAttributes(&fa, k))) return -1;
+    return (int)(c->prop.sharedMemPerBlockOptin - fa.sharedSizeBytes);
+}
+
 template <int M, int TP> static int st_attrs(cu_backend *c) {
     static int dev = -1;
     if (dev == c->device) return 0;
-    const int big = (int)c->prop.sharedMemPerBlockOptin;
-    if (CU_CHECK(c, cudaFuncSetAttribute(k_st_gate_up<M, TP>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_st_down<M, TP>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)))
+    const int bg = st_dyn_max(c, (const void *)k_st_gate_up<M, TP>), bd = st_dyn_max(c, (const void *)k_st_down<M, TP>);
+    if (bg < 0 || bd < 0 ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_st_gate_up<M, TP>, cudaFuncAttributeMaxDynamicSharedMemorySize, bg)) ||
+        CU_CHECK(c, cudaFuncSetAttribute(k_st_down<M, TP>, cudaFuncAttributeMaxDynamicSharedMemorySize, bd)))
         return -1;
     cu_carveout_max(c, (const void *)k_st_gate_up<M, TP>);
     cu_carveout_max(c, (const void *)k_st_down<M, TP>);
@@ -313,7 +322,7 @@ static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
 int cu_moe_st_gate_up(cu_backend *c, const cu_moe_st_gu *g, int legacy_per_sm) {
     const int64_t tiles = g->F / 16;
     if (st_tiles(c, tiles * g->T * g->K, legacy_per_sm, tiles) == 1) return 0;
-    if (st_smem_gu(g->nw, g->b / 32, 2, g->E, g->rlogits != NULL) > c->prop.sharedMemPerBlockOptin) return 0;
+    if (st_smem_gu(g->nw, g->b / 32, 2, g->E, g->rlogits != NULL) + 1024 > c->prop.sharedMemPerBlockOptin) return 0;
     switch (g->b) {
     case 64: return st_gate_up_m<2>(c, g) ? -1 : 1;
     case 128: return st_gate_up_m<4>(c, g) ? -1 : 1;
@@ -334,7 +343,7 @@ static int st_down_m(cu_backend *c, const cu_moe_st_dn *d) {
 int cu_moe_st_down(cu_backend *c, const cu_moe_st_dn *d, int legacy_per_sm) {
     const int64_t tiles = d->H / 16;
     if (d->K > MOE_MAX_K || st_tiles(c, tiles * d->T, legacy_per_sm, tiles) == 1) return 0;
-    if (st_smem_dn(d->nw, d->b / 32, 2) > c->prop.sharedMemPerBlockOptin) return 0;
+    if (st_smem_dn(d->nw, d->b / 32, 2) + 2048 > c->prop.sharedMemPerBlockOptin) return 0; /* + its static arrays */
     switch (d->b) {
     case 64: return st_down_m<2>(c, d) ? -1 : 1;
     case 128: return st_down_m<4>(c, d) ? -1 : 1;

@@ -255,7 +255,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         for (int w = 0; w < nw; w++) { sg += red[(w * 2) * 16 + r]; su += red[(w * 2 + 1) * 16 + r]; }
         act[(int64_t)slot * F + ti * 16 + r] = tc_act(sg, su, ox, (int64_t)e * F + ti * 16 + r);
     }
-    if constexpr (I8) if (dp.stg) tc_dpre_finish(dp, slot, ti * 16, 1, act, F);
+    if constexpr (I8) if (dp.stg) tc_dpre_finish(dp, slot, ti * 16, 16, act, F);
 }
 
 /* ---- decode: down + combine ---------------------------------------------------------------------------------- */

@@ -1651,8 +1651,9 @@ int main(int argc, char **argv) {
             pull(o3, od, (size_t)(T * H));
             CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the prestaged inputs differ", H, F);
             /* the streamed kernels (moe_st.cu: two tiles a CTA, weights through shared memory; by default only where
-             * the legacy grid takes two waves, so forced here) against the legacy ones, bit for bit, with each
-             * staging: the default, down's prestaged, none */
+             * the legacy grid takes two waves, so forced here: MOET_MOE_ST=1) against the legacy ones (the default
+             * at these shapes), bit for bit, with each staging: the default, down's prestaged, none. They need
+             * 16-byte aligned experts: the shapes whose allocations come out so (256x128 and up, on an H100) */
             static const char *const st_pre[3][2] = {{NULL, NULL}, {"MOET_MOE_PRESTAGE_DN", "1"}, {"MOET_MOE_PRESTAGE", "0"}};
             const char *st_env = getenv("MOET_MOE_ST");
             char st_keep[8] = "";

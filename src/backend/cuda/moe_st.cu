@@ -15,14 +15,16 @@
  * (pick, chunk) items (down) in the same order, each unit through the same tc_i8_tile / tc_i8_chunk_done into one
  * running sum a tile, the warps' partials added in warp order. Only the place the weight words come from changed
  * (shared memory: the scale byte of row r of block bi is byte 16 bi + r of the unit's scales, which tc_sc shuffled
- * round before). test_ops checks it (MOET_MOE_ST=1 against the default).
- * Opt-in (MOET_MOE_ST=auto: where the legacy grid takes two waves) until a GPU has run it: written in stop 33, when
- * no device machine came.
+ * round before). test_ops checks it (MOET_MOE_ST=1 against the legacy kernels, the default at its shapes).
+ * Measured at the 235b shape (stop 33, an H100, trace build): gate/up 33.7 -> 28.9 us a layer, down 18.9 -> 16.5,
+ * tg64 +4.0%. Less than one wave's worth: a gate/up CTA's warps take 16 us over their four units once routed
+ * (mark 0 -> 1), likely bound by instruction issue rather than bytes (an estimate, ~60 K warp instructions an SM
+ * for the token's 28 MB at ~40 a 16 x 32 block; docs/performance.md "Stop 33"). The B fragments are rebuilt for
+ * each matrix and tile here (st_unit_mac); sharing them across a chunk's units is the first cut to try.
  * Bytes and FLOPs as moe_tc.cu's decode: per token K x 3 x F x H x 9/32 and 2 x K x 3 x F x H.
  */
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "backend/cuda/moe_tc.cuh"
 
@@ -276,13 +278,14 @@ static size_t st_smem_dn(int nw, int M, int TP) {
 }
 
 /* Tiles a CTA for a legacy grid of `ctas` CTAs of which `per_sm` fit an SM: 1 (the legacy kernel) where one wave
- * holds them, else 2 where the tiles pair up (MOET_MOE_ST=auto). MOET_MOE_ST=1: 2 wherever the tiles pair up (the
- * tests); unset or 0: the legacy kernels. Opt-in until it has run on a GPU: no device machine came in stop 33. */
+ * holds them, else 2 where the tiles pair up. MOET_MOE_ST=0: the legacy kernels always, =1: 2 wherever the tiles
+ * pair up (the tests). Measured (stop 33, an H100, one call, against the previous build): 235b tg64 88.1 / 88.2 ->
+ * 91.7 / 91.7 t/s; 30b (one wave already) unchanged. */
 static int st_tiles(cu_backend *c, int64_t ctas, int per_sm, int64_t tiles) {
     const char *s = getenv("MOET_MOE_ST");
-    if (!s || s[0] == '0' || tiles % 2) return 1;
-    if (s[0] == '1') return 2;
-    return !strcmp(s, "auto") && ctas > (int64_t)per_sm * c->prop.multiProcessorCount ? 2 : 1;
+    if ((s && s[0] == '0') || tiles % 2) return 1;
+    if (s && s[0] == '1') return 2;
+    return ctas > (int64_t)per_sm * c->prop.multiProcessorCount ? 2 : 1;
 }
 
 /* The largest dynamic shared memory a kernel may ask for: the opt-in limit less its static arrays (asking for the

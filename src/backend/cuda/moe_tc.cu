@@ -34,8 +34,7 @@
  *                         act rotated by pick k's rotation (or gate/up's staged chunk), router weight folded in;
  *                         partials added in warp order.
  *            Where gate/up's or down's grid would take more than one wave (qwen3-235b-a22b: 768 and 256 CTAs),
- *            moe_st.cu's forms take two tiles a CTA and stream the weights through shared memory, bit-identically
- *            (opt-in, MOET_MOE_ST=auto, until it has run on a GPU).
+ *            moe_st.cu's forms take two tiles a CTA and stream the weights through shared memory, bit-identically.
  *   grouped  k_tc_gate_up_grp / k_tc_down_grp: one CTA per (tile, chunk of up to 8 slots of one expert): two mma
  *            column groups of 4 tokens x (hi, lo), each weight decoded once for the 8 tokens.
  * Bytes (decode, per token): k x 3 x ffn x hidden x 9/32 + the router; FLOPs 2 x k x 3 x ffn x hidden.

@@ -659,8 +659,8 @@ typedef struct { /* k_tc_down's (the integer form, no delta) */
 
 /* Launch the streamed kernel and return 1, or return 0 where the legacy one keeps the shape (its grid, at
  * legacy_per_sm CTAs an SM, fits one wave; tiles that do not pair; shared memory), -1 on an error (recorded in c).
- * The experts' matrices must be 16-byte aligned (cu_expert_table.aligned16). MOET_MOE_ST unset or 0: never (for
- * now: not yet run on a GPU), =auto: the rule above, =1: wherever the tiles pair (the tests). */
+ * The experts' matrices must be 16-byte aligned (cu_expert_table.aligned16). MOET_MOE_ST=0: never, =1: wherever
+ * the tiles pair (the tests). */
 int cu_moe_st_gate_up(cu_backend *c, const cu_moe_st_gu *g, int legacy_per_sm);
 int cu_moe_st_down(cu_backend *c, const cu_moe_st_dn *d, int legacy_per_sm);
 

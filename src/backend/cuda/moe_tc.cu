@@ -309,14 +309,7 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         float A, B;
         tc_ab(type, dm.qbeta, &A, &B);
         if constexpr (I8) { /* the integer form (quant/tile.h); never with the delta */
-            float p2;
-            if (pre) { /* staged once by gate/up's last CTA of the chunk (cu_tc_dpre): copied to the warp's slot */
-                p2 = tc_i8_fetch_staged<M>(pre, (tok * K + k) * nch + c, npre, W8);
-            } else {
-                float v[8];
-                cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, dm.rotated, dm.rot_seed, c, dm.signs);
-                p2 = tc_stage_i8<M>(v, W8, X8);
-            }
+            const float p2 = tc_dn_stage<M>(pre, npre, act, tok, K, k, c, nch, F, dm, W8, X8);
             __syncwarp();
             float cd[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll

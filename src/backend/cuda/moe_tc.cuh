@@ -581,6 +581,19 @@ __device__ __forceinline__ float tc_act(float g, float u, const cu_moe_oss &ox, 
     return cu_moe_act(g, u, ox.lim);
 }
 
+/* Down's input chunk c of pick k of token tok in the integer form, into the warp's staging W8 / X8: copied from
+ * gate/up's staging (pre: cu_tc_dpre's slots, npre of them) or rotated by the pick's matrix dm and staged here;
+ * returns its 2^e. The caller __syncwarp()s before reading W8. */
+template <int M>
+__device__ __forceinline__ float tc_dn_stage(const uint8_t *pre, int32_t npre, const float *act, int tok, int32_t K,
+                                             int k, int c, int nch, int64_t F, const cu_mat &dm, uint32_t *W8,
+                                             int32_t *X8) {
+    if (pre) return tc_i8_fetch_staged<M>(pre, (tok * K + k) * nch + c, npre, W8);
+    float v[8];
+    cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, dm.rotated, dm.rot_seed, c, dm.signs);
+    return tc_stage_i8<M>(v, W8, X8);
+}
+
 /* Gate/up's pick for its slot: routed here from the token's logits (tc_route_warps / tc_route_sig_warps, as the
  * router would; lg: 2 E floats of shared memory), or the router's (rlogits NULL). CTA x = 0 of the slot writes the
  * pick and weight for down and the expert cache. Every thread of the CTA calls it after cu_pdl_wait(). */

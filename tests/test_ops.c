@@ -2091,15 +2091,20 @@ int perf_main(moet_backend *be) {
             drop(q); drop(kc); drop(vc); drop(o); drop(pd); drop(blk_d); op->release(be, scr); free(pos); free(blk);
         }
     }
-    const int64_t H = 2048, F = 768;
-    const int E = 128, K = 8, SETS = 8, REPS = 48;
+    /* MOET_PERF_MOE_SHAPE=235b: qwen3-235b-a22b's experts (hidden 4096, expert FFN 1536) in 4 weight sets (2.7 GB
+     * of W2 each, with the delta's 5.4), where the decode grids are two waves for the legacy kernels (moe_st.cu) */
+    const char *pshape = getenv("MOET_PERF_MOE_SHAPE");
+    const int big = pshape && !strcmp(pshape, "235b");
+    const int64_t H = big ? 4096 : 2048, F = big ? 1536 : 768;
+    enum { SETS = 8 };
+    const int E = 128, K = 8, NS = big ? 4 : SETS, REPS = 48;
     const size_t gb = moet_type_row_bytes(MOET_TYPE_W2, H) * F, db = moet_type_row_bytes(MOET_TYPE_W2, F) * H;
     moet_weight *gw = calloc((size_t)E * SETS, sizeof(moet_weight)), *uw = calloc((size_t)E * SETS, sizeof(moet_weight)),
                 *dw = calloc((size_t)E * SETS, sizeof(moet_weight)), *rt = calloc(SETS, sizeof(moet_weight));
     moet_weight *dg = calloc((size_t)E * SETS, sizeof(moet_weight)), *du = calloc((size_t)E * SETS, sizeof(moet_weight)),
                 *dd = calloc((size_t)E * SETS, sizeof(moet_weight));
     const size_t nvb = moet_type_row_bytes(MOET_TYPE_NVFP4, H) * F; /* = the down residual's (F % 16 == 0) */
-    for (int s = 0; s < SETS; s++) {
+    for (int s = 0; s < NS; s++) {
         uint8_t *mem = op->alloc(be, (size_t)E * (2 * gb + db));
         REQUIRE(mem, "perf weights");
         for (int e = 0; e < E; e++) {
@@ -2135,7 +2140,7 @@ int perf_main(moet_backend *be) {
                               .qscale = 1};
     }
     const int toks[] = {1, 8, 32, 512};
-    printf("%-28s %8s %10s %10s %9s %9s\n", "op (qwen3-30b-a3b experts)", "tokens", "us/op", "MB/op", "GB/s", "TFLOP/s");
+    printf("%-28s %8s %10s %10s %9s %9s\n", big ? "op (qwen3-235b-a22b experts)" : "op (qwen3-30b-a3b experts)", "tokens", "us/op", "MB/op", "GB/s", "TFLOP/s");
     for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
         const int T = toks[ti];
         float *x = dev(NULL, sizeof(float) * T * H), *y = dev(NULL, sizeof(float) * T * H);
@@ -2144,12 +2149,12 @@ int perf_main(moet_backend *be) {
         int32_t *ti32 = dev(NULL, sizeof(int32_t) * T * K);
         void *scr = op->alloc(be, op->moe_scratch_bytes(be, T, H, F, E, K));
         moet_moe_args ma[SETS];
-        for (int s = 0; s < SETS; s++)
+        for (int s = 0; s < NS; s++)
             ma[s] = (moet_moe_args){.x = x, .n_tok = T, .hidden = H, .ffn = F, .router = &rt[s], .n_experts = E,
                                     .n_used = K, .norm_topk = 1, .gate = gw + s * E, .up = uw + s * E,
                                     .down = dw + s * E, .topk_ids = ti32, .topk_w = tw, .y = y, .scratch = scr};
         int reps = T >= 512 ? 8 : REPS;
-        perf_ctx pc = {be, ma, SETS, reps};
+        perf_ctx pc = {be, ma, NS, reps};
         const double best = perf_graph_best(be, 1000 + (uint64_t)T, perf_moe_step, &pc, reps, y);
         /* bytes: the distinct experts' three matrices (at most E) + router; FLOPs: 2 per weight per routed row */
         int distinct = T * K < E ? T * K : E; /* upper bound for random routing */
@@ -2182,6 +2187,16 @@ int perf_main(moet_backend *be) {
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 prestage down (DN=1)", T, bq * 1e6, bytes / 1e6,
                    bytes / bq / 1e9, flops / bq / 1e12);
         }
+        if (T < 4) { /* the streamed decode kernels (moe_st.cu) forced (=1) and off (=0): by default they run where the
+                      * legacy grids take two waves (the 235b shape), not at the 30b shape */
+            for (int v = 0; v < 2; v++) {
+                setenv("MOET_MOE_ST", v ? "0" : "1", 1);
+                const double bt = perf_graph_best(be, (v ? 9800 : 9700) + (uint64_t)T, perf_moe_step, &pc, reps, y);
+                unsetenv("MOET_MOE_ST");
+                printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", v ? "moe w2 legacy grids (ST=0)" : "moe w2 streamed (ST=1)",
+                       T, bt * 1e6, bytes / 1e6, bytes / bt / 1e9, flops / bt / 1e12);
+            }
+        }
         if (T >= 8) { /* the grouped kernels with the sign planes instead of the level operand (MOET_MOE_LV=0) */
             setenv("MOET_MOE_LV", "0", 1);
             const double bs = perf_graph_best(be, 4000 + (uint64_t)T, perf_moe_step, &pc, reps, y);
@@ -2191,13 +2206,13 @@ int perf_main(moet_backend *be) {
         }
         { /* with the FP4 delta: base + NVFP4 residuals in the same kernels (decode; grouped from 4 tokens) */
             moet_moe_args md[SETS];
-            for (int s = 0; s < SETS; s++) {
+            for (int s = 0; s < NS; s++) {
                 md[s] = ma[s];
                 md[s].dgate = dg + s * E;
                 md[s].dup = du + s * E;
                 md[s].ddown = dd + s * E;
             }
-            perf_ctx pd = {be, md, SETS, reps};
+            perf_ctx pd = {be, md, NS, reps};
             const double bd = perf_graph_best(be, 5000 + (uint64_t)T, perf_moe_step, &pd, reps, y);
             const double dbytes = bytes + (double)distinct * 3.0 * (double)nvb;
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2+nvfp4 delta", T, bd * 1e6, dbytes / 1e6,
@@ -2219,7 +2234,7 @@ int perf_main(moet_backend *be) {
         }
         drop(x); drop(y); drop(tw); drop(ti32); op->release(be, scr);
     }
-    for (int s = 0; s < SETS; s++) {
+    for (int s = 0; s < NS; s++) {
         op->release(be, (void *)gw[s * E].data);
         op->release(be, (void *)rt[s].data);
         op->release(be, (void *)dg[s * E].data);

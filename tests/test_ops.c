@@ -1493,6 +1493,7 @@ int main(int argc, char **argv) {
     const char *fu_env = getenv("MOET_MOE_FUSED");
     const int ab = is_cuda && !(fu_env && fu_env[0] == '0');
     if (ab) setenv("MOET_MOE_FUSED", "1", 1);
+    long long st_runs[2] = {0, 0}; /* the streamed decode kernels' launches over the shapes (CUDA) */
     for (int ms = 0; ms < 11; ms++) {
         const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = moe_shapes[ms][2];
         float *xr = malloc(sizeof(float) * T * H), *rw = malloc(sizeof(float) * E * H), *o = malloc(sizeof(float) * T * H);
@@ -1659,6 +1660,7 @@ int main(int argc, char **argv) {
             char st_keep[8] = "";
             if (st_env) snprintf(st_keep, sizeof st_keep, "%s", st_env);
             setenv("MOET_MOE_ST", "1", 1);
+            const long long st0[2] = {moet_backend_cuda_launches("st_gate_up"), moet_backend_cuda_launches("st_down")};
             for (int v = 0; v < 3; v++) {
                 if (st_pre[v][0]) setenv(st_pre[v][0], st_pre[v][1], 1);
                 poison_dev(od, (size_t)(T * H));
@@ -1669,6 +1671,12 @@ int main(int argc, char **argv) {
                       H, F, v);
             }
             if (st_keep[0]) setenv("MOET_MOE_ST", st_keep, 1); else unsetenv("MOET_MOE_ST");
+            const long long stn[2] = {moet_backend_cuda_launches("st_gate_up") - st0[0],
+                                      moet_backend_cuda_launches("st_down") - st0[1]};
+            printf("cuda  moe        %dx%d n=1: the streamed kernels ran %lld (gate/up) and %lld (down) times\n", H, F,
+                   stn[0], stn[1]);
+            st_runs[0] += stn[0];
+            st_runs[1] += stn[1];
             /* the f16 form (MOET_MOE_I8=0) against float64 as closely */
             setenv("MOET_MOE_I8", "0", 1);
             moe_tokenwise(be, &ma, xd, od, T, H);
@@ -1794,6 +1802,9 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 3; k++) for (int e = 0; e < E; e++) { op->forget(be, blks[k][e]); free(dq[k][e]); free(blks[k][e]); }
         free(xr); free(rw); free(o); free(rr); free(xraw); free(gn);
     }
+    /* the bit-for-bit checks of the streamed kernels above compare something only where they ran */
+    if (is_cuda) CHECK(st_runs[0] > 0 && st_runs[1] > 0, "moe: the streamed kernels never ran (gate/up %lld, down %lld)",
+                       st_runs[0], st_runs[1]);
     free(W); free(deq); free(x); free(y); free(ref);
     op->destroy(be);
     TEST_END();

@@ -290,6 +290,9 @@ int moet_backend_cuda_device_count(void);
  * overlap depends on, docs/performance.md "Stop 32"): "router" (k_tc_router, 1 token), "down" (k_tc_down, integer
  * form, 256-column chunks), "mv16s" (k_mv16s, bf16, pre-normed). -1: unknown name, no CUDA or no GPU. */
 int moet_backend_cuda_kernel_regs(const char *kernel);
+/* Launches so far in this process of a kernel that only some shapes take, so a test can tell that it ran:
+ * "st_gate_up", "st_down" (moe_st.cu's streamed decode kernels). -1: unknown name or no CUDA. */
+long long moet_backend_cuda_launches(const char *kernel);
 
 
 #ifdef __cplusplus

@@ -581,6 +581,13 @@ extern "C" int moet_backend_cuda_kernel_regs(const char *kernel) {
     return -1;
 }
 
+extern "C" long long moet_backend_cuda_launches(const char *kernel) {
+    if (!kernel) return -1;
+    if (!strcmp(kernel, "st_gate_up")) return cu_moe_st_launches(0);
+    if (!strcmp(kernel, "st_down")) return cu_moe_st_launches(1);
+    return -1;
+}
+
 extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t errlen) {
     int n = moet_backend_cuda_device_count();
     if (device < 0 || device >= n) {

@@ -210,6 +210,8 @@ void cu_moe(moet_backend *be, const moet_moe_args *a);
 void cu_moe_fused_report(cu_backend *c);
 void cu_moe_fused_trace_init(cu_backend *c);
 /* matmul.cu: whether the decode down kernel lets the next kernel (k_mv16s) launch at its start */
+/* moe_st.cu's launches so far (0: gate/up, 1: down): moet_backend_cuda_launches */
+long long cu_moe_st_launches(int down);
 int cu_mv_early_next(void);
 int cu_mv_carve_down(void);
 /* moet_backend_cuda_kernel_regs's sources: registers a thread of the decode router (down 0) or down (1), moe_tc.cu,

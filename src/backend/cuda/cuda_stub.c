@@ -15,3 +15,8 @@ int moet_backend_cuda_kernel_regs(const char *kernel) {
     (void)kernel;
     return -1;
 }
+
+long long moet_backend_cuda_launches(const char *kernel) {
+    (void)kernel;
+    return -1;
+}

@@ -303,6 +303,10 @@ template <int M, int TP> static int st_attrs(cu_backend *c) {
     return 0;
 }
 
+static long long g_st_launches[2]; /* gate/up, down: moet_backend_cuda_launches (the tests) */
+
+extern "C" long long cu_moe_st_launches(int down) { return g_st_launches[down ? 1 : 0]; }
+
 template <int M>
 static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
     if (st_attrs<M, 2>(c)) return -1;
@@ -310,6 +314,7 @@ static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
     cu_launch_pdl(c, k_st_gate_up<M, 2>, grid, dim3(g->nw * 32), st_smem_gu(g->nw, M, 2, g->E, g->rlogits != NULL),
                   g->x, g->H, g->F, g->K, g->table, g->type, g->rot, g->seed, g->topk_ids, g->act, g->rlogits, g->E,
                   g->norm_topk, g->topk_w, g->rs, g->ox, g->pre, g->npre, g->dp);
+    g_st_launches[0]++;
     return CU_LAUNCHED(c, "k_st_gate_up") ? -1 : 0;
 }
 
@@ -333,6 +338,7 @@ static int st_down_m(cu_backend *c, const cu_moe_st_dn *d) {
     const dim3 grid((unsigned)(d->H / 32), (unsigned)d->T);
     cu_launch_pdl(c, k_st_down<M, 2>, grid, dim3(d->nw * 32), st_smem_dn(d->nw, M, 2), d->act, d->H, d->F, d->K,
                   d->table, d->type, d->topk_ids, d->topk_w, d->y, d->accum, d->db, d->pre, d->npre, d->early);
+    g_st_launches[1]++;
     return CU_LAUNCHED(c, "k_st_down") ? -1 : 0;
 }
 

@@ -50,32 +50,38 @@ __device__ __forceinline__ void st_issue_mat(unsigned char *dst, const cu_mat &m
     for (int i = threadIdx.x & 31; i < 9 * M; i += 32) st_cp16(dst + 16 * i, i < 8 * M ? cw + 16 * i : sw + 16 * (i - 8 * M));
 }
 
-/* One matrix's unit against the staged chunk: tc_i8_tile over its M blocks (scale bytes read in place). */
-template <int M>
-__device__ __forceinline__ void st_unit_mac(const unsigned char *u, const uint32_t *W8, const int32_t *X8,
-                                            const float *lut, float cacc[4]) {
+/* NU matrices' units (gate and up of one tile, or one pick's down of NU tiles) against the staged chunk: tc_i8_tile
+ * over their M blocks (scale bytes read in place), block bi's B fragments built once for all NU (the legacy kernels
+ * build them once a block too). Each accumulator still takes its blocks in order: the same sums as one unit at a time. */
+template <int M, int NU>
+__device__ __forceinline__ void st_units_mac(const unsigned char *const u[NU], const uint32_t *W8, const int32_t *X8,
+                                             const float *lut, float cacc[NU][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2;
-    const uint32_t *cw = (const uint32_t *)u;
-    const unsigned char *sc = u + 128 * M;
-#pragma unroll 2 /* full unrolling held both units' loads at once: 460 bytes spilled at M = 8 */
+#pragma unroll(NU > 2 ? 1 : 2) /* full unrolling held all units' loads at once: 460 bytes spilled at M = 8 (stop 33) */
     for (int bi = 0; bi < M; bi++) {
         uint32_t bf[2][2];
         int32_t ci[4];
         tc_i8_bfrag(W8, X8, bi, bf, ci);
-        tc_i8_tile(cw[32 * bi + lane], bf, ci, lut[sc[16 * bi + g]], lut[sc[16 * bi + g + 8]], cacc);
+#pragma unroll
+        for (int n = 0; n < NU; n++) {
+            const uint32_t *cw = (const uint32_t *)u[n];
+            const unsigned char *sc = u[n] + 128 * M;
+            tc_i8_tile(cw[32 * bi + lane], bf, ci, lut[sc[16 * bi + g]], lut[sc[16 * bi + g + 8]], cacc[n]);
+        }
     }
 }
 
 /* ---- gate/up: TP tiles of one slot a CTA ----------------------------------------------------------------------
  * Grid (F / 16 / TP, T K). Dynamic shared memory: lut [256] | red [nw][2 TP][16] | staging [nw] | ring [nw][ST_D]
  * units (gate then up) | the routing's 2 E floats. */
-template <int M, int TP>
+template <int M, int TP, int SH>
 __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(0))
 k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,
              int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act, const float *rlogits, int32_t E,
              int32_t norm_topk, float *topk_w, cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre,
              cu_tc_dpre dp) {
-    CU_TRACE(CU_TK_GATE_UP_ST << 8 | M << 2 | TP);
+    static_assert(!SH || TP == ST_D, "k_st_gate_up: a shared chunk fills the ring");
+    CU_TRACE(CU_TK_GATE_UP_ST << 8 | SH << 6 | M << 2 | TP);
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int UB = 2 * st_unit<M>::bytes, SB = (int)TC_I8_STAGE_BYTES(M);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -126,17 +132,40 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
             p2 = tc_stage_i8<M>(v, W8, X8);
         }
         __syncwarp();
+        if (SH) { /* the chunk's TP units at once (ST_D == TP: they fill the ring), B fragments built once for all */
+            st_wait<0>();
+            __syncwarp(); /* every lane's pieces of the chunk's units landed */
+            const unsigned char *us[2 * TP];
+            float cgu[2 * TP][4];
+#pragma unroll
+            for (int j = 0; j < TP; j++) {
+                us[2 * j] = ring + (size_t)j * UB;
+                us[2 * j + 1] = us[2 * j] + st_unit<M>::bytes;
+#pragma unroll
+                for (int i = 0; i < 4; i++) cgu[2 * j][i] = cgu[2 * j + 1][i] = 0.f;
+            }
+            st_units_mac<M, 2 * TP>(us, W8, X8, lut, cgu);
+#pragma unroll
+            for (int j = 0; j < TP; j++) {
+                tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cgu[2 * j], tg[j]);
+                tc_i8_chunk_done(um.qscale * p2, Au, Bu, cgu[2 * j + 1], tu[j]);
+            }
+            __syncwarp(); /* the ring read by every lane */
+#pragma unroll
+            for (int j = 0; j < TP; j++) issue((ci + 1) * TP + j);
+            continue;
+        }
 #pragma unroll
         for (int j = 0; j < TP; j++) {
             const int u = ci * TP + j;
             st_wait<ST_D - 1>();
             __syncwarp(); /* every lane's pieces of unit u landed */
             const unsigned char *ub = ring + (size_t)(u % ST_D) * UB;
-            float cg[4] = {0.f, 0.f, 0.f, 0.f}, cu4[4] = {0.f, 0.f, 0.f, 0.f};
-            st_unit_mac<M>(ub, W8, X8, lut, cg);
-            st_unit_mac<M>(ub + st_unit<M>::bytes, W8, X8, lut, cu4);
-            tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cg, tg[j]);
-            tc_i8_chunk_done(um.qscale * p2, Au, Bu, cu4, tu[j]);
+            const unsigned char *const us[2] = {ub, ub + st_unit<M>::bytes};
+            float cgu[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            st_units_mac<M, 2>(us, W8, X8, lut, cgu);
+            tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cgu[0], tg[j]);
+            tc_i8_chunk_done(um.qscale * p2, Au, Bu, cgu[1], tu[j]);
             __syncwarp(); /* its slot read by every lane */
             issue(u + ST_D);
         }
@@ -179,7 +208,7 @@ k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ cu_mat dms[MOE_MAX_K];
     __shared__ float wks[MOE_MAX_K];
-    constexpr int UB = st_unit<M>::bytes, SB = (int)TC_I8_STAGE_BYTES(M);
+    constexpr int UB = TP * st_unit<M>::bytes, SB = (int)TC_I8_STAGE_BYTES(M);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const int tok = blockIdx.y;
     const int64_t ti0 = (int64_t)blockIdx.x * TP, NB = F / 32;
@@ -199,16 +228,19 @@ k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     }
     __syncthreads();
     CU_TRACE_MARK(0); /* the picks known */
-    const int nli = warp < n_items ? (n_items - warp + nw - 1) / nw : 0, U = nli * TP;
-    auto issue = [&](int u) {
-        if (u < U) {
-            const int it = warp + (u / TP) * nw, k = it / nch;
-            st_issue_mat<M>(ring + (size_t)(u % ST_D) * UB, dms[k], H, NB, ti0 + u % TP, it - k * nch);
+    const int nli = warp < n_items ? (n_items - warp + nw - 1) / nw : 0;
+    auto issue = [&](int li) { /* item li's unit: its TP tiles */
+        if (li < nli) {
+            const int it = warp + li * nw, k = it / nch;
+#pragma unroll
+            for (int j = 0; j < TP; j++)
+                st_issue_mat<M>(ring + (size_t)(li % ST_D) * UB + j * st_unit<M>::bytes, dms[k], H, NB, ti0 + j,
+                                it - k * nch);
         }
         st_commit();
     };
 #pragma unroll
-    for (int u = 0; u < ST_D; u++) issue(u);
+    for (int li = 0; li < ST_D; li++) issue(li);
     float tot[TP][4];
 #pragma unroll
     for (int j = 0; j < TP; j++)
@@ -222,17 +254,20 @@ k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         const float p2 = tc_dn_stage<M>(pre, npre, act, tok, K, k, c, nch, F, dm, W8, X8);
         __syncwarp();
         const float q = dm.qscale * p2 * wks[k];
+        st_wait<ST_D - 1>();
+        __syncwarp(); /* every lane's pieces of the item's unit landed */
+        const unsigned char *ub = ring + (size_t)(li % ST_D) * UB, *us[TP];
+        float cd[TP][4];
 #pragma unroll
         for (int j = 0; j < TP; j++) {
-            const int u = li * TP + j;
-            st_wait<ST_D - 1>();
-            __syncwarp();
-            float cd[4] = {0.f, 0.f, 0.f, 0.f};
-            st_unit_mac<M>(ring + (size_t)(u % ST_D) * UB, W8, X8, lut, cd);
-            tc_i8_chunk_done(q, A, B, cd, tot[j]);
-            __syncwarp();
-            issue(u + ST_D);
+            us[j] = ub + j * st_unit<M>::bytes;
+            cd[j][0] = cd[j][1] = cd[j][2] = cd[j][3] = 0.f;
         }
+        st_units_mac<M, TP>(us, W8, X8, lut, cd);
+#pragma unroll
+        for (int j = 0; j < TP; j++) tc_i8_chunk_done(q, A, B, cd[j], tot[j]);
+        __syncwarp(); /* its slot read by every lane */
+        issue(li + ST_D);
     }
     st_wait<0>();
     CU_TRACE_MARK(1); /* the products done */
@@ -267,7 +302,8 @@ static size_t st_smem_gu(int nw, int M, int TP, int32_t E, int route) {
            (size_t)nw * ST_D * 2 * 144 * M + (route ? 2 * (size_t)E * sizeof(float) : 0);
 }
 static size_t st_smem_dn(int nw, int M, int TP) {
-    return (256 + (size_t)nw * TP * 16) * sizeof(float) + (size_t)nw * TC_I8_STAGE_BYTES(M) + (size_t)nw * ST_D * 144 * M;
+    return (256 + (size_t)nw * TP * 16) * sizeof(float) + (size_t)nw * TC_I8_STAGE_BYTES(M) +
+           (size_t)nw * ST_D * TP * 144 * M;
 }
 
 /* Tiles a CTA for a legacy grid of `ctas` CTAs of which `per_sm` fit an SM: 1 (the legacy kernel) where one wave
@@ -292,13 +328,13 @@ static int st_dyn_max(cu_backend *c, const void *k) {
 template <int M, int TP> static int st_attrs(cu_backend *c) {
     static int dev = -1;
     if (dev == c->device) return 0;
-    const int bg = st_dyn_max(c, (const void *)k_st_gate_up<M, TP>), bd = st_dyn_max(c, (const void *)k_st_down<M, TP>);
-    if (bg < 0 || bd < 0 ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_st_gate_up<M, TP>, cudaFuncAttributeMaxDynamicSharedMemorySize, bg)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_st_down<M, TP>, cudaFuncAttributeMaxDynamicSharedMemorySize, bd)))
-        return -1;
-    cu_carveout_max(c, (const void *)k_st_gate_up<M, TP>);
-    cu_carveout_max(c, (const void *)k_st_down<M, TP>);
+    const void *ks[3] = {(const void *)k_st_gate_up<M, TP, 0>, (const void *)k_st_gate_up<M, TP, 1>,
+                         (const void *)k_st_down<M, TP>};
+    for (int i = 0; i < 3; i++) {
+        const int b = st_dyn_max(c, ks[i]);
+        if (b < 0 || CU_CHECK(c, cudaFuncSetAttribute(ks[i], cudaFuncAttributeMaxDynamicSharedMemorySize, b))) return -1;
+        cu_carveout_max(c, ks[i]);
+    }
     dev = c->device;
     return 0;
 }
@@ -311,9 +347,11 @@ template <int M>
 static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
     if (st_attrs<M, 2>(c)) return -1;
     const dim3 grid((unsigned)(g->F / 32), (unsigned)(g->T * g->K));
-    cu_launch_pdl(c, k_st_gate_up<M, 2>, grid, dim3(g->nw * 32), st_smem_gu(g->nw, M, 2, g->E, g->rlogits != NULL),
-                  g->x, g->H, g->F, g->K, g->table, g->type, g->rot, g->seed, g->topk_ids, g->act, g->rlogits, g->E,
-                  g->norm_topk, g->topk_w, g->rs, g->ox, g->pre, g->npre, g->dp);
+    const char *sh = getenv("MOET_MOE_ST_SHARE"); /* a chunk's two tiles at once (st_units_mac over four units) */
+    cu_launch_pdl(c, sh && sh[0] == '1' ? k_st_gate_up<M, 2, 1> : k_st_gate_up<M, 2, 0>, grid, dim3(g->nw * 32),
+                  st_smem_gu(g->nw, M, 2, g->E, g->rlogits != NULL), g->x, g->H, g->F, g->K, g->table, g->type,
+                  g->rot, g->seed, g->topk_ids, g->act, g->rlogits, g->E, g->norm_topk, g->topk_w, g->rs, g->ox,
+                  g->pre, g->npre, g->dp);
     g_st_launches[0]++;
     return CU_LAUNCHED(c, "k_st_gate_up") ? -1 : 0;
 }

@@ -36,6 +36,24 @@ __device__ __forceinline__ void st_cp16(void *dst, const void *src) {
 __device__ __forceinline__ void st_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void st_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+/* Part `part` of `parts` of a contiguous region (16-byte aligned, a multiple of 16 bytes) asked into L2 by one bulk
+ * prefetch (sm_90: one instruction, the copy engine walks it). mode 2: with an evict-last policy, so that the
+ * streams passing through L2 before it is read leave it there. */
+__device__ __forceinline__ void st_l2_prefetch_part(const uint8_t *p, int64_t bytes, int64_t part, int64_t parts,
+                                                    int mode) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int64_t lo = (bytes * part / parts) & ~(int64_t)15, hi = part == parts - 1 ? bytes : (bytes * (part + 1) / parts) & ~(int64_t)15;
+    if (hi <= lo) return;
+    if (mode == 2) {
+        uint64_t pol;
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p + lo), "r"((uint32_t)(hi - lo)), "l"(pol) : "memory");
+    } else {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + lo), "r"((uint32_t)(hi - lo)) : "memory");
+    }
+#endif
+}
+
 /* Bytes of one matrix's unit: M blocks of tile codes (128 bytes each), then their 16 scale bytes each. */
 template <int M> struct st_unit {
     static constexpr int bytes = M * 144;
@@ -79,7 +97,7 @@ __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(0))
 k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,
              int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act, const float *rlogits, int32_t E,
              int32_t norm_topk, float *topk_w, cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre,
-             cu_tc_dpre dp) {
+             cu_tc_dpre dp, int32_t dnpf) {
     static_assert(!SH || TP == ST_D, "k_st_gate_up: a shared chunk fills the ring");
     CU_TRACE(CU_TK_GATE_UP_ST << 8 | SH << 6 | M << 2 | TP);
     extern __shared__ __align__(16) unsigned char smem[];
@@ -101,6 +119,8 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
                                   topk_ids, topk_w);
     CU_TRACE_MARK(0); /* routed */
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
+    if (dnpf && threadIdx.x == 0) /* this CTA's share of the slot's down matrix (H rows of F / 32 blocks, 9 bytes each) */
+        st_l2_prefetch_part(table[e * 3 + 2].w, H * (F / 32) * 9, blockIdx.x, gridDim.x, dnpf);
     float Ag, Bg, Au, Bu;
     tc_ab(type, gm.qbeta, &Ag, &Bg);
     tc_ab(type, um.qbeta, &Au, &Bu);
@@ -132,7 +152,7 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
             p2 = tc_stage_i8<M>(v, W8, X8);
         }
         __syncwarp();
-        if (SH) { /* the chunk's TP units at once (ST_D == TP: they fill the ring), B fragments built once for all */
+        if constexpr (SH) { /* the chunk's TP units at once (ST_D == TP: they fill the ring), B fragments built once for all */
             st_wait<0>();
             __syncwarp(); /* every lane's pieces of the chunk's units landed */
             const unsigned char *us[2 * TP];
@@ -153,21 +173,21 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
             __syncwarp(); /* the ring read by every lane */
 #pragma unroll
             for (int j = 0; j < TP; j++) issue((ci + 1) * TP + j);
-            continue;
-        }
+        } else {
 #pragma unroll
-        for (int j = 0; j < TP; j++) {
-            const int u = ci * TP + j;
-            st_wait<ST_D - 1>();
-            __syncwarp(); /* every lane's pieces of unit u landed */
-            const unsigned char *ub = ring + (size_t)(u % ST_D) * UB;
-            const unsigned char *const us[2] = {ub, ub + st_unit<M>::bytes};
-            float cgu[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-            st_units_mac<M, 2>(us, W8, X8, lut, cgu);
-            tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cgu[0], tg[j]);
-            tc_i8_chunk_done(um.qscale * p2, Au, Bu, cgu[1], tu[j]);
-            __syncwarp(); /* its slot read by every lane */
-            issue(u + ST_D);
+            for (int j = 0; j < TP; j++) {
+                const int u = ci * TP + j;
+                st_wait<ST_D - 1>();
+                __syncwarp(); /* every lane's pieces of unit u landed */
+                const unsigned char *ub = ring + (size_t)(u % ST_D) * UB;
+                const unsigned char *const us[2] = {ub, ub + st_unit<M>::bytes};
+                float cgu[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+                st_units_mac<M, 2>(us, W8, X8, lut, cgu);
+                tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cgu[0], tg[j]);
+                tc_i8_chunk_done(um.qscale * p2, Au, Bu, cgu[1], tu[j]);
+                __syncwarp(); /* its slot read by every lane */
+                issue(u + ST_D);
+            }
         }
     }
     st_wait<0>();
@@ -343,6 +363,13 @@ static long long g_st_launches[2]; /* gate/up, down: moet_backend_cuda_launches 
 
 extern "C" long long cu_moe_st_launches(int down) { return g_st_launches[down ? 1 : 0]; }
 
+/* MOET_MOE_DNPF: gate/up asks the slot's down matrix into L2 once routed (1; 2: with an evict-last policy), so down
+ * reads it from L2; 0 (the default until measured) does not. A no-op below sm_90 (compiled out). */
+static int st_dnpf(void) {
+    const char *s = getenv("MOET_MOE_DNPF");
+    return s && (s[0] == '1' || s[0] == '2') ? s[0] - '0' : 0;
+}
+
 template <int M>
 static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
     if (st_attrs<M, 2>(c)) return -1;
@@ -351,7 +378,7 @@ static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
     cu_launch_pdl(c, sh && sh[0] == '1' ? k_st_gate_up<M, 2, 1> : k_st_gate_up<M, 2, 0>, grid, dim3(g->nw * 32),
                   st_smem_gu(g->nw, M, 2, g->E, g->rlogits != NULL), g->x, g->H, g->F, g->K, g->table, g->type,
                   g->rot, g->seed, g->topk_ids, g->act, g->rlogits, g->E, g->norm_topk, g->topk_w, g->rs, g->ox,
-                  g->pre, g->npre, g->dp);
+                  g->pre, g->npre, g->dp, st_dnpf());
     g_st_launches[0]++;
     return CU_LAUNCHED(c, "k_st_gate_up") ? -1 : 0;
 }

@@ -19,8 +19,9 @@
  * Measured at the 235b shape (stop 33, an H100, trace build): gate/up 33.7 -> 28.9 us a layer, down 18.9 -> 16.5,
  * tg64 +4.0%. Less than one wave's worth: a gate/up CTA's warps take 16 us over their four units once routed
  * (mark 0 -> 1), likely bound by instruction issue rather than bytes (an estimate, ~60 K warp instructions an SM
- * for the token's 28 MB at ~40 a 16 x 32 block; docs/performance.md "Stop 33"). The B fragments are rebuilt for
- * each matrix and tile here (st_unit_mac); sharing them across a chunk's units is the first cut to try.
+ * for the token's 28 MB at ~40 a 16 x 32 block; docs/performance.md "Stop 33"). Since stop 34 a staged chunk's B
+ * fragments are built once a block for all the units that share them (st_units_mac: gate and up of a tile, down's
+ * two tiles; MOET_MOE_ST_SHARE=1 also gate/up's two tiles), as the legacy kernels do; not yet timed.
  * Bytes and FLOPs as moe_tc.cu's decode: per token K x 3 x F x H x 9/32 and 2 x K x 3 x F x H.
  */
 #include <math.h>

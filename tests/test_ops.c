@@ -1655,8 +1655,8 @@ int main(int argc, char **argv) {
              * the legacy grid takes two waves, so forced here: MOET_MOE_ST=1) against the legacy ones (the default
              * at these shapes), bit for bit, with each staging: the default, down's prestaged, none; and gate/up taking
              * a chunk's two tiles at once (MOET_MOE_ST_SHARE=1), and with down's matrices asked into L2 by gate/up
-             * (MOET_MOE_DNPF=2: a hint, the same results). They need
-             * 16-byte aligned experts: the shapes whose allocations come out so (256x128 and up, on an H100) */
+             * (MOET_MOE_DNPF=2: a hint, the same results). They need 16-byte aligned experts: the shapes whose
+             * allocations come out so (256x128 and up, on an H100) */
             static const char *const st_pre[5][2] = {{NULL, NULL}, {"MOET_MOE_PRESTAGE_DN", "1"}, {"MOET_MOE_PRESTAGE", "0"},
                                                      {"MOET_MOE_ST_SHARE", "1"},  /* a chunk's tiles at once */
                                                      {"MOET_MOE_DNPF", "2"}};     /* down's matrix into L2 early */

@@ -224,7 +224,7 @@ template <int M, int TP>
 __global__ void __launch_bounds__(TC_DN_W * 32)
 k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,
           const int32_t *topk_ids, const float *topk_w, float *__restrict__ y, int accum, const float *db,
-          const uint8_t *pre, int32_t npre, int32_t early) {
+          const uint8_t *pre, int32_t npre, int32_t early, int32_t cpst) {
     CU_TRACE(CU_TK_DOWN_ST << 8 | M << 2 | TP);
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ cu_mat dms[MOE_MAX_K];
@@ -234,10 +234,12 @@ k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     const int tok = blockIdx.y;
     const int64_t ti0 = (int64_t)blockIdx.x * TP, NB = F / 32;
     const int nch = (int)(F / (32 * M)), n_items = K * nch;
+    /* cp: each item's prestaged input comes by cp.async with its weights, one staging slot a ring slot (cpst, with
+     * the prestaged inputs, and at most 32 items a warp: their 2^e are read at the start, one a lane) */
+    const int cp = cpst && pre && (n_items + nw - 1) / nw <= 32, NS = cp ? ST_D : 1;
     float *lut = (float *)smem, *red = lut + 256;
-    uint32_t *W8 = (uint32_t *)(red + (size_t)nw * TP * 16 + (size_t)warp * SB / 4);
-    int32_t *X8 = (int32_t *)(W8 + M * 64);
-    unsigned char *ring = (unsigned char *)(red + (size_t)nw * TP * 16) + (size_t)nw * SB + (size_t)warp * ST_D * UB;
+    uint32_t *W8s = (uint32_t *)(red + (size_t)nw * TP * 16) + (size_t)warp * NS * (SB / 4);
+    unsigned char *ring = (unsigned char *)(red + (size_t)nw * TP * 16) + (size_t)nw * NS * SB + (size_t)warp * ST_D * UB;
     tc_lut_fill(lut);
     if (early) cu_pdl_trigger(); /* as k_tc_down: the next kernel may launch beside this one */
     cu_pdl_wait();
@@ -250,9 +252,19 @@ k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     __syncthreads();
     CU_TRACE_MARK(0); /* the picks known */
     const int nli = warp < n_items ? (n_items - warp + nw - 1) / nw : 0;
-    auto issue = [&](int li) { /* item li's unit: its TP tiles */
+    float p2l = 0.f; /* cp: lane li's item's 2^e */
+    if (cp && lane < nli) {
+        const int it = warp + lane * nw, k = it / nch;
+        p2l = __ldcg((const float *)(pre + (size_t)npre * SB) + (tok * K + k) * nch + (it - k * nch));
+    }
+    auto issue = [&](int li) { /* item li's unit: its TP tiles (and with cp its staged input) */
         if (li < nli) {
             const int it = warp + li * nw, k = it / nch;
+            if (cp) {
+                const unsigned char *src = pre + (size_t)((tok * K + k) * nch + (it - k * nch)) * SB;
+                unsigned char *dst = (unsigned char *)(W8s + (size_t)(li % ST_D) * (SB / 4));
+                for (int i = lane; i < SB / 16; i += 32) st_cp16(dst + 16 * i, src + 16 * i);
+            }
 #pragma unroll
             for (int j = 0; j < TP; j++)
                 st_issue_mat<M>(ring + (size_t)(li % ST_D) * UB + j * st_unit<M>::bytes, dms[k], H, NB, ti0 + j,
@@ -272,11 +284,18 @@ k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         const cu_mat &dm = dms[k];
         float A, B;
         tc_ab(type, dm.qbeta, &A, &B);
-        const float p2 = tc_dn_stage<M>(pre, npre, act, tok, K, k, c, nch, F, dm, W8, X8);
-        __syncwarp();
+        uint32_t *W8 = W8s + (cp ? (size_t)(li % ST_D) * (SB / 4) : 0);
+        int32_t *X8 = (int32_t *)(W8 + M * 64);
+        float p2;
+        if (cp) {
+            p2 = __shfl_sync(0xffffffffu, p2l, li);
+        } else {
+            p2 = tc_dn_stage<M>(pre, npre, act, tok, K, k, c, nch, F, dm, W8, X8);
+            __syncwarp();
+        }
         const float q = dm.qscale * p2 * wks[k];
         st_wait<ST_D - 1>();
-        __syncwarp(); /* every lane's pieces of the item's unit landed */
+        __syncwarp(); /* every lane's pieces of the item's unit (and staged input) landed */
         const unsigned char *ub = ring + (size_t)(li % ST_D) * UB, *us[TP];
         float cd[TP][4];
 #pragma unroll
@@ -322,9 +341,17 @@ static size_t st_smem_gu(int nw, int M, int TP, int32_t E, int route) {
     return (256 + (size_t)nw * 2 * TP * 16) * sizeof(float) + (size_t)nw * TC_I8_STAGE_BYTES(M) +
            (size_t)nw * ST_D * 2 * 144 * M + (route ? 2 * (size_t)E * sizeof(float) : 0);
 }
-static size_t st_smem_dn(int nw, int M, int TP) {
-    return (256 + (size_t)nw * TP * 16) * sizeof(float) + (size_t)nw * TC_I8_STAGE_BYTES(M) +
+static size_t st_smem_dn(int nw, int M, int TP, int cp) {
+    return (256 + (size_t)nw * TP * 16) * sizeof(float) + (size_t)nw * TC_I8_STAGE_BYTES(M) * (cp ? ST_D : 1) +
            (size_t)nw * ST_D * TP * 144 * M;
+}
+
+/* MOET_MOE_DNCP=1: down's prestaged inputs come by cp.async beside the item's weights (one L2 round trip a warp
+ * instead of one an item after the weights were asked for); 0 (the default until measured) reads them item by item.
+ * Only with the prestaged inputs (cu_tc_dpre) and where the larger ring fits. */
+static int st_dncp(cu_backend *c, const cu_moe_st_dn *d) {
+    const char *s = getenv("MOET_MOE_DNCP");
+    return s && s[0] == '1' && d->pre && st_smem_dn(d->nw, d->b / 32, 2, 1) + 2048 <= c->prop.sharedMemPerBlockOptin;
 }
 
 /* Tiles a CTA for a legacy grid of `ctas` CTAs of which `per_sm` fit an SM: 1 (the legacy kernel) where one wave
@@ -402,8 +429,9 @@ template <int M>
 static int st_down_m(cu_backend *c, const cu_moe_st_dn *d) {
     if (st_attrs<M, 2>(c)) return -1;
     const dim3 grid((unsigned)(d->H / 32), (unsigned)d->T);
-    cu_launch_pdl(c, k_st_down<M, 2>, grid, dim3(d->nw * 32), st_smem_dn(d->nw, M, 2), d->act, d->H, d->F, d->K,
-                  d->table, d->type, d->topk_ids, d->topk_w, d->y, d->accum, d->db, d->pre, d->npre, d->early);
+    const int cp = st_dncp(c, d);
+    cu_launch_pdl(c, k_st_down<M, 2>, grid, dim3(d->nw * 32), st_smem_dn(d->nw, M, 2, cp), d->act, d->H, d->F, d->K,
+                  d->table, d->type, d->topk_ids, d->topk_w, d->y, d->accum, d->db, d->pre, d->npre, d->early, cp);
     g_st_launches[1]++;
     return CU_LAUNCHED(c, "k_st_down") ? -1 : 0;
 }
@@ -411,7 +439,7 @@ static int st_down_m(cu_backend *c, const cu_moe_st_dn *d) {
 int cu_moe_st_down(cu_backend *c, const cu_moe_st_dn *d, int legacy_per_sm) {
     const int64_t tiles = d->H / 16;
     if (d->K > MOE_MAX_K || st_tiles(c, tiles * d->T, legacy_per_sm, tiles) == 1) return 0;
-    if (st_smem_dn(d->nw, d->b / 32, 2) + 2048 > c->prop.sharedMemPerBlockOptin) return 0; /* + its static arrays */
+    if (st_smem_dn(d->nw, d->b / 32, 2, 0) + 2048 > c->prop.sharedMemPerBlockOptin) return 0; /* + its static arrays */
     switch (d->b) {
     case 64: return st_down_m<2>(c, d) ? -1 : 1;
     case 128: return st_down_m<4>(c, d) ? -1 : 1;

@@ -37,3 +37,6 @@ for s in "MOET_MOE_ST=0" "MOET_MOE_ST=auto"; do
   env $s .carry/bin/moet bench --synthetic qwen3-30b-a3b --device cuda -p 0 -n 64 -b 2,3 2>/dev/null | grep tg | sed "s/^/$s /"
 done | tee "$out/batch23.txt"
 tar -C /tmp -cJf "$out/raw.tar.xz" test_ops.txt perf235.txt ab ab2
+# last (least needed): where the grouped prefill kernels' time goes (issue 6's pp512 tensor-core target)
+KERNEL='k_gb_experts' SKIP=2 COUNT=2 NCU_TIMEOUT=150 BENCH="-p 512 -n 1" NAME=ncu-30b-pp OUT=/tmp/ncu bash tools/ncu_kernel.sh qwen3-30b-a3b
+xz -c /tmp/ncu/ncu-30b-pp.txt > "$out/ncu-30b-pp.txt.xz"

@@ -10,7 +10,7 @@
 # OPTS: the settings to A/B beside `base` and `default` (';'-separated, as tools/gpu_ab.sh).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
-opts=${OPTS:-MOET_MOE_ST_SHARE=1;MOET_MOE_DNPF=2;MOET_MOE_DNCP=1}
+opts=${OPTS:-MOET_MOE_ST_SHARE=1;MOET_MOE_DNPF=2;MOET_MOE_DNCP=1;MOET_RT_L2=1}
 tar -C .carry -xJf .carry/bin.tar.xz
 export LD_LIBRARY_PATH=$PWD/.carry/lib
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee "$out/gpu.txt"

@@ -6,7 +6,8 @@
 # machine after tools/gpu_carry.sh:
 #   KERNEL='k_st_(gate_up|down)' SKIP=100 COUNT=4 bash tools/ncu_kernel.sh qwen3-235b-a22b
 # The report (text) goes to $OUT/ncu-SHAPE.txt (NAME= another name). ENV="MOET_X=1" sets the bench's environment;
-# BENCH its options (default "-p 0 -n 3": decode; "-p 512 -n 1" for the prefill kernels).
+# BENCH its options (default "-p 0 -n 3": decode; "-p 512 -n 1" for the prefill kernels); NCU_METRICS more metrics,
+# NCU_EXTRA more ncu options (e.g. "--print-details all": the sections' tables, the stall reasons among them).
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 [ -f .carry/bin.tar.xz ] && [ ! -x .carry/bin/moet ] && tar -C .carry -xJf .carry/bin.tar.xz
@@ -16,6 +17,6 @@ timeout ${NCU_TIMEOUT:-240} env ${ENV:-} ncu --graph-profiling node --clock-cont
     -k "regex:${KERNEL:-k_st_}" --launch-skip "${SKIP:-100}" -c "${COUNT:-4}" \
     --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis \
     --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-    --metrics smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,dram__bytes_read.sum,sm__pipe_tensor_op_imma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+    --metrics smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,dram__bytes_read.sum,sm__pipe_tensor_op_imma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active${NCU_METRICS:+,$NCU_METRICS} ${NCU_EXTRA:-} \
     .carry/bin/moet bench --synthetic "$shape" --device cuda ${BENCH:--p 0 -n 3} --reps 1 > "$out/${NAME:-ncu-$shape}.txt" 2>&1
-echo "ncu_kernel: rc $? ($(grep -c 'Section: Speed Of Light' "$out/${NAME:-ncu-$shape}.txt") kernels profiled) -> $out/${NAME:-ncu-$shape}.txt"
+echo "ncu_kernel: rc $? ($(grep -c 'Speed Of Light' "$out/${NAME:-ncu-$shape}.txt") kernels profiled) -> $out/${NAME:-ncu-$shape}.txt"

@@ -1653,23 +1653,20 @@ int main(int argc, char **argv) {
             CHECK(!memcmp(o, o3, sizeof(float) * T * H), "moe %dx%d n=1: the prestaged inputs differ", H, F);
             /* the streamed kernels (moe_st.cu: two tiles a CTA, weights through shared memory; by default only where
              * the legacy grid takes two waves, so forced here: MOET_MOE_ST=1) against the legacy ones (the default
-             * at these shapes), bit for bit, with each staging: the default, down's prestaged, none; and gate/up taking
-             * a chunk's two tiles at once (MOET_MOE_ST_SHARE=1), and with down's matrices asked into L2 by gate/up
-             * (MOET_MOE_DNPF=2: a hint, the same results), and down's prestaged inputs by cp.async with its weights
-             * (MOET_MOE_DNCP=1). They need 16-byte aligned experts: the shapes whose allocations come out so
-             * (256x128 and up, on an H100) */
-            static const char *const st_pre[6][4] = {{NULL, NULL, NULL, NULL},
+             * at these shapes), bit for bit, with each staging: the default, down's prestaged, none; and down's
+             * prestaged inputs by cp.async with its weights (the default where they are prestaged) and read item by
+             * item (MOET_MOE_DNCP=0). They need 16-byte aligned experts: the shapes whose allocations come
+             * out so (256x128 and up, on an H100) */
+            static const char *const st_pre[4][4] = {{NULL, NULL, NULL, NULL},
                                                      {"MOET_MOE_PRESTAGE_DN", "1", NULL, NULL},
                                                      {"MOET_MOE_PRESTAGE", "0", NULL, NULL},
-                                                     {"MOET_MOE_ST_SHARE", "1", NULL, NULL}, /* a chunk's tiles at once */
-                                                     {"MOET_MOE_DNPF", "2", NULL, NULL},     /* down's matrix into L2 early */
-                                                     {"MOET_MOE_PRESTAGE_DN", "1", "MOET_MOE_DNCP", "1"}};
+                                                     {"MOET_MOE_PRESTAGE_DN", "1", "MOET_MOE_DNCP", "0"}};
             const char *st_env = getenv("MOET_MOE_ST");
             char st_keep[8] = "";
             if (st_env) snprintf(st_keep, sizeof st_keep, "%s", st_env);
             setenv("MOET_MOE_ST", "1", 1);
             const long long st0[2] = {moet_backend_cuda_launches("st_gate_up"), moet_backend_cuda_launches("st_down")};
-            for (int v = 0; v < 6; v++) {
+            for (int v = 0; v < 4; v++) {
                 for (int p = 0; p < 4; p += 2)
                     if (st_pre[v][p]) setenv(st_pre[v][p], st_pre[v][p + 1], 1);
                 poison_dev(od, (size_t)(T * H));

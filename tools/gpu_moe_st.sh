@@ -1,42 +1,42 @@
 #!/usr/bin/env bash
-# gpu_moe_st.sh — one device call for the streamed decode MoE (moe_st.cu) and its options, most needed first (a call
-# that runs out of time keeps what is already under $OUT): test_ops cuda (every option bit for bit against the legacy
-# kernels), tg64 A/B of the options against the base build (two rounds, the second in reverse order), the 235b
-# timeline with and without down's L2 prefetch (trace build), the streamed kernels' SASS, Nsight Compute on one
-# gate/up and one down launch, the MoE op at 235b's expert shape, and 30b at 2-3 sequences a step. Pack first:
+# gpu_moe_st.sh — one device call for the decode MoE kernels (moe_st.cu, moe_tc.cu) and their options, most needed
+# first (a call that runs out of time keeps what is already under $OUT; the files come back as at most a few, since
+# a call returns only so many): test_ops cuda (every option bit for bit against the legacy kernels), tg64 A/B of
+# the options against the base build (two rounds, the second in reverse order), the 235b timeline (trace build),
+# Nsight Compute with the stall reasons on the streamed kernels (235b's first 4 layers: the whole model makes ncu
+# save and restore 74 GB a pass), the legacy decode kernels (30b) and the grouped prefill kernel (30b pp512).
+# Pack first:
 #   BINS="moet test_ops" BASE_BUILD=/tmp/base/build TRACE_BUILD=build-sm90tr bash tools/gpu_carry.sh build-sm90so
 # (BASE_BUILD: the previous commit built in a git worktree; the working tree and .carry must stay under ~64 MiB:
 # move the three largest test models aside for the call). Then, on the device machine: bash tools/gpu_moe_st.sh
-# OPTS: the settings to A/B beside `base` and `default` (';'-separated, as tools/gpu_ab.sh).
+# OPTS: the settings to A/B beside `base` and `default` (';'-separated, as tools/gpu_ab.sh). NCU=0 skips ncu.
 set -u
-out=${OUT:-gpu-out}; mkdir -p "$out"
-opts=${OPTS:-MOET_MOE_ST_SHARE=1;MOET_MOE_DNPF=2;MOET_MOE_DNCP=1;MOET_RT_L2=1}
+out=${OUT:-gpu-out}; mkdir -p "$out" /tmp/res
+opts=${OPTS:-MOET_MOE_DNCP=0}
 tar -C .carry -xJf .carry/bin.tar.xz
 export LD_LIBRARY_PATH=$PWD/.carry/lib
-nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-(.carry/bin/test_ops cuda > /tmp/test_ops.txt 2>&1; echo "rc $?" >> /tmp/test_ops.txt)
-grep -E "FAIL|streamed|^rc |passed|failed" /tmp/test_ops.txt | tail -25 | tee "$out/test_ops-summary.txt"
-ENVS="base;default;$opts" ROUNDS=1 TG=64 SHAPES="qwen3-235b-a22b" OUT=/tmp/ab bash tools/gpu_ab.sh > /dev/null 2>&1
-ENVS="base;default" ROUNDS=1 TG=64 SHAPES="qwen3-30b-a3b" OUT=/tmp/ab bash tools/gpu_ab.sh > /dev/null 2>&1
-cp /tmp/ab/ab.txt "$out/ab.txt"; cat "$out/ab.txt"
-# the timeline of a 235b decode step from the trace build: default and with down's matrix asked into L2 early
-ENVS="default;MOET_MOE_DNPF=2" SHAPES="qwen3-235b-a22b" TG=16 OUT=/tmp/tr bash tools/gpu_trace.sh > /dev/null 2>&1
-mkdir -p /tmp/trx && tar -C /tmp/trx -xf /tmp/tr/trace-all.tar && for f in /tmp/trx/*=*; do mv "$f" "${f//=/_}"; done
-tar -C /tmp/trx -cJf "$out/trace-reports.tar.xz" $(cd /tmp/trx && ls | grep -E "report|bench")
-cuobjdump -sass .carry/lib/libmoet.so 2>/dev/null | awk '/Function : .*k_st_/{p=1} /Function : / && !/k_st_/{p=0} p' |
-  xz > "$out/st_sass.txt.xz"
-# the second round, settings in reverse order (drift falls on every setting alike)
+nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee /tmp/res/gpu.txt
+(.carry/bin/test_ops cuda > /tmp/res/test_ops.txt 2>&1; echo "rc $?" >> /tmp/res/test_ops.txt)
+grep -E "FAIL|FATAL|streamed|regs|^rc " /tmp/res/test_ops.txt | tail -25 | tee "$out/summary.txt"
+ENVS="base;default;$opts" ROUNDS=1 TG=64 SHAPES="qwen3-235b-a22b qwen3-30b-a3b" OUT=/tmp/res/ab bash tools/gpu_ab.sh > /dev/null 2>&1
 rev=$(echo "base;default;$opts" | tr ';' '\n' | tac | paste -sd';')
-ENVS="$rev" ROUNDS=1 TG=64 SHAPES="qwen3-235b-a22b" OUT=/tmp/ab2 bash tools/gpu_ab.sh > /dev/null 2>&1
-sed 's/\t1\t/\t2\t/' /tmp/ab2/ab.txt >> "$out/ab.txt"
-KERNEL='k_st_(gate_up|down)' SKIP=100 COUNT=2 NCU_TIMEOUT=120 OUT=/tmp/ncu bash tools/ncu_kernel.sh qwen3-235b-a22b
-xz -c /tmp/ncu/ncu-qwen3-235b-a22b.txt > "$out/ncu-235b.txt.xz"
-MOET_PERF_ONLY=moe MOET_PERF_MOE_SHAPE=235b .carry/bin/test_ops cuda --perf > /tmp/perf235.txt 2>&1
-grep -iE "moe" /tmp/perf235.txt > "$out/perf235.txt"
-for s in "MOET_MOE_ST=0" "MOET_MOE_ST=auto"; do
-  env $s .carry/bin/moet bench --synthetic qwen3-30b-a3b --device cuda -p 0 -n 64 -b 2,3 2>/dev/null | grep tg | sed "s/^/$s /"
-done | tee "$out/batch23.txt"
-tar -C /tmp -cJf "$out/raw.tar.xz" test_ops.txt perf235.txt ab ab2
-# last (least needed): where the grouped prefill kernels' time goes (issue 6's pp512 tensor-core target)
-KERNEL='k_gb_experts' SKIP=2 COUNT=2 NCU_TIMEOUT=150 BENCH="-p 512 -n 1" NAME=ncu-30b-pp OUT=/tmp/ncu bash tools/ncu_kernel.sh qwen3-30b-a3b
-xz -c /tmp/ncu/ncu-30b-pp.txt > "$out/ncu-30b-pp.txt.xz"
+ENVS="$rev" ROUNDS=1 TG=64 SHAPES="qwen3-235b-a22b qwen3-30b-a3b" OUT=/tmp/res/ab2 bash tools/gpu_ab.sh > /dev/null 2>&1
+sed 's/\t1\t/\t2\t/' /tmp/res/ab2/ab.txt >> /tmp/res/ab/ab.txt
+cut -f1-4 /tmp/res/ab/ab.txt | awk -F'|' '{print $1, $9, $10}' | tee -a "$out/summary.txt"
+tar -C /tmp -cJf "$out/res.tar.xz" res
+# the timeline of a 235b decode step from the trace build
+ENVS="default;$opts" SHAPES="qwen3-235b-a22b" TG=16 OUT=/tmp/tr bash tools/gpu_trace.sh > /dev/null 2>&1
+mkdir -p /tmp/res/trace && tar -C /tmp/res/trace -xf /tmp/tr/trace-all.tar && for f in /tmp/res/trace/*=*; do mv "$f" "${f//=/_}"; done
+rm -f /tmp/res/trace/*.txt.xz  # the raw records (large); the reports and JSONs stay
+tar -C /tmp -cJf "$out/res.tar.xz" res
+[ "${NCU:-1}" = 0 ] && exit 0
+S=$(for r in long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait barrier not_selected selected \
+  dispatch_stall no_instruction lg_throttle branch_resolving membar drain sleeping tex_throttle imc_miss misc; do
+  printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' $r; done); S=${S%,}
+KERNEL='k_st_(gate_up|down)' SKIP=4 COUNT=2 NCU_METRICS=$S NCU_TIMEOUT=100 OUT=/tmp/res/ncu NAME=st235 \
+  bash tools/ncu_kernel.sh qwen3-235b-a22b:4
+KERNEL='k_tc_(router|gate_up|down)' SKIP=6 COUNT=3 NCU_METRICS=$S NCU_TIMEOUT=100 OUT=/tmp/res/ncu NAME=tc30 \
+  bash tools/ncu_kernel.sh qwen3-30b-a3b:4
+KERNEL='k_gb_experts' SKIP=0 COUNT=2 BENCH="-p 512 -n 1" NCU_METRICS=$S NCU_TIMEOUT=100 OUT=/tmp/res/ncu NAME=gb30 \
+  bash tools/ncu_kernel.sh qwen3-30b-a3b:4
+tar -C /tmp -cJf "$out/res.tar.xz" res

@@ -21,7 +21,11 @@
  * (mark 0 -> 1), likely bound by instruction issue rather than bytes (an estimate, ~60 K warp instructions an SM
  * for the token's 28 MB at ~40 a 16 x 32 block; docs/performance.md "Stop 33"). Since stop 34 a staged chunk's B
  * fragments are built once a block for all the units that share them (st_units_mac: gate and up of a tile, down's
- * two tiles; MOET_MOE_ST_SHARE=1 also gate/up's two tiles), as the legacy kernels do; not yet timed.
+ * two tiles), as the legacy kernels do: 14-31% fewer instructions a mma, and no faster (stop 35, an H100: tg64
+ * even with stop 33's build). Nsight Compute (stop 35, 235b, each launch alone) says why: both kernels are latency
+ * bound, not issue bound: gate/up 29.6 us for 28 MB, issue slots 53% busy, 10.9 cycles between a warp's instructions
+ * with 5.8 warps a scheduler (37.5% occupancy: registers and shared memory); down 17.6 us, 43%, 13.7 cycles, a third
+ * of them waiting on global loads (its prestaged inputs: now cp.async'd with the weights, st_dncp).
  * Bytes and FLOPs as moe_tc.cu's decode: per token K x 3 x F x H x 9/32 and 2 x K x 3 x F x H.
  */
 #include <math.h>
@@ -36,24 +40,6 @@ __device__ __forceinline__ void st_cp16(void *dst, const void *src) {
 }
 __device__ __forceinline__ void st_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void st_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-/* Part `part` of `parts` of a contiguous region (16-byte aligned, a multiple of 16 bytes) asked into L2 by one bulk
- * prefetch (sm_90: one instruction, the copy engine walks it). mode 2: with an evict-last policy, so that the
- * streams passing through L2 before it is read leave it there. */
-__device__ __forceinline__ void st_l2_prefetch_part(const uint8_t *p, int64_t bytes, int64_t part, int64_t parts,
-                                                    int mode) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const int64_t lo = (bytes * part / parts) & ~(int64_t)15, hi = part == parts - 1 ? bytes : (bytes * (part + 1) / parts) & ~(int64_t)15;
-    if (hi <= lo) return;
-    if (mode == 2) {
-        uint64_t pol;
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p + lo), "r"((uint32_t)(hi - lo)), "l"(pol) : "memory");
-    } else {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + lo), "r"((uint32_t)(hi - lo)) : "memory");
-    }
-#endif
-}
 
 /* Bytes of one matrix's unit: M blocks of tile codes (128 bytes each), then their 16 scale bytes each. */
 template <int M> struct st_unit {
@@ -93,14 +79,13 @@ __device__ __forceinline__ void st_units_mac(const unsigned char *const u[NU], c
 /* ---- gate/up: TP tiles of one slot a CTA ----------------------------------------------------------------------
  * Grid (F / 16 / TP, T K). Dynamic shared memory: lut [256] | red [nw][2 TP][16] | staging [nw] | ring [nw][ST_D]
  * units (gate then up) | the routing's 2 E floats. */
-template <int M, int TP, int SH>
+template <int M, int TP>
 __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(0))
 k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,
              int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act, const float *rlogits, int32_t E,
              int32_t norm_topk, float *topk_w, cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre,
-             cu_tc_dpre dp, int32_t dnpf) {
-    static_assert(!SH || TP == ST_D, "k_st_gate_up: a shared chunk fills the ring");
-    CU_TRACE(CU_TK_GATE_UP_ST << 8 | SH << 6 | M << 2 | TP);
+             cu_tc_dpre dp) {
+    CU_TRACE(CU_TK_GATE_UP_ST << 8 | M << 2 | TP);
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int UB = 2 * st_unit<M>::bytes, SB = (int)TC_I8_STAGE_BYTES(M);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -120,8 +105,6 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
                                   topk_ids, topk_w);
     CU_TRACE_MARK(0); /* routed */
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
-    if (dnpf && threadIdx.x == 0) /* this CTA's share of the slot's down matrix (H rows of F / 32 blocks, 9 bytes each) */
-        st_l2_prefetch_part(table[e * 3 + 2].w, H * (F / 32) * 9, blockIdx.x, gridDim.x, dnpf);
     float Ag, Bg, Au, Bu;
     tc_ab(type, gm.qbeta, &Ag, &Bg);
     tc_ab(type, um.qbeta, &Au, &Bu);
@@ -153,42 +136,19 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
             p2 = tc_stage_i8<M>(v, W8, X8);
         }
         __syncwarp();
-        if constexpr (SH) { /* the chunk's TP units at once (ST_D == TP: they fill the ring), B fragments built once for all */
-            st_wait<0>();
-            __syncwarp(); /* every lane's pieces of the chunk's units landed */
-            const unsigned char *us[2 * TP];
-            float cgu[2 * TP][4];
 #pragma unroll
-            for (int j = 0; j < TP; j++) {
-                us[2 * j] = ring + (size_t)j * UB;
-                us[2 * j + 1] = us[2 * j] + st_unit<M>::bytes;
-#pragma unroll
-                for (int i = 0; i < 4; i++) cgu[2 * j][i] = cgu[2 * j + 1][i] = 0.f;
-            }
-            st_units_mac<M, 2 * TP>(us, W8, X8, lut, cgu);
-#pragma unroll
-            for (int j = 0; j < TP; j++) {
-                tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cgu[2 * j], tg[j]);
-                tc_i8_chunk_done(um.qscale * p2, Au, Bu, cgu[2 * j + 1], tu[j]);
-            }
-            __syncwarp(); /* the ring read by every lane */
-#pragma unroll
-            for (int j = 0; j < TP; j++) issue((ci + 1) * TP + j);
-        } else {
-#pragma unroll
-            for (int j = 0; j < TP; j++) {
-                const int u = ci * TP + j;
-                st_wait<ST_D - 1>();
-                __syncwarp(); /* every lane's pieces of unit u landed */
-                const unsigned char *ub = ring + (size_t)(u % ST_D) * UB;
-                const unsigned char *const us[2] = {ub, ub + st_unit<M>::bytes};
-                float cgu[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-                st_units_mac<M, 2>(us, W8, X8, lut, cgu);
-                tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cgu[0], tg[j]);
-                tc_i8_chunk_done(um.qscale * p2, Au, Bu, cgu[1], tu[j]);
-                __syncwarp(); /* its slot read by every lane */
-                issue(u + ST_D);
-            }
+        for (int j = 0; j < TP; j++) {
+            const int u = ci * TP + j;
+            st_wait<ST_D - 1>();
+            __syncwarp(); /* every lane's pieces of unit u landed */
+            const unsigned char *ub = ring + (size_t)(u % ST_D) * UB;
+            const unsigned char *const us[2] = {ub, ub + st_unit<M>::bytes};
+            float cgu[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            st_units_mac<M, 2>(us, W8, X8, lut, cgu);
+            tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cgu[0], tg[j]);
+            tc_i8_chunk_done(um.qscale * p2, Au, Bu, cgu[1], tu[j]);
+            __syncwarp(); /* its slot read by every lane */
+            issue(u + ST_D);
         }
     }
     st_wait<0>();
@@ -346,12 +306,13 @@ static size_t st_smem_dn(int nw, int M, int TP, int cp) {
            (size_t)nw * ST_D * TP * 144 * M;
 }
 
-/* MOET_MOE_DNCP=1: down's prestaged inputs come by cp.async beside the item's weights (one L2 round trip a warp
- * instead of one an item after the weights were asked for); 0 (the default until measured) reads them item by item.
- * Only with the prestaged inputs (cu_tc_dpre) and where the larger ring fits. */
+/* Down's prestaged inputs come by cp.async beside each item's weights (one L2 round trip a warp for their 2^e,
+ * instead of a load of the staged chunk at the head of every item, after its weights were asked for): ncu (H100,
+ * 235b shape, each launch alone) 17.6 -> 16.9 us, warp cycles an instruction 13.7 -> 11.4; tg64 +0.4-0.8% (stop 35).
+ * Only with the prestaged inputs (cu_tc_dpre) and where the larger ring fits; MOET_MOE_DNCP=0 turns it off. */
 static int st_dncp(cu_backend *c, const cu_moe_st_dn *d) {
     const char *s = getenv("MOET_MOE_DNCP");
-    return s && s[0] == '1' && d->pre && st_smem_dn(d->nw, d->b / 32, 2, 1) + 2048 <= c->prop.sharedMemPerBlockOptin;
+    return !(s && s[0] == '0') && d->pre && st_smem_dn(d->nw, d->b / 32, 2, 1) + 2048 <= c->prop.sharedMemPerBlockOptin;
 }
 
 /* Tiles a CTA for a legacy grid of `ctas` CTAs of which `per_sm` fit an SM: 1 (the legacy kernel) where one wave
@@ -376,9 +337,8 @@ static int st_dyn_max(cu_backend *c, const void *k) {
 template <int M, int TP> static int st_attrs(cu_backend *c) {
     static int dev = -1;
     if (dev == c->device) return 0;
-    const void *ks[3] = {(const void *)k_st_gate_up<M, TP, 0>, (const void *)k_st_gate_up<M, TP, 1>,
-                         (const void *)k_st_down<M, TP>};
-    for (int i = 0; i < 3; i++) {
+    const void *ks[2] = {(const void *)k_st_gate_up<M, TP>, (const void *)k_st_down<M, TP>};
+    for (int i = 0; i < 2; i++) {
         const int b = st_dyn_max(c, ks[i]);
         if (b < 0 || CU_CHECK(c, cudaFuncSetAttribute(ks[i], cudaFuncAttributeMaxDynamicSharedMemorySize, b))) return -1;
         cu_carveout_max(c, ks[i]);
@@ -391,22 +351,14 @@ static long long g_st_launches[2]; /* gate/up, down: moet_backend_cuda_launches 
 
 extern "C" long long cu_moe_st_launches(int down) { return g_st_launches[down ? 1 : 0]; }
 
-/* MOET_MOE_DNPF: gate/up asks the slot's down matrix into L2 once routed (1; 2: with an evict-last policy), so down
- * reads it from L2; 0 (the default until measured) does not. A no-op below sm_90 (compiled out). */
-static int st_dnpf(void) {
-    const char *s = getenv("MOET_MOE_DNPF");
-    return s && (s[0] == '1' || s[0] == '2') ? s[0] - '0' : 0;
-}
-
 template <int M>
 static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
     if (st_attrs<M, 2>(c)) return -1;
     const dim3 grid((unsigned)(g->F / 32), (unsigned)(g->T * g->K));
-    const char *sh = getenv("MOET_MOE_ST_SHARE"); /* a chunk's two tiles at once (st_units_mac over four units) */
-    cu_launch_pdl(c, sh && sh[0] == '1' ? k_st_gate_up<M, 2, 1> : k_st_gate_up<M, 2, 0>, grid, dim3(g->nw * 32),
+    cu_launch_pdl(c, k_st_gate_up<M, 2>, grid, dim3(g->nw * 32),
                   st_smem_gu(g->nw, M, 2, g->E, g->rlogits != NULL), g->x, g->H, g->F, g->K, g->table, g->type,
                   g->rot, g->seed, g->topk_ids, g->act, g->rlogits, g->E, g->norm_topk, g->topk_w, g->rs, g->ox,
-                  g->pre, g->npre, g->dp, st_dnpf());
+                  g->pre, g->npre, g->dp);
     g_st_launches[0]++;
     return CU_LAUNCHED(c, "k_st_gate_up") ? -1 : 0;
 }

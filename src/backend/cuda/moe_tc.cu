@@ -85,7 +85,6 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
     const tc_rrow rr = tc_rrow_of(rw, e < E ? e : 0, rrow, rtype, H);
     uint4 q[TC_RT_U];
     if (e < E) tc_rrow_prefetch(rr, q);
-    if ((route & 2) && e < E && lane == 0) tc_rrow_l2_rest(rr); /* MOET_RT_L2=1 */
     cu_pdl_wait();
     CU_TRACE_WAITED();
     cu_stage_f32(xs, x, NT * H);
@@ -116,7 +115,7 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
     }
     CU_TRACE_MARK(1); /* the logits written */
     cu_pdl_trigger();
-    if (!(route & 1)) return; /* k_tc_gate_up routes each of its tokens from the logits */
+    if (!route) return; /* k_tc_gate_up routes each of its tokens from the logits */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
@@ -779,14 +778,10 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     const cu_tc_dpre dpre = {npd ? sbase + (cu_moe_tc_stage_bytes(T, H, 0, 0) & ~(size_t)15) : NULL, c->dn_tickets,
                              (int32_t)bf, tab->down_rotated, npd, tab->down_seed};
     const dim3 rgrid((unsigned)((E + rnw - 1) / rnw + (npre + rnw - 1) / rnw)), rblock(rnw * 32);
-    /* MOET_RT_L2=1 (opt-in until measured): the router rows' later rounds asked into L2 before the wait (bit 1 of
-     * the router's `route`: no new parameter, its registers are bounded, test_ops checks them) */
-    const char *rl2 = getenv("MOET_RT_L2");
-    const int rt_l2 = rl2 && rl2[0] == '1';
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
                   rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h,      \
-                  (!route_gu && !sig && !tks) | rt_l2 << 1, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed)
+                  !route_gu && !sig && !tks, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;

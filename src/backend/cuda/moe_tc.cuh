@@ -498,17 +498,6 @@ __device__ __forceinline__ void tc_rrow_prefetch(const tc_rrow &r, uint4 q[TC_RT
         if (lane + 32 * i < r.U) q[i] = __ldg(r.row4 + lane + 32 * i);
 }
 
-/* The rest of a bf16 row past tc_rrow_prefetch's chunks (rows of more than 32 TC_RT_U chunks: qwen3-235b-a22b's 512)
- * asked into L2 by one bulk prefetch, so that tc_rrow_dot's later rounds after the wait come from L2, not DRAM.
- * One lane a row; sm_90 (compiled out below). */
-__device__ __forceinline__ void tc_rrow_l2_rest(const tc_rrow &r) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (r.bf && r.U > 32 * TC_RT_U)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(r.row4 + 32 * TC_RT_U),
-                     "r"((uint32_t)((r.U - 32 * TC_RT_U) * 16)) : "memory");
-#endif
-}
-
 /* acc[t] = the lane's share of row . xs[t] for NT tokens staged at xs (row stride H); q: tc_rrow_prefetch's chunks.
  * The caller adds the lanes (cu_warp_sum). */
 template <int NT>

@@ -20,7 +20,7 @@ timeout ${NCU_TIMEOUT:-240} env ${ENV:-} ncu --graph-profiling node --clock-cont
     --metrics smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,dram__bytes_read.sum,sm__pipe_tensor_op_imma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active${NCU_METRICS:+,$NCU_METRICS} ${NCU_EXTRA:-} \
     .carry/bin/moet bench --synthetic "$shape" --device cuda ${BENCH:--p 0 -n 3} --reps 1 > "$out/${NAME:-ncu-$shape}.txt" 2>&1
 rc=$?
-# a timed-out ncu leaves its target running, holding the GPU's memory (stop 35: the 235b model, so every later
-# step of that call failed to allocate): end it
+# a timed-out ncu may leave its target running, holding the GPU's memory (stop 35: after the 235b model's timeout
+# the next two steps of that call failed to allocate): end it
 pkill -9 -f '\.carry/bin/moet bench' 2>/dev/null; sleep 1
 echo "ncu_kernel: rc $rc ($(grep -c 'Speed Of Light' "$out/${NAME:-ncu-$shape}.txt") kernels profiled) -> $out/${NAME:-ncu-$shape}.txt"

@@ -12,7 +12,7 @@
 # OPTS: the settings to A/B beside `base` and `default` (';'-separated, as tools/gpu_ab.sh). NCU=0 skips ncu.
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out" /tmp/res
-opts=${OPTS:-MOET_MOE_DNCP=0}
+opts=${OPTS:-MOET_MOE_DNCP=0;MOET_MOE_SPLIT=1}
 tar -C .carry -xJf .carry/bin.tar.xz
 export LD_LIBRARY_PATH=$PWD/.carry/lib
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee /tmp/res/gpu.txt

@@ -258,6 +258,26 @@ __device__ __forceinline__ void tc_i8_tile(uint32_t w, const uint32_t b[2][2], c
     acc[3] = fmaf(s1, moet_i8_dval(d[3]), acc[3]);
 }
 
+/* tc_i8_tile with the two half-blocks' products independent: d0 = C + A0 B0 and d1 = A1 B1 from zero, then d0 + d1.
+ * int32 addition is exact (|A1 B1| < 2^20 here), so D has the same bits, and the second mma need not wait for the
+ * first: one mma latency less on each block's chain, four integer adds more (the streamed kernels are
+ * latency-bound: docs/performance.md "Stop 35"). */
+__device__ __forceinline__ void tc_i8_tile_split(uint32_t w, const uint32_t b[2][2], const int32_t ci[4], float s0,
+                                                 float s1, float acc[4]) {
+    int32_t d[4] = {ci[0], ci[1], ci[2], ci[3]}, d1[4] = {0, 0, 0, 0};
+    uint32_t a0[4], a1[4];
+    moet_q2i8_afrag(w, 0, a0);
+    moet_q2i8_afrag(w, 1, a1);
+    tc_i8_mma(d, a0, b[0]);
+    tc_i8_mma(d1, a1, b[1]);
+#pragma unroll
+    for (int j = 0; j < 4; j++) d[j] += d1[j];
+    acc[0] = fmaf(s0, moet_i8_dval(d[0]), acc[0]);
+    acc[1] = fmaf(s0, moet_i8_dval(d[1]), acc[1]);
+    acc[2] = fmaf(s1, moet_i8_dval(d[2]), acc[2]);
+    acc[3] = fmaf(s1, moet_i8_dval(d[3]), acc[3]);
+}
+
 /* A chunk's sums into the running ones: tot += q k acc, k the lane's column factors for the matrix's A, B. */
 __device__ __forceinline__ void tc_i8_chunk_done(float q, float A, float B, const float acc[4], float tot[4]) {
     float k[4];

@@ -182,7 +182,8 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
 }
 
 /* ---- down + combine: TP tiles of one token a CTA --------------------------------------------------------------
- * Grid (H / 16 / TP, T). Dynamic shared memory: lut [256] | red [nw][TP][16] | staging [nw] | ring [nw][ST_D]. */
+ * Grid (H / 16 / TP, T). Dynamic shared memory: lut [256] | red [nw][TP][16] | staging [nw][1, or ST_D with the
+ * inputs cp.async'd (cpst)] | ring [nw][ST_D]. */
 template <int M, int TP, int SPL>
 __global__ void __launch_bounds__(TC_DN_W * 32)
 k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,
@@ -392,7 +393,8 @@ static int st_down_m(cu_backend *c, const cu_moe_st_dn *d) {
     if (st_attrs<M, 2>(c)) return -1;
     const dim3 grid((unsigned)(d->H / 32), (unsigned)d->T);
     const int cp = st_dncp(c, d);
-    cu_launch_pdl(c, st_split() ? k_st_down<M, 2, 1> : k_st_down<M, 2, 0>, grid, dim3(d->nw * 32), st_smem_dn(d->nw, M, 2, cp), d->act, d->H, d->F, d->K,
+    cu_launch_pdl(c, st_split() ? k_st_down<M, 2, 1> : k_st_down<M, 2, 0>, grid, dim3(d->nw * 32),
+                  st_smem_dn(d->nw, M, 2, cp), d->act, d->H, d->F, d->K,
                   d->table, d->type, d->topk_ids, d->topk_w, d->y, d->accum, d->db, d->pre, d->npre, d->early, cp);
     g_st_launches[1]++;
     return CU_LAUNCHED(c, "k_st_down") ? -1 : 0;

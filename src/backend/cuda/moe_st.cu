@@ -62,7 +62,7 @@ template <int M, int NU, int SPL>
 __device__ __forceinline__ void st_units_mac(const unsigned char *const u[NU], const uint32_t *W8, const int32_t *X8,
                                              const float *lut, float cacc[NU][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2;
-#pragma unroll(NU > 2 ? 1 : 2) /* full unrolling held all units' loads at once: 460 bytes spilled at M = 8 (stop 33) */
+#pragma unroll 2 /* full unrolling held all units' loads at once: 460 bytes spilled at M = 8 (stop 33) */
     for (int bi = 0; bi < M; bi++) {
         uint32_t bf[2][2];
         int32_t ci[4];
@@ -71,10 +71,7 @@ __device__ __forceinline__ void st_units_mac(const unsigned char *const u[NU], c
         for (int n = 0; n < NU; n++) {
             const uint32_t *cw = (const uint32_t *)u[n];
             const unsigned char *sc = u[n] + 128 * M;
-            if constexpr (SPL) /* MOET_MOE_SPLIT=1: the half-blocks' mma independent (tc_i8_tile_split) */
-                tc_i8_tile_split(cw[32 * bi + lane], bf, ci, lut[sc[16 * bi + g]], lut[sc[16 * bi + g + 8]], cacc[n]);
-            else
-                tc_i8_tile(cw[32 * bi + lane], bf, ci, lut[sc[16 * bi + g]], lut[sc[16 * bi + g + 8]], cacc[n]);
+            tc_i8_tile<SPL>(cw[32 * bi + lane], bf, ci, lut[sc[16 * bi + g]], lut[sc[16 * bi + g + 8]], cacc[n]);
         }
     }
 }
@@ -356,7 +353,7 @@ static long long g_st_launches[2]; /* gate/up, down: moet_backend_cuda_launches 
 
 extern "C" long long cu_moe_st_launches(int down) { return g_st_launches[down ? 1 : 0]; }
 
-/* MOET_MOE_SPLIT=1 (opt-in until measured): each block's two mma independent (tc_i8_tile_split, bit-identical). */
+/* MOET_MOE_SPLIT=1 (opt-in until measured): each block's two mma independent (tc_i8_tile<1>, bit-identical). */
 static int st_split(void) {
     const char *s = getenv("MOET_MOE_SPLIT");
     return s && s[0] == '1';

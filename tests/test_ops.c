@@ -1663,21 +1663,20 @@ int main(int argc, char **argv) {
              * the legacy grid takes two waves, so forced here: MOET_MOE_ST=1) against the legacy ones (the default
              * at these shapes), bit for bit, with each staging: the default, down's prestaged, none; and down's
              * prestaged inputs by cp.async with its weights (the default where they are prestaged) and read item by
-             * item (MOET_MOE_DNCP=0); and each block's two mma independent (MOET_MOE_SPLIT=1); gate/up's prestaged
-             * inputs read chunk by chunk (MOET_MOE_GUCP=0; by cp.async is the default). They need 16-byte
+             * item (MOET_MOE_DNCP=0); and gate/up's prestaged inputs read chunk by chunk (MOET_MOE_GUCP=0; by
+             * cp.async is the default). They need 16-byte
              * aligned experts: the shapes whose allocations come out so (256x128 and up, on an H100) */
-            static const char *const st_pre[6][4] = {{NULL, NULL, NULL, NULL},
+            static const char *const st_pre[5][4] = {{NULL, NULL, NULL, NULL},
                                                      {"MOET_MOE_PRESTAGE_DN", "1", NULL, NULL},
                                                      {"MOET_MOE_PRESTAGE", "0", NULL, NULL},
                                                      {"MOET_MOE_PRESTAGE_DN", "1", "MOET_MOE_DNCP", "0"},
-                                                     {"MOET_MOE_PRESTAGE_DN", "1", "MOET_MOE_SPLIT", "1"},
                                                      {"MOET_MOE_GUCP", "0", NULL, NULL}};
             const char *st_env = getenv("MOET_MOE_ST");
             char st_keep[8] = "";
             if (st_env) snprintf(st_keep, sizeof st_keep, "%s", st_env);
             setenv("MOET_MOE_ST", "1", 1);
             const long long st0[2] = {moet_backend_cuda_launches("st_gate_up"), moet_backend_cuda_launches("st_down")};
-            for (int v = 0; v < 6; v++) {
+            for (int v = 0; v < 5; v++) {
                 for (int p = 0; p < 4; p += 2)
                     if (st_pre[v][p]) setenv(st_pre[v][p], st_pre[v][p + 1], 1);
                 poison_dev(od, (size_t)(T * H));

@@ -9,10 +9,11 @@
 #   BINS="moet test_ops" BASE_BUILD=/tmp/base/build TRACE_BUILD=build-sm90tr bash tools/gpu_carry.sh build-sm90so
 # (BASE_BUILD: the previous commit built in a git worktree; the working tree and .carry must stay under ~64 MiB:
 # move the three largest test models aside for the call). Then, on the device machine: bash tools/gpu_moe_st.sh
-# OPTS: the settings to A/B beside `base` and `default` (';'-separated, as tools/gpu_ab.sh). NCU=0 skips ncu.
+# OPTS: the settings to A/B beside `base` and `default` (';'-separated, as tools/gpu_ab.sh). NCU=0 skips ncu;
+# HEAD_BENCH=1 adds the README's headline benches after the timeline.
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out" /tmp/res
-opts=${OPTS:-MOET_MOE_DNCP=0;MOET_MOE_SPLIT=1}
+opts=${OPTS:-MOET_MVS_DYN=0;MOET_MOE_GUCP=0}
 tar -C .carry -xJf .carry/bin.tar.xz
 export LD_LIBRARY_PATH=$PWD/.carry/lib
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee /tmp/res/gpu.txt
@@ -31,6 +32,19 @@ ENVS="default;$opts" SHAPES="qwen3-235b-a22b" TG=16 OUT=/tmp/tr bash tools/gpu_t
 mkdir -p /tmp/res/trace && tar -C /tmp/res/trace -xf /tmp/tr/trace-all.tar && for f in /tmp/res/trace/*=*; do mv "$f" "${f//=/_}"; done
 rm -f /tmp/res/trace/*.txt.xz  # the raw records (large); the reports and JSONs stay
 tar -C /tmp -cJf "$out/res.tar.xz" res
+# HEAD_BENCH=1: the README's headline benches (bench/results/cuda/: the synthetic shapes pp512 / tg128 / batches,
+# moe-mini-a) from this build, as tools/gpu_check.sh runs them
+if [ "${HEAD_BENCH:-0}" = 1 ]; then
+  mkdir -p /tmp/res/headline
+  for shape in qwen3-30b-a3b qwen3-235b-a22b; do
+    .carry/bin/moet bench --synthetic $shape --device cuda -p 512 -n 128 --reps 3 -b 4,16,64 \
+      --json /tmp/res/headline/bench-$shape.json > /tmp/res/headline/bench-$shape.txt 2>&1
+  done
+  .carry/bin/moet bench -m models/moe-mini-a --device cuda -p 512 -n 128 --reps 3 \
+    --json /tmp/res/headline/bench-moe-mini-a.json > /tmp/res/headline/bench-moe-mini-a.txt 2>&1
+  grep -h "t/s\|tg\|pp" /tmp/res/headline/*.txt | tail -20 >> "$out/summary.txt"
+  tar -C /tmp -cJf "$out/res.tar.xz" res
+fi
 [ "${NCU:-1}" = 0 ] && exit 0
 S=$(for r in long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait barrier not_selected selected \
   dispatch_stall no_instruction lg_throttle branch_resolving membar drain sleeping tex_throttle imc_miss misc; do

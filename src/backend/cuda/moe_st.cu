@@ -58,7 +58,7 @@ __device__ __forceinline__ void st_issue_mat(unsigned char *dst, const cu_mat &m
 /* NU matrices' units (gate and up of one tile, or one pick's down of NU tiles) against the staged chunk: tc_i8_tile
  * over their M blocks (scale bytes read in place), block bi's B fragments built once for all NU (the legacy kernels
  * build them once a block too). Each accumulator still takes its blocks in order: the same sums as one unit at a time. */
-template <int M, int NU, int SPL>
+template <int M, int NU>
 __device__ __forceinline__ void st_units_mac(const unsigned char *const u[NU], const uint32_t *W8, const int32_t *X8,
                                              const float *lut, float cacc[NU][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2;
@@ -71,7 +71,7 @@ __device__ __forceinline__ void st_units_mac(const unsigned char *const u[NU], c
         for (int n = 0; n < NU; n++) {
             const uint32_t *cw = (const uint32_t *)u[n];
             const unsigned char *sc = u[n] + 128 * M;
-            tc_i8_tile<SPL>(cw[32 * bi + lane], bf, ci, lut[sc[16 * bi + g]], lut[sc[16 * bi + g + 8]], cacc[n]);
+            tc_i8_tile(cw[32 * bi + lane], bf, ci, lut[sc[16 * bi + g]], lut[sc[16 * bi + g + 8]], cacc[n]);
         }
     }
 }
@@ -84,7 +84,7 @@ __device__ __forceinline__ void st_units_mac(const unsigned char *const u[NU], c
  * load the warp waited on (ncu, stop 36, H200: long-scoreboard stalls the largest share of gate/up's, 1.84 cycles an
  * instruction of 9.6). Slot reuse is safe: chunk n + 2's first unit is issued after unit (n + 1) TP - ST_D + TP is
  * read, past chunk n's last (TP >= ST_D). */
-template <int M, int TP, int SPL>
+template <int M, int TP>
 __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(0))
 k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,
              int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act, const float *rlogits, int32_t E,
@@ -161,7 +161,7 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
             const unsigned char *ub = ring + (size_t)(u % ST_D) * UB;
             const unsigned char *const us[2] = {ub, ub + st_unit<M>::bytes};
             float cgu[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-            st_units_mac<M, 2, SPL>(us, W8, X8, lut, cgu);
+            st_units_mac<M, 2>(us, W8, X8, lut, cgu);
             tc_i8_chunk_done(gm.qscale * p2, Ag, Bg, cgu[0], tg[j]);
             tc_i8_chunk_done(um.qscale * p2, Au, Bu, cgu[1], tu[j]);
             __syncwarp(); /* its slot read by every lane */
@@ -198,7 +198,7 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
 /* ---- down + combine: TP tiles of one token a CTA --------------------------------------------------------------
  * Grid (H / 16 / TP, T). Dynamic shared memory: lut [256] | red [nw][TP][16] | staging [nw][1, or ST_D with the
  * inputs cp.async'd (cpst)] | ring [nw][ST_D]. */
-template <int M, int TP, int SPL>
+template <int M, int TP>
 __global__ void __launch_bounds__(TC_DN_W * 32)
 k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,
           const int32_t *topk_ids, const float *topk_w, float *__restrict__ y, int accum, const float *db,
@@ -281,7 +281,7 @@ k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
             us[j] = ub + j * st_unit<M>::bytes;
             cd[j][0] = cd[j][1] = cd[j][2] = cd[j][3] = 0.f;
         }
-        st_units_mac<M, TP, SPL>(us, W8, X8, lut, cd);
+        st_units_mac<M, TP>(us, W8, X8, lut, cd);
 #pragma unroll
         for (int j = 0; j < TP; j++) tc_i8_chunk_done(q, A, B, cd[j], tot[j]);
         __syncwarp(); /* its slot read by every lane */
@@ -368,9 +368,8 @@ static int st_dyn_max(cu_backend *c, const void *k) {
 template <int M, int TP> static int st_attrs(cu_backend *c) {
     static int dev = -1;
     if (dev == c->device) return 0;
-    const void *ks[4] = {(const void *)k_st_gate_up<M, TP, 0>, (const void *)k_st_down<M, TP, 0>,
-                         (const void *)k_st_gate_up<M, TP, 1>, (const void *)k_st_down<M, TP, 1>};
-    for (int i = 0; i < 4; i++) {
+    const void *ks[2] = {(const void *)k_st_gate_up<M, TP>, (const void *)k_st_down<M, TP>};
+    for (int i = 0; i < 2; i++) {
         const int b = st_dyn_max(c, ks[i]);
         if (b < 0 || CU_CHECK(c, cudaFuncSetAttribute(ks[i], cudaFuncAttributeMaxDynamicSharedMemorySize, b))) return -1;
         cu_carveout_max(c, ks[i]);
@@ -383,17 +382,11 @@ static long long g_st_launches[2]; /* gate/up, down: moet_backend_cuda_launches 
 
 extern "C" long long cu_moe_st_launches(int down) { return g_st_launches[down ? 1 : 0]; }
 
-/* MOET_MOE_SPLIT=1 (opt-in until measured): each block's two mma independent (tc_i8_tile<1>, bit-identical). */
-static int st_split(void) {
-    const char *s = getenv("MOET_MOE_SPLIT");
-    return s && s[0] == '1';
-}
-
 template <int M>
 static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
     if (st_attrs<M, 2>(c)) return -1;
     const dim3 grid((unsigned)(g->F / 32), (unsigned)(g->T * g->K));
-    auto k = st_split() ? k_st_gate_up<M, 2, 1> : k_st_gate_up<M, 2, 0>;
+    auto k = k_st_gate_up<M, 2>;
     const int cp = st_gucp(c, g, (const void *)k);
     cu_launch_pdl(c, k, grid, dim3(g->nw * 32), st_smem_gu(g->nw, M, 2, g->E, g->rlogits != NULL, cp), g->x, g->H,
                   g->F, g->K, g->table, g->type, g->rot, g->seed, g->topk_ids, g->act, g->rlogits, g->E, g->norm_topk,
@@ -421,7 +414,7 @@ static int st_down_m(cu_backend *c, const cu_moe_st_dn *d) {
     if (st_attrs<M, 2>(c)) return -1;
     const dim3 grid((unsigned)(d->H / 32), (unsigned)d->T);
     const int cp = st_dncp(c, d);
-    cu_launch_pdl(c, st_split() ? k_st_down<M, 2, 1> : k_st_down<M, 2, 0>, grid, dim3(d->nw * 32),
+    cu_launch_pdl(c, k_st_down<M, 2>, grid, dim3(d->nw * 32),
                   st_smem_dn(d->nw, M, 2, cp), d->act, d->H, d->F, d->K,
                   d->table, d->type, d->topk_ids, d->topk_w, d->y, d->accum, d->db, d->pre, d->npre, d->early, cp);
     g_st_launches[1]++;

@@ -243,28 +243,16 @@ __device__ __forceinline__ void tc_i8_bfrag(const uint32_t *W, const int32_t *Xs
 }
 
 /* One 16 x 32 block: both half-blocks' products from the C start, then acc += the rows' block scales (s0: row g,
- * s1: row g + 8) times D. SPL = 1 (the streamed kernels' MOET_MOE_SPLIT=1): the second half-block's product from
- * zero, added after (d0 = C + A0 B0, d1 = A1 B1, d0 + d1): int32 addition is exact (|A1 B1| < 2^20 here), so D has
- * the same bits, and the second mma need not wait for the first: one mma latency less on each block's chain, four
- * integer adds more (the streamed kernels are latency-bound: docs/performance.md "Stop 35"). */
-template <int SPL = 0>
+ * s1: row g + 8) times D. (The two mma chained through D. Stop 35's split form, the second from zero and added
+ * after, exact in int32, was 2% slower at the 235b shape on the H200, stop 36: taken out.) */
 __device__ __forceinline__ void tc_i8_tile(uint32_t w, const uint32_t b[2][2], const int32_t ci[4], float s0, float s1,
                                            float acc[4]) {
     int32_t d[4] = {ci[0], ci[1], ci[2], ci[3]};
     uint32_t a[4];
     moet_q2i8_afrag(w, 0, a);
     tc_i8_mma(d, a, b[0]);
-    if constexpr (SPL) {
-        int32_t d1[4] = {0, 0, 0, 0};
-        uint32_t a1[4];
-        moet_q2i8_afrag(w, 1, a1);
-        tc_i8_mma(d1, a1, b[1]);
-#pragma unroll
-        for (int j = 0; j < 4; j++) d[j] += d1[j];
-    } else {
-        moet_q2i8_afrag(w, 1, a);
-        tc_i8_mma(d, a, b[1]);
-    }
+    moet_q2i8_afrag(w, 1, a);
+    tc_i8_mma(d, a, b[1]);
     acc[0] = fmaf(s0, moet_i8_dval(d[0]), acc[0]); /* an add, not an I2F (an eighth of the add rate) */
     acc[1] = fmaf(s0, moet_i8_dval(d[1]), acc[1]);
     acc[2] = fmaf(s1, moet_i8_dval(d[2]), acc[2]);

@@ -795,9 +795,9 @@ int main(int argc, char **argv) {
      * against the persistent one (MOET_MVS=0: k_mv16p), bit for bit: a pre-normed q/k/v set of 2048 columns whose
      * warps take several rows each, with the default ring (every row requested at once), a one-slot ring
      * (MOET_MVS_KB=48: each slot refilled row after row) and a two-slot one (64), both with their last rows handed
-     * out by ticket (a ticket counter left dirty by the first breaks the second), the one-slot ring again with every
-     * row in the fixed split (MOET_MVS_DYN=0), and y += x W^T + bias over 4096 columns (o_proj's form: by ticket at
-     * MOET_MVS_KB=64) */
+     * out by ticket (MOET_MVS_DYN=1: a ticket counter left dirty by the first breaks the second), the one-slot ring
+     * again with every row in the fixed split (MOET_MVS_DYN=0), and y += x W^T + bias over 4096 columns (o_proj's
+     * form: by ticket at MOET_MVS_KB=64) */
     if (!strcmp(be->ops->name, "cuda")) {
         enum { NP = 5 };
         const int64_t D = 2048, rows[3] = {4000, 260, 260}, D2 = 4096, R2 = 2500;
@@ -824,7 +824,7 @@ int main(int argc, char **argv) {
         for (int pass = 0; pass < NP; pass++) {
             if (pass == 0) setenv("MOET_MVS", "0", 1); else unsetenv("MOET_MVS");
             if (env_kb[pass]) setenv("MOET_MVS_KB", env_kb[pass], 1); else unsetenv("MOET_MVS_KB");
-            if (pass == 4) setenv("MOET_MVS_DYN", "0", 1); else unsetenv("MOET_MVS_DYN");
+            if (pass >= 2) setenv("MOET_MVS_DYN", pass == 4 ? "0" : "1", 1); else unsetenv("MOET_MVS_DYN");
             float *xd = dev(xa, sizeof(float) * D), *hd = dev_poisoned((size_t)D), *yd[3];
             const moet_weight *wp[3] = {&w[0], &w[1], &w[2]};
             for (int k = 0; k < 3; k++) yd[k] = dev_poisoned((size_t)rows[k]);
@@ -1663,14 +1663,14 @@ int main(int argc, char **argv) {
              * the legacy grid takes two waves, so forced here: MOET_MOE_ST=1) against the legacy ones (the default
              * at these shapes), bit for bit, with each staging: the default, down's prestaged, none; and down's
              * prestaged inputs by cp.async with its weights (the default where they are prestaged) and read item by
-             * item (MOET_MOE_DNCP=0); and gate/up's prestaged inputs read chunk by chunk (MOET_MOE_GUCP=0; by
-             * cp.async is the default). They need 16-byte
+             * item (MOET_MOE_DNCP=0); and gate/up's prestaged inputs by cp.async with its weights (MOET_MOE_GUCP=1,
+             * opt-in). They need 16-byte
              * aligned experts: the shapes whose allocations come out so (256x128 and up, on an H100) */
             static const char *const st_pre[5][4] = {{NULL, NULL, NULL, NULL},
                                                      {"MOET_MOE_PRESTAGE_DN", "1", NULL, NULL},
                                                      {"MOET_MOE_PRESTAGE", "0", NULL, NULL},
                                                      {"MOET_MOE_PRESTAGE_DN", "1", "MOET_MOE_DNCP", "0"},
-                                                     {"MOET_MOE_GUCP", "0", NULL, NULL}};
+                                                     {"MOET_MOE_GUCP", "1", NULL, NULL}};
             const char *st_env = getenv("MOET_MOE_ST");
             char st_keep[8] = "";
             if (st_env) snprintf(st_keep, sizeof st_keep, "%s", st_env);

@@ -333,12 +333,13 @@ static int st_dncp(cu_backend *c, const cu_moe_st_dn *d) {
     return !(s && s[0] == '0') && d->pre && st_smem_dn(d->nw, d->b / 32, 2, 1) + 2048 <= c->prop.sharedMemPerBlockOptin;
 }
 
-/* Gate/up's prestaged inputs by cp.async with the weights (MOET_MOE_GUCP=0: off): only with the prestaged inputs
- * and where the CTAs an SM its launch bounds promise still fit with the second staging slot (at the 235b shape:
- * 3 x 77.3 KB of the H100's / H200's 228). */
+/* Gate/up's prestaged inputs by cp.async with the weights (MOET_MOE_GUCP=1; opt-in until a GPU has run it: written
+ * at stop 36 after the device time ran out, test_ops checks it bit for bit whatever the default): only with the
+ * prestaged inputs and where the CTAs an SM its launch bounds promise still fit with the second staging slot (at
+ * the 235b shape: 3 x 77.3 KB of the H100's / H200's 228). */
 static int st_gucp(cu_backend *c, const cu_moe_st_gu *g, const void *k) {
     const char *s = getenv("MOET_MOE_GUCP");
-    if ((s && s[0] == '0') || !g->pre) return 0;
+    if (!(s && s[0] == '1') || !g->pre) return 0;
     cudaFuncAttributes fa;
     if (CU_CHECK(c, cudaFuncGetAttributes(&fa, k))) return 0;
     const size_t per = st_smem_gu(g->nw, g->b / 32, 2, g->E, g->rlogits != NULL, 1) + fa.sharedSizeBytes +

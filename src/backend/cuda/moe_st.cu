@@ -82,8 +82,8 @@ __device__ __forceinline__ void st_units_mac(const unsigned char *const u[NU], c
  * cpst (with the router's prestaged inputs): chunk c's staged input comes by cp.async with the weights of its first
  * unit, into staging slot (chunk number) % 2, as down's do (st_dncp): the copy at the head of every chunk was a
  * load the warp waited on (ncu, stop 36, H200: long-scoreboard stalls the largest share of gate/up's, 1.84 cycles an
- * instruction of 9.6). Slot reuse is safe: chunk n + 2's first unit is issued after unit (n + 1) TP - ST_D + TP is
- * read, past chunk n's last (TP >= ST_D). */
+ * instruction of 9.6). Slot reuse is safe: chunk n + 2's first unit, (n + 2) TP, is issued once unit
+ * (n + 2) TP - ST_D >= (n + 1) TP has been read, so after chunk n's last, (n + 1) TP - 1 (TP >= ST_D). */
 template <int M, int TP>
 __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(0))
 k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,

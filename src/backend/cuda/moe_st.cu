@@ -337,12 +337,10 @@ static int st_dncp(cu_backend *c, const cu_moe_st_dn *d) {
  * at stop 36 after the device time ran out, test_ops checks it bit for bit whatever the default): only with the
  * prestaged inputs and where the CTAs an SM its launch bounds promise still fit with the second staging slot (at
  * the 235b shape: 3 x 77.3 KB of the H100's / H200's 228). */
-static int st_gucp(cu_backend *c, const cu_moe_st_gu *g, const void *k) {
+static int st_gucp(cu_backend *c, const cu_moe_st_gu *g, size_t static_smem) {
     const char *s = getenv("MOET_MOE_GUCP");
     if (!(s && s[0] == '1') || !g->pre) return 0;
-    cudaFuncAttributes fa;
-    if (CU_CHECK(c, cudaFuncGetAttributes(&fa, k))) return 0;
-    const size_t per = st_smem_gu(g->nw, g->b / 32, 2, g->E, g->rlogits != NULL, 1) + fa.sharedSizeBytes +
+    const size_t per = st_smem_gu(g->nw, g->b / 32, 2, g->E, g->rlogits != NULL, 1) + static_smem +
                        c->prop.reservedSharedMemPerBlock;
     return per * TC_GU_CTAS(0) <= c->prop.sharedMemPerMultiprocessor;
 }
@@ -388,7 +386,15 @@ static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
     if (st_attrs<M, 2>(c)) return -1;
     const dim3 grid((unsigned)(g->F / 32), (unsigned)(g->T * g->K));
     auto k = k_st_gate_up<M, 2>;
-    const int cp = st_gucp(c, g, (const void *)k);
+    static int ss_dev = -1; /* the kernel's static shared memory, asked once a device, not at every launch */
+    static size_t ss;
+    if (ss_dev != c->device) {
+        cudaFuncAttributes fa;
+        if (CU_CHECK(c, cudaFuncGetAttributes(&fa, (const void *)k))) return -1;
+        ss = fa.sharedSizeBytes;
+        ss_dev = c->device;
+    }
+    const int cp = st_gucp(c, g, ss);
     cu_launch_pdl(c, k, grid, dim3(g->nw * 32), st_smem_gu(g->nw, M, 2, g->E, g->rlogits != NULL, cp), g->x, g->H,
                   g->F, g->K, g->table, g->type, g->rot, g->seed, g->topk_ids, g->act, g->rlogits, g->E, g->norm_topk,
                   g->topk_w, g->rs, g->ox, g->pre, g->npre, g->dp, cp);

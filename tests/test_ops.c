@@ -793,14 +793,10 @@ int main(int argc, char **argv) {
     }
     /* CUDA's streaming single-token GEMV (matmul.cu's k_mv16s: rows through a shared-memory ring of bulk copies)
      * against the persistent one (MOET_MVS=0: k_mv16p), bit for bit: a pre-normed q/k/v set of 2048 columns whose
-     * warps take several rows each, with the default ring (every row requested at once), a one-slot ring
-     * (MOET_MVS_KB=48: each slot refilled row after row) and a two-slot one (64), both with their last rows handed
-     * out by ticket (MOET_MVS_DYN=1: a ticket counter left dirty by the first breaks the second), the one-slot ring
-     * again with every row in the fixed split (MOET_MVS_DYN=0), and y += x W^T + bias over 4096 columns (o_proj's
-     * form: by ticket at MOET_MVS_KB=64) */
+     * warps take several rows each, with the default ring (every row requested at once) and a one-slot ring
+     * (MOET_MVS_KB=48: each slot refilled row after row), and y += x W^T + bias over 4096 columns (o_proj's form) */
     if (!strcmp(be->ops->name, "cuda")) {
-        enum { NP = 5 };
-        const int64_t D = 2048, rows[3] = {4000, 260, 260}, D2 = 4096, R2 = 2500;
+        const int64_t D = 2048, rows[3] = {2600, 260, 260}, D2 = 4096, R2 = 1500;
         float *xa = malloc(sizeof(float) * D2), *g = malloc(sizeof(float) * D), *bias = malloc(sizeof(float) * R2);
         for (int64_t i = 0; i < D2; i++) xa[i] = gauss() * 3;
         for (int64_t i = 0; i < D; i++) g[i] = 1 + 0.3f * gauss();
@@ -816,15 +812,13 @@ int main(int argc, char **argv) {
             free(Wm);
             if (k == 3) dq3 = dq; else free(dq);
         }
-        float *out[NP][5];
-        static const char *const env_kb[NP] = {NULL, NULL, "48", "64", "48"}; /* pass 0: MOET_MVS=0 */
-        static const char *const pass_name[NP] = {"", "mv16s vs mv16p", "mv16s 1-slot", "mv16s 2-slot", "mv16s fixed"};
+        float *out[3][5];
+        static const char *const env_kb[3] = {NULL, NULL, "48"}; /* pass 0: MOET_MVS=0 */
         float *y0 = malloc(sizeof(float) * R2);
         for (int64_t i = 0; i < R2; i++) y0[i] = gauss();
-        for (int pass = 0; pass < NP; pass++) {
+        for (int pass = 0; pass < 3; pass++) {
             if (pass == 0) setenv("MOET_MVS", "0", 1); else unsetenv("MOET_MVS");
             if (env_kb[pass]) setenv("MOET_MVS_KB", env_kb[pass], 1); else unsetenv("MOET_MVS_KB");
-            if (pass >= 2) setenv("MOET_MVS_DYN", pass == 4 ? "0" : "1", 1); else unsetenv("MOET_MVS_DYN");
             float *xd = dev(xa, sizeof(float) * D), *hd = dev_poisoned((size_t)D), *yd[3];
             const moet_weight *wp[3] = {&w[0], &w[1], &w[2]};
             for (int k = 0; k < 3; k++) yd[k] = dev_poisoned((size_t)rows[k]);
@@ -844,14 +838,13 @@ int main(int argc, char **argv) {
         }
         unsetenv("MOET_MVS");
         unsetenv("MOET_MVS_KB");
-        unsetenv("MOET_MVS_DYN");
-        for (int pass = 1; pass < NP; pass++) {
+        for (int pass = 1; pass < 3; pass++) {
             const int64_t n[5] = {rows[0], rows[1], rows[2], D, R2};
             int same = 1;
             for (int k = 0; k < 5; k++) same &= !memcmp(out[pass][k], out[0][k], sizeof(float) * (size_t)n[k]);
-            fprintf(stderr, "%-5s %-10s %-14s %s\n", g_be_name, "mul_mat", pass_name[pass],
+            fprintf(stderr, "%-5s %-10s %-14s %s\n", g_be_name, "mul_mat", pass == 1 ? "mv16s vs mv16p" : "mv16s 1-slot",
                     same ? "bit-identical" : "DIFFERENT");
-            CHECK(same, "k_mv16s (%s) differs from k_mv16p", pass_name[pass]);
+            CHECK(same, "k_mv16s (%s) differs from k_mv16p", pass == 1 ? "default ring" : "one slot");
         }
         { /* and the shared result against the float64 product (y0 + bias + x W^T) */
             double *rf = malloc(sizeof(double) * R2);
@@ -860,7 +853,7 @@ int main(int argc, char **argv) {
             report("mul_mat_acc", "4096 mv16s", nmse(out[1][4], rf, (size_t)R2), 1e-12);
             free(rf);
         }
-        for (int pass = 0; pass < NP; pass++)
+        for (int pass = 0; pass < 3; pass++)
             for (int k = 0; k < 5; k++) free(out[pass][k]);
         for (int k = 0; k < 4; k++) { op->forget(be, blk[k]); free(blk[k]); }
         op->forget(be, g);
@@ -1489,11 +1482,10 @@ int main(int argc, char **argv) {
      * (3, 15 and 36 slots an expert on average; 96 tokens: more than one tile an expert) */
     /* and one token through 256-column chunks both ways (the decode kernels' common case) */
     /* and 64-column chunks, nine of them (H and F 576): several chunks a gate/up warp and several (pick, chunk)
-     * items a down warp, so moe_st.cu's rings wrap; and hidden 4352 (17 chunks of 256: three a gate/up warp, so
-     * gate/up's two staging slots of cp.async'd inputs are reused) */
-    static const int moe_shapes[12][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12},
+     * items a down warp, so moe_st.cu's rings wrap */
+    static const int moe_shapes[11][3] = {{64, 32, 5}, {160, 96, 5}, {64, 96, 40}, {256, 128, 3}, {256, 64, 12},
                                           {1024, 64, 2}, {256, 128, 8}, {128, 256, 40}, {256, 256, 96}, {256, 256, 1},
-                                          {576, 576, 2}, {4352, 64, 1}};
+                                          {576, 576, 2}};
     const int is_cuda = !strcmp(be->ops->name, "cuda");
     /* CUDA's single-token block is opt-in (MOET_MOE_FUSED=1): the decode checks below run it against the CPU
      * reference and then the three launches (MOET_MOE_FUSED=0) against it, bit for bit */
@@ -1502,7 +1494,7 @@ int main(int argc, char **argv) {
     const int ab = is_cuda && !(fu_env && fu_env[0] == '0');
     if (ab) setenv("MOET_MOE_FUSED", "1", 1);
     long long st_runs[2] = {0, 0}; /* the streamed decode kernels' launches over the shapes (CUDA) */
-    for (int ms = 0; ms < 12; ms++) {
+    for (int ms = 0; ms < 11; ms++) {
         const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = moe_shapes[ms][2];
         float *xr = malloc(sizeof(float) * T * H), *rw = malloc(sizeof(float) * E * H), *o = malloc(sizeof(float) * T * H);
         float *dq[3][8];
@@ -1663,20 +1655,18 @@ int main(int argc, char **argv) {
              * the legacy grid takes two waves, so forced here: MOET_MOE_ST=1) against the legacy ones (the default
              * at these shapes), bit for bit, with each staging: the default, down's prestaged, none; and down's
              * prestaged inputs by cp.async with its weights (the default where they are prestaged) and read item by
-             * item (MOET_MOE_DNCP=0); and gate/up's prestaged inputs by cp.async with its weights (MOET_MOE_GUCP=1,
-             * opt-in). They need 16-byte
-             * aligned experts: the shapes whose allocations come out so (256x128 and up, on an H100) */
-            static const char *const st_pre[5][4] = {{NULL, NULL, NULL, NULL},
+             * item (MOET_MOE_DNCP=0). They need 16-byte aligned experts: the shapes whose allocations come out so
+             * (256x128 and up, on an H100) */
+            static const char *const st_pre[4][4] = {{NULL, NULL, NULL, NULL},
                                                      {"MOET_MOE_PRESTAGE_DN", "1", NULL, NULL},
                                                      {"MOET_MOE_PRESTAGE", "0", NULL, NULL},
-                                                     {"MOET_MOE_PRESTAGE_DN", "1", "MOET_MOE_DNCP", "0"},
-                                                     {"MOET_MOE_GUCP", "1", NULL, NULL}};
+                                                     {"MOET_MOE_PRESTAGE_DN", "1", "MOET_MOE_DNCP", "0"}};
             const char *st_env = getenv("MOET_MOE_ST");
             char st_keep[8] = "";
             if (st_env) snprintf(st_keep, sizeof st_keep, "%s", st_env);
             setenv("MOET_MOE_ST", "1", 1);
             const long long st0[2] = {moet_backend_cuda_launches("st_gate_up"), moet_backend_cuda_launches("st_down")};
-            for (int v = 0; v < 5; v++) {
+            for (int v = 0; v < 4; v++) {
                 for (int p = 0; p < 4; p += 2)
                     if (st_pre[v][p]) setenv(st_pre[v][p], st_pre[v][p + 1], 1);
                 poison_dev(od, (size_t)(T * H));

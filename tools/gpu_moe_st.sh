@@ -13,7 +13,7 @@
 # HEAD_BENCH=1 adds the README's headline benches after the timeline.
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out" /tmp/res
-opts=${OPTS:-MOET_MVS_DYN=1;MOET_MOE_GUCP=1;MOET_MVS_KB=192}
+opts=${OPTS:-MOET_MOE_DNCP=0}
 tar -C .carry -xJf .carry/bin.tar.xz
 export LD_LIBRARY_PATH=$PWD/.carry/lib
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee /tmp/res/gpu.txt

@@ -512,7 +512,6 @@ static void cu_destroy(moet_backend *be) {
     cudaFree(c->ticket);
     cudaFree(c->fsync);
     cudaFree(c->dn_tickets);
-    cudaFree(c->mv_rows);
     cudaFree(c->attn_part);
     cu_gemm_release(c);
     cudaStreamDestroy(c->stream);
@@ -613,8 +612,6 @@ extern "C" moet_backend *moet_backend_cuda_create(int device, char *err, size_t 
     if (e == cudaSuccess) e = cudaMemset(c->fsync, 0, 64 * sizeof(int32_t));
     if (e == cudaSuccess) e = cudaMalloc(&c->dn_tickets, CU_DN_TICKETS * sizeof(int32_t));
     if (e == cudaSuccess) e = cudaMemset(c->dn_tickets, 0, CU_DN_TICKETS * sizeof(int32_t));
-    if (e == cudaSuccess) e = cudaMalloc(&c->mv_rows, 2 * sizeof(int32_t));
-    if (e == cudaSuccess) e = cudaMemset(c->mv_rows, 0, 2 * sizeof(int32_t));
     if (e != cudaSuccess) {
         if (err && errlen) snprintf(err, errlen, "cuda:%d: %s", device, cudaGetErrorString(e));
         free(c);

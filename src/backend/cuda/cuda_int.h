@@ -108,7 +108,6 @@ typedef struct {
     int32_t *fsync;        /* device ints, 0 between launches: moe_fused.cu's counters (MOE_MAX_K + 2 used) */
     int32_t *dn_tickets;   /* CU_DN_TICKETS device ints, 0 between launches: moe_tc.cu's gate/up CTAs count each
                               finished chunk of a slot's activations on them (cu_tc_dpre) */
-    int32_t *mv_rows;      /* 2 device ints, 0 between launches: matmul.cu's k_mv16s hands out its last rows on them */
     int pdl;               /* launch the decode kernels with programmatic dependent launch (sm_90+, MOET_PDL != 0) */
     void *blas;            /* gemm.cu: cublasHandle_t, created at the first GEMM (NULL: none yet) */
     void *blas_ws;         /* its workspace (device) */

@@ -354,31 +354,18 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
  * Arithmetic: a lane takes the same 16-byte units in the same order as in k_mv16p, and the warp sum is the same,
  * so y is bit-identical to k_mv16p's (and k_mv16's). Bytes: rows x row_bytes (+ x); FLOPs: 2 x rows x cols. */
 #define MVS_WARPS 8
-#define MVS_MAX_SLOTS 8 /* dyn: ring slots a warp at most */
-/* The last rows go to whichever warps are free (dyn, with nst > 0): warp gw takes rows gw + k W for k < nst (the
- * first nsw of them requested before the wait, as above), then rows W nst + t for tickets t = 0, 1, ... drawn from
- * ctr[0] (one drawn ahead, so its atomic's latency hides behind a row's products). Why: a row is a warp's alone
- * and is summed the same wherever it runs, so the assignment changes no bit of y, while the static split left the
- * SMs' end times 3-4 us apart at the 235b shape on the H200 (stop 36's timeline: q/k/v CTAs ending 22.8 / 26.4 /
- * 28.2 / 29.6 us, min / median / 90% / max, after the MoE; the same spread on the H100): the memory system does not
- * serve every SM alike, and a fixed share makes the slowest SM the kernel's end. The last warp to finish (ctr[1])
- * puts both counters back to 0; the next launch draws only after its own wait, when this one has finished. */
 template <int F16, int NORM>
 __global__ void __launch_bounds__(MVS_WARPS * 32, 4)
 k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__ norm_w, float eps,
-        float *__restrict__ h, int acc, int nsw, int early, int32_t *ctr, int64_t nst) {
+        float *__restrict__ h, int acc, int nsw, int early) {
     CU_TRACE(CU_TK_MV16S << 8 | F16 << 2 | NORM << 1);
     extern __shared__ __align__(16) unsigned char mvs_sm[];
     __shared__ double red[MVS_WARPS][MM_MAX_TOK];
     __shared__ float inv[MM_MAX_TOK];
-    __shared__ int32_t drow[MVS_WARPS][MVS_MAX_SLOTS]; /* dyn: the row in each ring slot (-1: none) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint32_t rb = (uint32_t)set.row_bytes[0];
     const int64_t total = set.r0[set.n], W = (int64_t)gridDim.x * MVS_WARPS, gw = (int64_t)blockIdx.x * MVS_WARPS + warp;
-    const int dyn = nst > 0;
-    /* this warp's rows: all of them (static), or its nst fixed ones (then tickets until they run out) */
-    const int64_t nrw = dyn ? nst : gw < total ? (total - gw + W - 1) / W : 0;
-    const int64_t nd = dyn ? total - W * nst : 0; /* rows handed out by ticket */
+    const int64_t nrw = gw < total ? (total - gw + W - 1) / W : 0; /* this warp's rows */
     float *xs = (float *)mvs_sm;
     uint64_t *bar = (uint64_t *)(mvs_sm + cols * sizeof(float)) + (size_t)warp * nsw;
     unsigned char *ring = mvs_sm + cols * sizeof(float) + (size_t)MVS_WARPS * nsw * sizeof(uint64_t) + (size_t)warp * nsw * rb;
@@ -396,23 +383,13 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
     }
     cu_pdl_wait();
     CU_TRACE_WAITED();
-    int32_t tick = 0; /* dyn, lane 0: the ticket drawn ahead */
-    if (dyn && lane == 0 && nst <= nsw) tick = atomicAdd(ctr, 1); /* no static refill left to draw it at */
     cu_stage_f32(xs, x, cols);
     __syncthreads();
     if (NORM) cu_prenorm_smem(xs, 1, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
     const float4 *xs4 = (const float4 *)xs;
     const int64_t U = cols / 8;
-    for (int64_t k = 0;; k++) {
+    for (int64_t k = 0; k < nrw; k++) {
         const int s = (int)(k % nsw);
-        int64_t R;
-        if (k < nrw) R = gw + k * W;
-        else if (!dyn) break;
-        else {
-            __syncwarp(); /* lane 0 wrote drow before it asked for the slot's row */
-            R = drow[warp][s];
-            if (R < 0) break;
-        }
         cu_mbar_wait(bar + s, (uint32_t)((k / nsw) & 1));
         const uint4 *row = (const uint4 *)(ring + (size_t)s * rb);
         float accv[1] = {0.f};
@@ -426,35 +403,15 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
         __syncwarp(); /* every lane has read the slot: it may be refilled */
         int mi;
         int64_t r;
-        if (lane == 0) {
-            const int64_t kn = k + nsw; /* the slot's next row */
-            int64_t Rn = -1;
-            if (kn < nrw) {
-                Rn = gw + kn * W;
-                if (dyn && kn == nst - 1) tick = atomicAdd(ctr, 1); /* the first ticket, one row ahead */
-            } else if (dyn) {
-                Rn = tick < nd ? W * nst + tick : -1;
-                drow[warp][s] = (int32_t)Rn;
-                if (Rn >= 0) tick = atomicAdd(ctr, 1);
-            }
-            if (Rn >= 0) {
-                mv16p_row(set, Rn, mi, r);
-                cu_fence_proxy_async();
-                cu_mbar_expect(bar + s, rb);
-                cu_bulk_load(ring + (size_t)s * rb, set.w[mi] + r * rb, rb, bar + s);
-            }
+        if (lane == 0 && k + nsw < nrw) {
+            mv16p_row(set, gw + (k + nsw) * W, mi, r);
+            cu_fence_proxy_async();
+            cu_mbar_expect(bar + s, rb);
+            cu_bulk_load(ring + (size_t)s * rb, set.w[mi] + r * rb, rb, bar + s);
         }
-        mv16p_row(set, R, mi, r);
+        mv16p_row(set, gw + k * W, mi, r);
         const float sum = cu_warp_sum(accv[0]);
         if (lane == 0) cu_mm_store(set.y[mi] + r, sum, set.b[mi], r, acc);
-    }
-    if (dyn && lane == 0) { /* the last warp out puts the counters back */
-        __threadfence();
-        if (atomicAdd(ctr + 1, 1) == (int32_t)W - 1) {
-            ctr[0] = 0;
-            ctr[1] = 0;
-            __threadfence();
-        }
     }
     if (!early) cu_pdl_trigger();
 }
@@ -462,15 +419,13 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
 /* MOET_MVS=0: k_mv16p for one token too (the A/B of the streaming kernel); MOET_MVS_KB: its ring a CTA (default
  * 128 KB: whole rows, as many a warp as fit; x and the barriers besides). Measured on an H100 (stop 31, tg64): 30b
  * (4 KB rows) 4 slots a warp beat 5 (375.9 vs 364.9 t/s), 235b (8 KB rows) 2 beat 1 (87.8 vs 84.6);
- * MOET_MVS_EARLY=0: it and the decode down kernel trigger their dependents at the end, as the others do;
- * MOET_MVS_DYN=1: k_mv16s's last rows by ticket (opt-in until a GPU has run it: written at stop 36 after the device
- * time ran out; test_ops checks it bit for bit against k_mv16p whatever the default). */
-static int g_mvs = 1, g_mvs_kb = 128, g_mvs_early = 1, g_mvs_dyn = 0;
+ * MOET_MVS_EARLY=0: it and the decode down kernel trigger their dependents at the end, as the others do.
+ * (Stop 36's last rows by ticket, for the SMs' 3-4 us spread of end times: the earliest ends rose, the latest did
+ * not move, 235b tg64 -3% on an H100 at stop 37; taken out, docs/design.md decision 14.) */
+static int g_mvs = 1, g_mvs_kb = 128, g_mvs_early = 1;
 static void mvs_env(void) { /* read at every launch (not in a replay): test_ops switches it between ops */
     const char *e = getenv("MOET_MVS"), *kb = getenv("MOET_MVS_KB"), *ea = getenv("MOET_MVS_EARLY");
-    const char *dy = getenv("MOET_MVS_DYN");
     g_mvs = !(e && e[0] == '0');
-    g_mvs_dyn = dy && dy[0] == '1';
     g_mvs_kb = kb && atoi(kb) >= 16 && atoi(kb) <= 227 ? atoi(kb) : 128;
     g_mvs_early = !(ea && ea[0] == '0');
 }
@@ -645,20 +600,13 @@ static int mvs_go(cu_backend *c, const cu_mv16_set *set, int f16, int64_t cols, 
     int64_t grid = c->prop.multiProcessorCount;
     if (grid > (total + MVS_WARPS - 1) / MVS_WARPS) grid = (total + MVS_WARPS - 1) / MVS_WARPS;
     const int64_t rpw = (total + grid * MVS_WARPS - 1) / (grid * MVS_WARPS);
-    const int64_t big = (int64_t)c->prop.sharedMemPerBlockOptin - 1024; /* the kernel's static arrays: 816 bytes */
+    const int64_t big = (int64_t)c->prop.sharedMemPerBlockOptin - 1024; /* the kernel's static arrays: 560 bytes */
     int64_t nsw = (int64_t)g_mvs_kb * 1024 / (int64_t)(MVS_WARPS * rb);
     if ((int64_t)(cols * sizeof(float) + MVS_WARPS * nsw * (rb + sizeof(uint64_t))) > big)
         nsw = (big - cols * (int64_t)sizeof(float)) / (int64_t)(MVS_WARPS * (rb + sizeof(uint64_t)));
     if (nsw > rpw) nsw = rpw;
     if (nsw < 1) return 0;
     if (norm_w) g_mvs_cover = 4 * nsw >= 3 * rpw;
-    /* dyn (MOET_MVS_DYN=1, opt-in): each warp's first nst rows fixed, at least its ring's and all but about one
-     * of its share; the rest by ticket. Only where every warp has a row past its ring and the rows count in int32. */
-    int64_t nst = 0;
-    if (g_mvs_dyn && nsw <= MVS_MAX_SLOTS && total <= INT32_MAX && total >= grid * MVS_WARPS * (nsw + 1)) {
-        nst = total / (grid * MVS_WARPS) - 1;
-        if (nst < nsw) nst = nsw;
-    }
     const size_t sm = (size_t)cols * sizeof(float) + (size_t)MVS_WARPS * nsw * (rb + sizeof(uint64_t));
     static int attr_dev = -1;
     if (attr_dev != c->device) {
@@ -674,15 +622,14 @@ static int mvs_go(cu_backend *c, const cu_mv16_set *set, int f16, int64_t cols, 
     if (norm_w && g_mvs_cover) cu_carveout_max(c, kern); /* beside down (cu_mv_carve_down), only where down takes it */
     const dim3 g((unsigned)grid), b(MVS_WARPS * 32);
     const int ns = (int)nsw, ea = g_mvs_early;
-    int32_t *ctr = c->mv_rows;
     if (norm_w) {
-        if (f16) cu_launch_pdl(c, k_mv16s<1, 1>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea, ctr, nst);
-        else cu_launch_pdl(c, k_mv16s<0, 1>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea, ctr, nst);
+        if (f16) cu_launch_pdl(c, k_mv16s<1, 1>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
+        else cu_launch_pdl(c, k_mv16s<0, 1>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
     } else {
         const float *nul = NULL;
         float *nulh = NULL;
-        if (f16) cu_launch_pdl(c, k_mv16s<1, 0>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea, ctr, nst);
-        else cu_launch_pdl(c, k_mv16s<0, 0>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea, ctr, nst);
+        if (f16) cu_launch_pdl(c, k_mv16s<1, 0>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea);
+        else cu_launch_pdl(c, k_mv16s<0, 0>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea);
     }
     return 1;
 }

@@ -77,31 +77,26 @@ __device__ __forceinline__ void st_units_mac(const unsigned char *const u[NU], c
 }
 
 /* ---- gate/up: TP tiles of one slot a CTA ----------------------------------------------------------------------
- * Grid (F / 16 / TP, T K). Dynamic shared memory: lut [256] | red [nw][2 TP][16] | staging [nw][1, or 2 with the
- * inputs cp.async'd (cpst)] | ring [nw][ST_D] units (gate then up) | the routing's 2 E floats.
- * cpst (with the router's prestaged inputs): chunk c's staged input comes by cp.async with the weights of its first
- * unit, into staging slot (chunk number) % 2, as down's do (st_dncp): the copy at the head of every chunk was a
- * load the warp waited on (ncu, stop 36, H200: long-scoreboard stalls the largest share of gate/up's, 1.84 cycles an
- * instruction of 9.6). Slot reuse is safe: chunk n + 2's first unit, (n + 2) TP, is issued once unit
- * (n + 2) TP - ST_D >= (n + 1) TP has been read, so after chunk n's last, (n + 1) TP - 1 (TP >= ST_D). */
+ * Grid (F / 16 / TP, T K). Dynamic shared memory: lut [256] | red [nw][2 TP][16] | staging [nw] | ring [nw][ST_D]
+ * units (gate then up) | the routing's 2 E floats. (Stop 36's cp.async of the prestaged inputs with each chunk's
+ * first unit, as down's: 1.5% slower at 235b on an H100, stop 37; taken out.) */
 template <int M, int TP>
 __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(0))
 k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table, int32_t type,
              int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act, const float *rlogits, int32_t E,
              int32_t norm_topk, float *topk_w, cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre,
-             cu_tc_dpre dp, int32_t cpst) {
+             cu_tc_dpre dp) {
     CU_TRACE(CU_TK_GATE_UP_ST << 8 | M << 2 | TP);
-    static_assert(TP >= ST_D, "k_st_gate_up: a chunk's staging slot is reused two chunks on");
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int UB = 2 * st_unit<M>::bytes, SB = (int)TC_I8_STAGE_BYTES(M);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const int slot = blockIdx.y, tok = slot / K;
     const int64_t ti0 = (int64_t)blockIdx.x * TP, NB = H / 32;
     const int nch = (int)(H / (32 * M));
-    const int cp = cpst && pre && (nch + nw - 1) / nw <= 32, NS = cp ? 2 : 1; /* uniform: the layout depends on it */
     float *lut = (float *)smem, *red = lut + 256;
-    uint32_t *const W8s = (uint32_t *)(red + (size_t)nw * 2 * TP * 16) + (size_t)warp * NS * (SB / 4);
-    unsigned char *rings = (unsigned char *)(red + (size_t)nw * 2 * TP * 16) + (size_t)nw * NS * SB;
+    uint32_t *W8 = (uint32_t *)(red + (size_t)nw * 2 * TP * 16 + (size_t)warp * SB / 4);
+    int32_t *X8 = (int32_t *)(W8 + M * 64);
+    unsigned char *rings = (unsigned char *)(red + (size_t)nw * 2 * TP * 16) + (size_t)nw * SB;
     unsigned char *ring = rings + (size_t)warp * ST_D * UB;
     tc_lut_fill(lut);
     cu_pdl_wait();
@@ -115,16 +110,9 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     tc_ab(type, gm.qbeta, &Ag, &Bg);
     tc_ab(type, um.qbeta, &Au, &Bu);
     const int nci = warp < nch ? (nch - warp + nw - 1) / nw : 0, U = nci * TP; /* the warp's chunks and units */
-    float p2l = 0.f; /* cp: lane li's chunk's 2^e */
-    if (cp && lane < nci) p2l = __ldcg((const float *)(pre + (size_t)npre * SB) + tok * nch + warp + lane * nw);
     auto issue = [&](int u) {
         if (u < U) {
             const int c = warp + (u / TP) * nw;
-            if (cp && u % TP == 0) { /* the chunk's staged input with its first unit */
-                const unsigned char *src = pre + (size_t)(tok * nch + c) * SB;
-                unsigned char *dst = (unsigned char *)(W8s + (size_t)((u / TP) & 1) * (SB / 4));
-                for (int i = lane; i < SB / 16; i += 32) st_cp16(dst + 16 * i, src + 16 * i);
-            }
             unsigned char *d = ring + (size_t)(u % ST_D) * UB;
             st_issue_mat<M>(d, gm, F, NB, ti0 + u % TP, c);
             st_issue_mat<M>(d + st_unit<M>::bytes, um, F, NB, ti0 + u % TP, c);
@@ -140,12 +128,8 @@ k_st_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         for (int i = 0; i < 4; i++) tg[j][i] = tu[j][i] = 0.f;
     for (int ci = 0; ci < nci; ci++) {
         const int c = warp + ci * nw;
-        uint32_t *W8 = W8s + (cp ? (size_t)(ci & 1) * (SB / 4) : 0);
-        int32_t *X8 = (int32_t *)(W8 + M * 64);
         float p2;
-        if (cp) { /* in flight with the unit's weights: the wait below covers it */
-            p2 = __shfl_sync(0xffffffffu, p2l, ci);
-        } else if (pre) { /* staged once by the router's extra CTAs (tc_prestage) */
+        if (pre) { /* staged once by the router's extra CTAs (tc_prestage) */
             p2 = tc_i8_fetch_staged<M>(pre, tok * nch + c, npre, W8);
         } else {
             float v[8];
@@ -315,8 +299,8 @@ k_st_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
 
 /* ---- host side ----------------------------------------------------------------------------------------------- */
 
-static size_t st_smem_gu(int nw, int M, int TP, int32_t E, int route, int cp) {
-    return (256 + (size_t)nw * 2 * TP * 16) * sizeof(float) + (size_t)nw * TC_I8_STAGE_BYTES(M) * (cp ? 2 : 1) +
+static size_t st_smem_gu(int nw, int M, int TP, int32_t E, int route) {
+    return (256 + (size_t)nw * 2 * TP * 16) * sizeof(float) + (size_t)nw * TC_I8_STAGE_BYTES(M) +
            (size_t)nw * ST_D * 2 * 144 * M + (route ? 2 * (size_t)E * sizeof(float) : 0);
 }
 static size_t st_smem_dn(int nw, int M, int TP, int cp) {
@@ -331,18 +315,6 @@ static size_t st_smem_dn(int nw, int M, int TP, int cp) {
 static int st_dncp(cu_backend *c, const cu_moe_st_dn *d) {
     const char *s = getenv("MOET_MOE_DNCP");
     return !(s && s[0] == '0') && d->pre && st_smem_dn(d->nw, d->b / 32, 2, 1) + 2048 <= c->prop.sharedMemPerBlockOptin;
-}
-
-/* Gate/up's prestaged inputs by cp.async with the weights (MOET_MOE_GUCP=1; opt-in until a GPU has run it: written
- * at stop 36 after the device time ran out, test_ops checks it bit for bit whatever the default): only with the
- * prestaged inputs and where the CTAs an SM its launch bounds promise still fit with the second staging slot (at
- * the 235b shape: 3 x 77.3 KB of the H100's / H200's 228). */
-static int st_gucp(cu_backend *c, const cu_moe_st_gu *g, size_t static_smem) {
-    const char *s = getenv("MOET_MOE_GUCP");
-    if (!(s && s[0] == '1') || !g->pre) return 0;
-    const size_t per = st_smem_gu(g->nw, g->b / 32, 2, g->E, g->rlogits != NULL, 1) + static_smem +
-                       c->prop.reservedSharedMemPerBlock;
-    return per * TC_GU_CTAS(0) <= c->prop.sharedMemPerMultiprocessor;
 }
 
 /* Tiles a CTA for a legacy grid of `ctas` CTAs of which `per_sm` fit an SM: 1 (the legacy kernel) where one wave
@@ -385,19 +357,9 @@ template <int M>
 static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
     if (st_attrs<M, 2>(c)) return -1;
     const dim3 grid((unsigned)(g->F / 32), (unsigned)(g->T * g->K));
-    auto k = k_st_gate_up<M, 2>;
-    static int ss_dev = -1; /* the kernel's static shared memory, asked once a device, not at every launch */
-    static size_t ss;
-    if (ss_dev != c->device) {
-        cudaFuncAttributes fa;
-        if (CU_CHECK(c, cudaFuncGetAttributes(&fa, (const void *)k))) return -1;
-        ss = fa.sharedSizeBytes;
-        ss_dev = c->device;
-    }
-    const int cp = st_gucp(c, g, ss);
-    cu_launch_pdl(c, k, grid, dim3(g->nw * 32), st_smem_gu(g->nw, M, 2, g->E, g->rlogits != NULL, cp), g->x, g->H,
-                  g->F, g->K, g->table, g->type, g->rot, g->seed, g->topk_ids, g->act, g->rlogits, g->E, g->norm_topk,
-                  g->topk_w, g->rs, g->ox, g->pre, g->npre, g->dp, cp);
+    cu_launch_pdl(c, k_st_gate_up<M, 2>, grid, dim3(g->nw * 32), st_smem_gu(g->nw, M, 2, g->E, g->rlogits != NULL),
+                  g->x, g->H, g->F, g->K, g->table, g->type, g->rot, g->seed, g->topk_ids, g->act, g->rlogits, g->E,
+                  g->norm_topk, g->topk_w, g->rs, g->ox, g->pre, g->npre, g->dp);
     g_st_launches[0]++;
     return CU_LAUNCHED(c, "k_st_gate_up") ? -1 : 0;
 }
@@ -407,7 +369,7 @@ static int st_gate_up_m(cu_backend *c, const cu_moe_st_gu *g) {
 int cu_moe_st_gate_up(cu_backend *c, const cu_moe_st_gu *g, int legacy_per_sm) {
     const int64_t tiles = g->F / 16;
     if (st_tiles(c, tiles * g->T * g->K, legacy_per_sm, tiles) == 1) return 0;
-    if (st_smem_gu(g->nw, g->b / 32, 2, g->E, g->rlogits != NULL, 0) + 1024 > c->prop.sharedMemPerBlockOptin) return 0;
+    if (st_smem_gu(g->nw, g->b / 32, 2, g->E, g->rlogits != NULL) + 1024 > c->prop.sharedMemPerBlockOptin) return 0;
     switch (g->b) {
     case 64: return st_gate_up_m<2>(c, g) ? -1 : 1;
     case 128: return st_gate_up_m<4>(c, g) ? -1 : 1;

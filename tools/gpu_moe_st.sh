@@ -19,6 +19,9 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee /tmp/res/gpu.txt
 (.carry/bin/test_ops cuda > /tmp/res/test_ops.txt 2>&1; echo "rc $?" >> /tmp/res/test_ops.txt)
 grep -E "FAIL|FATAL|streamed|regs|mv16s|^rc " /tmp/res/test_ops.txt | tail -30 | tee "$out/summary.txt"
+# the single-token dense ops alone (30b and 235b shapes), to set beside the same ops inside a step (the timeline)
+MOET_PERF_ONLY=dense .carry/bin/test_ops cuda --perf > /tmp/res/dense-perf.txt 2>&1
+grep -A4 "decode dense ops" /tmp/res/dense-perf.txt | tee -a "$out/summary.txt"
 tar -C /tmp -cJf "$out/res.tar.xz" res
 ENVS="base;default;$opts" ROUNDS=1 TG=64 SHAPES="qwen3-235b-a22b qwen3-30b-a3b" OUT=/tmp/res/ab bash tools/gpu_ab.sh > /dev/null 2>&1
 cut -f1-4 /tmp/res/ab/ab.txt | awk -F'|' '{print $1, $9, $10}' > "$out/ab-round1.txt"

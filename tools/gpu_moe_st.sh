@@ -13,7 +13,7 @@
 # HEAD_BENCH=1 adds the README's headline benches after the timeline.
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out" /tmp/res
-opts=${OPTS:-MOET_MOE_DNCP=0}
+opts=${OPTS:-MOET_MOE_DNCP=0}; [ "$opts" = none ] && opts=default  # OPTS=none: base and default alone
 tar -C .carry -xJf .carry/bin.tar.xz
 export LD_LIBRARY_PATH=$PWD/.carry/lib
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee /tmp/res/gpu.txt
@@ -23,18 +23,21 @@ grep -E "FAIL|FATAL|streamed|regs|mv16s|^rc " /tmp/res/test_ops.txt | tail -30 |
 MOET_PERF_ONLY=dense .carry/bin/test_ops cuda --perf > /tmp/res/dense-perf.txt 2>&1
 grep -A4 "decode dense ops" /tmp/res/dense-perf.txt | tee -a "$out/summary.txt"
 tar -C /tmp -cJf "$out/res.tar.xz" res
-ENVS="base;default;$opts" ROUNDS=1 TG=64 SHAPES="qwen3-235b-a22b qwen3-30b-a3b" OUT=/tmp/res/ab bash tools/gpu_ab.sh > /dev/null 2>&1
+sets="base;default"; [ "$opts" != default ] && sets="$sets;$opts"
+ENVS="$sets" ROUNDS=1 TG=64 SHAPES="qwen3-235b-a22b qwen3-30b-a3b" OUT=/tmp/res/ab bash tools/gpu_ab.sh > /dev/null 2>&1
 cut -f1-4 /tmp/res/ab/ab.txt | awk -F'|' '{print $1, $9, $10}' > "$out/ab-round1.txt"
-rev=$(echo "base;default;$opts" | tr ';' '\n' | tac | paste -sd';')
+rev=$(echo "$sets" | tr ';' '\n' | tac | paste -sd';')
 ENVS="$rev" ROUNDS=1 TG=64 SHAPES="qwen3-235b-a22b qwen3-30b-a3b" OUT=/tmp/res/ab2 bash tools/gpu_ab.sh > /dev/null 2>&1
 sed 's/\t1\t/\t2\t/' /tmp/res/ab2/ab.txt >> /tmp/res/ab/ab.txt
 cut -f1-4 /tmp/res/ab/ab.txt | awk -F'|' '{print $1, $9, $10}' | tee -a "$out/summary.txt"
 tar -C /tmp -cJf "$out/res.tar.xz" res
-# the timeline of a 235b decode step from the trace build
-ENVS="default;$opts" SHAPES="qwen3-235b-a22b" TG=16 OUT=/tmp/tr bash tools/gpu_trace.sh > /dev/null 2>&1
-mkdir -p /tmp/res/trace && tar -C /tmp/res/trace -xf /tmp/tr/trace-all.tar && for f in /tmp/res/trace/*=*; do mv "$f" "${f//=/_}"; done
-rm -f /tmp/res/trace/*.txt.xz  # the raw records (large); the reports and JSONs stay
-tar -C /tmp -cJf "$out/res.tar.xz" res
+# the timeline of a 235b decode step from the trace build (TRACE=0 skips it)
+if [ "${TRACE:-1}" = 1 ]; then
+  ENVS="default;$opts" SHAPES="qwen3-235b-a22b" TG=16 OUT=/tmp/tr bash tools/gpu_trace.sh > /dev/null 2>&1
+  mkdir -p /tmp/res/trace && tar -C /tmp/res/trace -xf /tmp/tr/trace-all.tar && for f in /tmp/res/trace/*=*; do mv "$f" "${f//=/_}"; done
+  rm -f /tmp/res/trace/*.txt.xz  # the raw records (large); the reports and JSONs stay
+  tar -C /tmp -cJf "$out/res.tar.xz" res
+fi
 # HEAD_BENCH=1: the README's headline benches (bench/results/cuda/: the synthetic shapes pp512 / tg128 / batches,
 # moe-mini-a) from this build, as tools/gpu_check.sh runs them
 if [ "${HEAD_BENCH:-0}" = 1 ]; then

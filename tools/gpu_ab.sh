@@ -20,8 +20,9 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
       [ "$s" = default ] && s=
       tag=$(echo "${s:-default}" | sed 's/MOET_//g; s/ /,/g')
       bin=.carry/bin/moet lib=
-      [ "$s" = base ] && s= bin=.carry/base/bin/moet lib=$PWD/.carry/base/lib:
-      line=$(LD_LIBRARY_PATH=$lib$LD_LIBRARY_PATH env $s $bin bench --synthetic "$shape" --device cuda -p "${PP:-0}" -n "${TG:-64}" ${ARGS:-} \
+      cm=${MOET_COMMIT:-}
+      [ "$s" = base ] && s= bin=.carry/base/bin/moet lib=$PWD/.carry/base/lib: cm=$(cat .carry/base.commit 2>/dev/null || echo base)
+      line=$(LD_LIBRARY_PATH=$lib$LD_LIBRARY_PATH MOET_COMMIT=$cm env $s $bin bench --synthetic "$shape" --device cuda -p "${PP:-0}" -n "${TG:-64}" ${ARGS:-} \
              --json "$out/bench-$shape-$tag-r$r.json" 2>/dev/null |
              grep -E " (tg|pp)[0-9]" | tr -s ' ' | tr '\n' ' ')
       printf '%s\t%s\t%s\t%s\n' "$shape" "$tag" "$r" "$line" | tee -a "$out/ab.txt"

@@ -42,6 +42,8 @@ pack_extra() {  # NAME BUILD
 rm -f .carry/tr.tar.xz .carry/base.tar.xz
 [ -n "${TRACE_BUILD:-}" ] && pack_extra tr "$TRACE_BUILD"
 [ -n "${BASE_BUILD:-}" ] && pack_extra base "$BASE_BUILD"
+rm -f .carry/base.commit  # the base build's commit, from the git tree its build folder sits in (gpu_ab.sh's JSONs)
+[ -n "${BASE_BUILD:-}" ] && git -C "$(dirname "$BASE_BUILD")" describe --always --abbrev=12 > .carry/base.commit 2>/dev/null
 git describe --always --dirty --abbrev=12 > .carry/commit  # what the binaries were built from (bench JSONs)
 du -sh .carry
 # the device call takes the working tree (tracked and untracked-not-ignored files) and .carry up to 64 MiB; calls

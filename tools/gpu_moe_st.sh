@@ -16,6 +16,7 @@ out=${OUT:-gpu-out}; mkdir -p "$out" /tmp/res
 opts=${OPTS:-MOET_MOE_DNCP=0}; [ "$opts" = none ] && opts=default  # OPTS=none: base and default alone
 tar -C .carry -xJf .carry/bin.tar.xz
 export LD_LIBRARY_PATH=$PWD/.carry/lib
+[ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)  # the bench JSONs' commit (the copy's git is stale)
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee /tmp/res/gpu.txt
 (.carry/bin/test_ops cuda > /tmp/res/test_ops.txt 2>&1; echo "rc $?" >> /tmp/res/test_ops.txt)
 grep -E "FAIL|FATAL|streamed|regs|mv16s|^rc " /tmp/res/test_ops.txt | tail -30 | tee "$out/summary.txt"

@@ -52,6 +52,19 @@ static void test_q8t(void) {
     CHECK(!bad, "q8t layout: %d mismatches", bad);
 }
 
+/* The q8t GEMV's conversion-free int8 -> f32 (quant/tile.h, moet_i8_f32): every byte value at every position of a
+ * word gives exactly (float)(int8_t) of it, bit for bit (the GEMV's products stay what they were). */
+static void test_i8_f32(void) {
+    int bad = 0;
+    for (int k = 0; k < 4; k++)
+        for (int v = 0; v < 256; v++) {
+            const uint32_t w = ((uint32_t)v << (8 * k)) | ((uint32_t)(urand() * 256) << (8 * ((k + 1) & 3)));
+            const float want = (float)(int8_t)(w >> (8 * k)), got = moet_i8_f32(moet_i8x4_flip(w), k);
+            bad += memcmp(&want, &got, sizeof want) != 0;
+        }
+    CHECK(!bad, "moet_i8_f32: %d of 1024 byte values differ from (float)(int8_t)", bad);
+}
+
 /* The tiled NVFP4 layout (quant/tile.h, blocks.h) as the CUDA tensor-core kernels consume it, checked here where no GPU
  * runs them: every byte of the layout written once; every f16x2 register a lane builds for mma.m16n8k16's A operand
  * (rows g / g + 8, columns 2t + h / 2t + 8 + h of each k-step) decodes to the e2m1 value of that element; every scale
@@ -375,6 +388,7 @@ int main(void) {
     test_nv_tile();
     test_q2_i8();
     test_q8t();
+    test_i8_f32();
     /* NVFP4 straight-from-blocks dot (fp4dot.c): the SIMD and scalar versions against the dequantized row in double,
      * every scale code (subnormal E4M3 included) */
     {

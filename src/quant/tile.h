@@ -195,6 +195,26 @@ MOET_TILE_HD void moet_i8_coef(int t, float A, float B, float k[4]) {
     k[3] = cp * moet_i8_piece_w(q0 + 1) * -0x1p-5f;
 }
 
+/* ---- int8 quants as f32 without a conversion instruction (the Q8_0 GEMV, backend/cuda/matmul.cu) ---------------
+ *
+ * Why: the GPU converts an integer to f32 at 16 a clock an SM (an eighth of its adds), so a GEMV that converts each
+ * Q8_0 quant (one byte) can read at most 16 bytes a clock an SM: ~4.2 TB/s on all 132 SMs with that one pipe never
+ * idle, the memory's own speed, so in practice well below it; the q8t GEMV measured 47-55% of copy bandwidth where
+ * BF16's reaches 85-100% (stops 25 and 37, H100s). Instead: flip the sign bit of every byte once (b ^ 0x80 = b + 128,
+ * 0..255), place byte k under the exponent of 2^23 with one byte permute (0x4B0000uu is the f32 2^23 + u, exactly)
+ * and subtract 2^23 + 128 in one add: exactly (float)(int8_t) byte k, by full-rate instructions. The same value, so
+ * the products are bit for bit what they were (tests/test_quant.c checks every byte at every position). Written at
+ * stop 37 after the device time ran out: its speed is test_ops --perf's q8_0 GEMV table at the next GPU call. */
+
+/* The word of four quants with each byte's sign bit flipped (once a word, for moet_i8_f32). */
+MOET_TILE_HD uint32_t moet_i8x4_flip(uint32_t w) { return w ^ 0x80808080u; }
+
+/* Quant k (0..3, low byte first) of a moet_i8x4_flip'd word as an f32, exactly (float)(int8_t)(w >> 8k). */
+#define MOET_I8F_MAGIC 8388736.0f /* 2^23 + 128 */
+MOET_TILE_HD float moet_i8_f32(uint32_t wf, int k) {
+    return moet_f32_of_bits((int32_t)moet_byte_perm(wf, 0x4B000000u, 0x7650u | (uint32_t)k)) - MOET_I8F_MAGIC;
+}
+
 /* The Q8_0 device layout (quant/blocks.h, "q8t"): byte offsets, within a row, of quant word v (16 quants: columns
  * 16v ..) and of its block's f16 scale. */
 MOET_TILE_HD size_t moet_q8t_qs_off(int64_t v) { return (size_t)(272 * (v >> 4) + 16 + 16 * (v & 15)); }

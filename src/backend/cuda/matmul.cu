@@ -244,7 +244,6 @@ __device__ __forceinline__ void mvp_load(const uint8_t *row, int64_t u0, int64_t
     }
 }
 
-__device__ __forceinline__ float mv_i8(uint32_t w, int b) { return (float)(int8_t)(w >> (8 * b)); }
 
 /* accv[t] += the lane's units u0, u0 + 32, ... (< U) of a row . x row t, for the nt staged tokens. */
 template <int FMT, int MT>
@@ -258,7 +257,9 @@ __device__ __forceinline__ void mvp_group(const typename mv_fmt<FMT>::unit q[mv_
             const int64_t u = u0 + 32 * i;
             if (u >= U) break;
             const float d = cu_f16((uint16_t)q[i].d);
-            const uint32_t w[4] = {q[i].q.x, q[i].q.y, q[i].q.z, q[i].q.w};
+            /* each byte's sign flipped once: moet_i8_f32 is then a permute and an add, no conversion (quant/tile.h) */
+            const uint32_t w[4] = {moet_i8x4_flip(q[i].q.x), moet_i8x4_flip(q[i].q.y), moet_i8x4_flip(q[i].q.z),
+                                   moet_i8x4_flip(q[i].q.w)};
 #pragma unroll
             for (int t = 0; t < MT; t++) {
                 if (t >= nt) break;
@@ -267,8 +268,8 @@ __device__ __forceinline__ void mvp_group(const typename mv_fmt<FMT>::unit q[mv_
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     const float4 a = xp[k];
-                    s = fmaf(mv_i8(w[k], 0), a.x, s); s = fmaf(mv_i8(w[k], 1), a.y, s);
-                    s = fmaf(mv_i8(w[k], 2), a.z, s); s = fmaf(mv_i8(w[k], 3), a.w, s);
+                    s = fmaf(moet_i8_f32(w[k], 0), a.x, s); s = fmaf(moet_i8_f32(w[k], 1), a.y, s);
+                    s = fmaf(moet_i8_f32(w[k], 2), a.z, s); s = fmaf(moet_i8_f32(w[k], 3), a.w, s);
                 }
                 accv[t] = fmaf(d, s, accv[t]);
             }

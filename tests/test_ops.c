@@ -793,9 +793,13 @@ int main(int argc, char **argv) {
     }
     /* CUDA's streaming single-token GEMV (matmul.cu's k_mv16s: rows through a shared-memory ring of bulk copies)
      * against the persistent one (MOET_MVS=0: k_mv16p), bit for bit: a pre-normed q/k/v set of 2048 columns whose
-     * warps take several rows each, with the default ring (every row requested at once) and a one-slot ring
-     * (MOET_MVS_KB=48: each slot refilled row after row), and y += x W^T + bias over 4096 columns (o_proj's form) */
-    if (!strcmp(be->ops->name, "cuda")) {
+     * warps take several rows each, with the default ring (every row requested at once) and a small ring
+     * (MOET_MVS_KB=48 for BF16, 40 for Q8_0: one or two slots a warp, refilled row after row), and y += x W^T + bias
+     * over 4096 columns (o_proj's form); in BF16 and in Q8_0 (the q8t layout, since stop 37) */
+    for (int fi = 0; fi < 2 && !strcmp(be->ops->name, "cuda"); fi++) {
+        const int qf = fi ? MOET_QF_Q8_0 : MOET_QF_BF16;
+        const char *fname = fi ? "q8_0" : "bf16";
+        if (fi) setenv("MOET_MVS_Q8", "1", 1); /* opt-in until a GPU has run it (matmul.cu) */
         const int64_t D = 2048, rows[3] = {2600, 260, 260}, D2 = 4096, R2 = 1500;
         float *xa = malloc(sizeof(float) * D2), *g = malloc(sizeof(float) * D), *bias = malloc(sizeof(float) * R2);
         for (int64_t i = 0; i < D2; i++) xa[i] = gauss() * 3;
@@ -808,12 +812,12 @@ int main(int argc, char **argv) {
             const int64_t r = k < 3 ? rows[k] : R2, cc = k < 3 ? D : D2;
             float *Wm = malloc(sizeof(float) * r * cc), *dq = malloc(sizeof(float) * r * cc);
             for (int64_t i = 0; i < r * cc; i++) Wm[i] = gauss() * 0.05f;
-            blk[k] = make_weight(MOET_QF_BF16, Wm, r, cc, &w[k], dq);
+            blk[k] = make_weight(qf, Wm, r, cc, &w[k], dq);
             free(Wm);
             if (k == 3) dq3 = dq; else free(dq);
         }
         float *out[3][5];
-        static const char *const env_kb[3] = {NULL, NULL, "48"}; /* pass 0: MOET_MVS=0 */
+        const char *const env_kb[3] = {NULL, NULL, fi ? "40" : "48"}; /* pass 0: MOET_MVS=0 */
         float *y0 = malloc(sizeof(float) * R2);
         for (int64_t i = 0; i < R2; i++) y0[i] = gauss();
         for (int pass = 0; pass < 3; pass++) {
@@ -842,15 +846,15 @@ int main(int argc, char **argv) {
             const int64_t n[5] = {rows[0], rows[1], rows[2], D, R2};
             int same = 1;
             for (int k = 0; k < 5; k++) same &= !memcmp(out[pass][k], out[0][k], sizeof(float) * (size_t)n[k]);
-            fprintf(stderr, "%-5s %-10s %-14s %s\n", g_be_name, "mul_mat", pass == 1 ? "mv16s vs mv16p" : "mv16s 1-slot",
-                    same ? "bit-identical" : "DIFFERENT");
-            CHECK(same, "k_mv16s (%s) differs from k_mv16p", pass == 1 ? "default ring" : "one slot");
+            fprintf(stderr, "%-5s %-10s %-19s %s\n", g_be_name, "mul_mat", pass == 1 ? fi ? "mv16s q8_0 vs mv16p" : "mv16s vs mv16p"
+                    : fi ? "mv16s q8_0 2-slot" : "mv16s 1-slot", same ? "bit-identical" : "DIFFERENT");
+            CHECK(same, "k_mv16s (%s, %s) differs from k_mv16p", fname, pass == 1 ? "default ring" : "small ring");
         }
         { /* and the shared result against the float64 product (y0 + bias + x W^T) */
             double *rf = malloc(sizeof(double) * R2);
             ref_mul_mat(dq3, xa, R2, D2, 1, rf);
             for (int64_t i = 0; i < R2; i++) rf[i] += (double)y0[i] + bias[i];
-            report("mul_mat_acc", "4096 mv16s", nmse(out[1][4], rf, (size_t)R2), 1e-12);
+            report("mul_mat_acc", fi ? "4096 mv16s q8_0" : "4096 mv16s", nmse(out[1][4], rf, (size_t)R2), 1e-12);
             free(rf);
         }
         for (int pass = 0; pass < 3; pass++)
@@ -859,6 +863,7 @@ int main(int argc, char **argv) {
         op->forget(be, g);
         op->forget(be, bias);
         free(xa); free(g); free(bias); free(y0); free(dq3);
+        unsetenv("MOET_MVS_Q8");
     }
     /* mlp (dense SwiGLU: dense layers, GLM-4.5's shared expert), bf16, against the float64 composition: one token
      * (CUDA: gate and up in one GEMV launch), a few, and a prefill chunk (tensor cores) */

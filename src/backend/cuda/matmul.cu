@@ -353,13 +353,32 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
  * the default 128 KB ring) are requested while the MoE of the previous layer runs; after the wait only x is staged (and pre-normed) and the rows
  * are multiplied from shared memory, each slot refilled with the warp's next row as soon as it is read.
  * Arithmetic: a lane takes the same 16-byte units in the same order as in k_mv16p, and the warp sum is the same,
- * so y is bit-identical to k_mv16p's (and k_mv16's). Bytes: rows x row_bytes (+ x); FLOPs: 2 x rows x cols. */
+ * so y is bit-identical to k_mv16p's (and k_mv16's). Bytes: rows x row_bytes (+ x); FLOPs: 2 x rows x cols.
+ * FMT as k_mv16p's: BF16, F16, or Q8_0 in the q8t layout (since stop 37: a q8t row is a whole number of 272-byte
+ * groups, so it is one bulk copy as well; a unit is 16 quants and its block's scale, read from the ring where
+ * k_mv16p reads them from global memory, in the same order: bit-identical to k_mv16p<MV_Q8T> too). */
 #define MVS_WARPS 8
-template <int F16, int NORM>
+
+/* The lane's q8t units u0, u0 + 32, ... (< U) of a row staged in shared memory, as mvp_load reads them from global. */
+template <int FMT>
+__device__ __forceinline__ void mvs_load(const unsigned char *row, int64_t u0, int64_t U,
+                                         typename mv_fmt<FMT>::unit q[mv_fmt<FMT>::UN]) {
+    static_assert(FMT == MV_Q8T, "mvs_load: the 16-bit rows are read in k_mv16s itself");
+#pragma unroll
+    for (int i = 0; i < mv_fmt<FMT>::UN; i++) {
+        const int64_t u = u0 + 32 * i;
+        if (u < U) {
+            q[i].q = *(const uint4 *)(row + moet_q8t_qs_off(u));
+            q[i].d = *(const unsigned short *)(row + moet_q8t_d_off(u));
+        }
+    }
+}
+
+template <int FMT, int NORM>
 __global__ void __launch_bounds__(MVS_WARPS * 32, 4)
 k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__ norm_w, float eps,
         float *__restrict__ h, int acc, int nsw, int early) {
-    CU_TRACE(CU_TK_MV16S << 8 | F16 << 2 | NORM << 1);
+    CU_TRACE(CU_TK_MV16S << 8 | FMT << 2 | NORM << 1);
     extern __shared__ __align__(16) unsigned char mvs_sm[];
     __shared__ double red[MVS_WARPS][MM_MAX_TOK];
     __shared__ float inv[MM_MAX_TOK];
@@ -388,18 +407,28 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
     __syncthreads();
     if (NORM) cu_prenorm_smem(xs, 1, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
     const float4 *xs4 = (const float4 *)xs;
-    const int64_t U = cols / 8;
+    const int64_t U = mv_fmt<FMT>::units(cols);
+    constexpr int UN = mv_fmt<FMT>::UN;
     for (int64_t k = 0; k < nrw; k++) {
         const int s = (int)(k % nsw);
         cu_mbar_wait(bar + s, (uint32_t)((k / nsw) & 1));
-        const uint4 *row = (const uint4 *)(ring + (size_t)s * rb);
         float accv[1] = {0.f};
-        for (int64_t u0 = lane; u0 < U; u0 += 32 * MV16_UNROLL) {
-            uint4 q[MV16_UNROLL];
+        if constexpr (FMT == MV_Q8T) {
+            const unsigned char *row = ring + (size_t)s * rb;
+            for (int64_t u0 = lane; u0 < U; u0 += 32 * UN) {
+                typename mv_fmt<FMT>::unit q[UN];
+                mvs_load<FMT>(row, u0, U, q);
+                mvp_group<FMT, 1>(q, u0, U, xs4, cols, 1, accv);
+            }
+        } else { /* (the 16-bit loop as it was before q8t came: the same code generated) */
+            const uint4 *row = (const uint4 *)(ring + (size_t)s * rb);
+            for (int64_t u0 = lane; u0 < U; u0 += 32 * UN) {
+                uint4 q[UN];
 #pragma unroll
-            for (int i = 0; i < MV16_UNROLL; i++)
-                if (u0 + 32 * i < U) q[i] = row[u0 + 32 * i];
-            mv16_group<F16, 1>(q, u0, U, xs4, cols, 1, accv);
+                for (int i = 0; i < UN; i++)
+                    if (u0 + 32 * i < U) q[i] = row[u0 + 32 * i];
+                mv16_group<FMT == MV_F16, 1>(q, u0, U, xs4, cols, 1, accv);
+            }
         }
         __syncwarp(); /* every lane has read the slot: it may be refilled */
         int mi;
@@ -424,9 +453,14 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
  * (Stop 36's last rows by ticket, for the SMs' 3-4 us spread of end times: the earliest ends rose, the latest did
  * not move, 235b tg64 -3% on an H100 at stop 37; taken out, docs/design.md decision 14.) */
 static int g_mvs = 1, g_mvs_kb = 128, g_mvs_early = 1;
+/* MOET_MVS_Q8=1: Q8_0 (q8t) rows through k_mv16s too, not k_mv16p (stop 37; opt-in until a GPU has run it: written
+ * after the device time ran out; test_ops checks it bit for bit against k_mv16p whatever the default) */
+static int g_mvs_q8 = 0;
 static void mvs_env(void) { /* read at every launch (not in a replay): test_ops switches it between ops */
     const char *e = getenv("MOET_MVS"), *kb = getenv("MOET_MVS_KB"), *ea = getenv("MOET_MVS_EARLY");
+    const char *q8 = getenv("MOET_MVS_Q8");
     g_mvs = !(e && e[0] == '0');
+    g_mvs_q8 = q8 && q8[0] == '1';
     g_mvs_kb = kb && atoi(kb) >= 16 && atoi(kb) <= 227 ? atoi(kb) : 128;
     g_mvs_early = !(ea && ea[0] == '0');
 }
@@ -588,13 +622,28 @@ static int mv16_chunk(int64_t cols, int64_t n) {
     return ch;
 }
 
-/* k_mv16s for one token where it applies (MOET_MVS, every row of the set the same 16-bit width, a ring slot a
- * warp fitting in MOET_MVS_KB); 1 when launched (or an error recorded), 0 to take another kernel. */
-static int mvs_go(cu_backend *c, const cu_mv16_set *set, int f16, int64_t cols, const float *x, const float *norm_w,
+template <int FMT> static void mvs_launch(cu_backend *c, const cu_mv16_set *set, dim3 g, size_t sm, int64_t cols,
+                                          const float *x, const float *norm_w, float eps, float *h, int acc, int ns,
+                                          int ea) {
+    const dim3 b(MVS_WARPS * 32);
+    if (norm_w) {
+        cu_launch_pdl(c, k_mv16s<FMT, 1>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
+    } else {
+        const float *nul = NULL;
+        float *nulh = NULL;
+        cu_launch_pdl(c, k_mv16s<FMT, 0>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea);
+    }
+}
+
+/* k_mv16s for one token where it applies (MOET_MVS, every row of the set the same width of one format: BF16, F16 or
+ * q8t; a ring slot a warp fitting in MOET_MVS_KB); 1 when launched (or an error recorded), 0 to take another
+ * kernel. */
+static int mvs_go(cu_backend *c, const cu_mv16_set *set, int fmt, int64_t cols, const float *x, const float *norm_w,
                   float eps, float *h, int acc) {
     mvs_env();
     if (!g_mvs || c->prop.major < 9 || ((uintptr_t)x & 15)) return 0;
-    const size_t rb = (size_t)cols * 2;
+    const size_t rb = fmt == MV_Q8T ? (size_t)cols / 32 * sizeof(moet_block_q8_0) : (size_t)cols * 2;
+    if (rb % 16) return 0; /* a bulk copy moves whole 16-byte pieces (q8t rows are whole 272-byte groups) */
     for (int i = 0; i < set->n; i++)
         if (set->row_bytes[i] != rb || ((uintptr_t)set->w[i] & 15)) return 0;
     const int64_t total = set->r0[set->n];
@@ -610,35 +659,29 @@ static int mvs_go(cu_backend *c, const cu_mv16_set *set, int f16, int64_t cols, 
     if (norm_w) g_mvs_cover = 4 * nsw >= 3 * rpw;
     const size_t sm = (size_t)cols * sizeof(float) + (size_t)MVS_WARPS * nsw * (rb + sizeof(uint64_t));
     static int attr_dev = -1;
+    const void *ks[3][2] = {{(const void *)k_mv16s<MV_BF16, 0>, (const void *)k_mv16s<MV_BF16, 1>},
+                            {(const void *)k_mv16s<MV_F16, 0>, (const void *)k_mv16s<MV_F16, 1>},
+                            {(const void *)k_mv16s<MV_Q8T, 0>, (const void *)k_mv16s<MV_Q8T, 1>}};
     if (attr_dev != c->device) {
-        if (CU_CHECK(c, cudaFuncSetAttribute(k_mv16s<0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)) ||
-            CU_CHECK(c, cudaFuncSetAttribute(k_mv16s<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)) ||
-            CU_CHECK(c, cudaFuncSetAttribute(k_mv16s<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)) ||
-            CU_CHECK(c, cudaFuncSetAttribute(k_mv16s<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)))
-            return 1;
+        for (int f = 0; f < 3; f++)
+            for (int nm = 0; nm < 2; nm++)
+                if (CU_CHECK(c, cudaFuncSetAttribute(ks[f][nm], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)))
+                    return 1;
         attr_dev = c->device;
     }
-    const void *kern = norm_w ? (f16 ? (const void *)k_mv16s<1, 1> : (const void *)k_mv16s<0, 1>)
-                              : (f16 ? (const void *)k_mv16s<1, 0> : (const void *)k_mv16s<0, 0>);
-    if (norm_w && g_mvs_cover) cu_carveout_max(c, kern); /* beside down (cu_mv_carve_down), only where down takes it */
-    const dim3 g((unsigned)grid), b(MVS_WARPS * 32);
+    if (norm_w && g_mvs_cover) cu_carveout_max(c, ks[fmt][1]); /* beside down (cu_mv_carve_down), where down takes it */
+    const dim3 g((unsigned)grid);
     const int ns = (int)nsw, ea = g_mvs_early;
-    if (norm_w) {
-        if (f16) cu_launch_pdl(c, k_mv16s<1, 1>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
-        else cu_launch_pdl(c, k_mv16s<0, 1>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
-    } else {
-        const float *nul = NULL;
-        float *nulh = NULL;
-        if (f16) cu_launch_pdl(c, k_mv16s<1, 0>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea);
-        else cu_launch_pdl(c, k_mv16s<0, 0>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea);
-    }
+    if (fmt == MV_Q8T) mvs_launch<MV_Q8T>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
+    else if (fmt == MV_F16) mvs_launch<MV_F16>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
+    else mvs_launch<MV_BF16>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
     return 1;
 }
 
 /* cuda_int.h: registers a thread of the pre-normed bf16 k_mv16s */
 extern "C" int cu_mv16s_regs(void) {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, k_mv16s<0, 1>) != cudaSuccess) { cudaGetLastError(); return -1; }
+    if (cudaFuncGetAttributes(&fa, k_mv16s<MV_BF16, 1>) != cudaSuccess) { cudaGetLastError(); return -1; }
     return fa.numRegs;
 }
 
@@ -669,8 +712,11 @@ static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int
             cu_fail(c, cudaErrorInvalidValue, "k_mv16p (q8t): more tokens than a CTA stages", __FILE__, __LINE__);
             return;
         }
-        if (n == 1) { MV16P_GO(MV_Q8T, 1) } else { MV16P_GO(MV_Q8T, MM_MAX_TOK) }
-    } else if (n == 1 && mvs_go(c, set, f16, cols, x, norm_w, eps, h, acc)) {
+        mvs_env(); /* MOET_MVS_Q8, read here as mvs_go reads the rest */
+        if (n == 1 && g_mvs_q8 && mvs_go(c, set, MV_Q8T, cols, x, norm_w, eps, h, acc)) {
+            /* one token: the streaming kernel */
+        } else if (n == 1) { MV16P_GO(MV_Q8T, 1) } else { MV16P_GO(MV_Q8T, MM_MAX_TOK) }
+    } else if (n == 1 && mvs_go(c, set, f16 ? MV_F16 : MV_BF16, cols, x, norm_w, eps, h, acc)) {
         /* one token: the streaming kernel */
     } else if (n <= ch && g_mv16p) {
         if (f16) {

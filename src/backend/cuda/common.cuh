@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "quant/blocks.h"
+#include "quant/tile.h"
 #include "quant/types.h"
 #include "backend/cuda/trace.cuh"
 
@@ -233,11 +234,11 @@ __device__ __forceinline__ void cu_decode32(int32_t type, const uint8_t *row, in
         }
         break;
     }
-    case MOET_TYPE_Q8_0: {
+    case MOET_TYPE_Q8_0: { /* quants to f32 by permute and add, not a conversion (quant/tile.h: the same values) */
         const uint8_t *b = row + g * sizeof(moet_block_q8_0);
         float d = cu_f16((uint16_t)(b[0] | (b[1] << 8)));
-#pragma unroll
-        for (int j = 0; j < 32; j++) v[j] = d * (float)(int8_t)b[2 + j];
+#pragma unroll /* byte loads: a row may start at any byte where the caller's layout puts it */
+        for (int j = 0; j < 32; j++) v[j] = d * moet_i8_f32(moet_i8x4_flip(b[2 + j]), 0);
         break;
     }
     case CU_TYPE_Q8T: { /* Q8_0 in the q8t layout (quant/blocks.h): block g is block g % 8 of group g / 8 */
@@ -248,9 +249,9 @@ __device__ __forceinline__ void cu_decode32(int32_t type, const uint8_t *row, in
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             const uint4 q = p[j];
-            const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+            const uint32_t w[4] = {moet_i8x4_flip(q.x), moet_i8x4_flip(q.y), moet_i8x4_flip(q.z), moet_i8x4_flip(q.w)};
 #pragma unroll
-            for (int m = 0; m < 16; m++) v[16 * j + m] = d * (float)(int8_t)(w[m >> 2] >> (8 * (m & 3)));
+            for (int m = 0; m < 16; m++) v[16 * j + m] = d * moet_i8_f32(w[m >> 2], m & 3);
         }
         break;
     }

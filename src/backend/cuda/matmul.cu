@@ -244,7 +244,6 @@ __device__ __forceinline__ void mvp_load(const uint8_t *row, int64_t u0, int64_t
     }
 }
 
-
 /* accv[t] += the lane's units u0, u0 + 32, ... (< U) of a row . x row t, for the nt staged tokens. */
 template <int FMT, int MT>
 __device__ __forceinline__ void mvp_group(const typename mv_fmt<FMT>::unit q[mv_fmt<FMT>::UN], int64_t u0, int64_t U,
@@ -420,7 +419,7 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
                 mvs_load<FMT>(row, u0, U, q);
                 mvp_group<FMT, 1>(q, u0, U, xs4, cols, 1, accv);
             }
-        } else { /* (the 16-bit loop as it was before q8t came: the same code generated) */
+        } else { /* the 16-bit loop as it was before q8t came (the same registers, 64) */
             const uint4 *row = (const uint4 *)(ring + (size_t)s * rb);
             for (int64_t u0 = lane; u0 < U; u0 += 32 * UN) {
                 uint4 q[UN];

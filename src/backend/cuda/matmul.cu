@@ -640,7 +640,7 @@ template <int FMT> static void mvs_launch(cu_backend *c, const cu_mv16_set *set,
 static int mvs_go(cu_backend *c, const cu_mv16_set *set, int fmt, int64_t cols, const float *x, const float *norm_w,
                   float eps, float *h, int acc) {
     mvs_env();
-    if (!g_mvs || c->prop.major < 9 || ((uintptr_t)x & 15)) return 0;
+    if (!g_mvs || (fmt == MV_Q8T && !g_mvs_q8) || c->prop.major < 9 || ((uintptr_t)x & 15)) return 0;
     const size_t rb = fmt == MV_Q8T ? (size_t)cols / 32 * sizeof(moet_block_q8_0) : (size_t)cols * 2;
     if (rb % 16) return 0; /* a bulk copy moves whole 16-byte pieces (q8t rows are whole 272-byte groups) */
     for (int i = 0; i < set->n; i++)
@@ -711,8 +711,7 @@ static void mv16_launch(cu_backend *c, const cu_mv16_set *set, int32_t type, int
             cu_fail(c, cudaErrorInvalidValue, "k_mv16p (q8t): more tokens than a CTA stages", __FILE__, __LINE__);
             return;
         }
-        mvs_env(); /* MOET_MVS_Q8, read here as mvs_go reads the rest */
-        if (n == 1 && g_mvs_q8 && mvs_go(c, set, MV_Q8T, cols, x, norm_w, eps, h, acc)) {
+        if (n == 1 && mvs_go(c, set, MV_Q8T, cols, x, norm_w, eps, h, acc)) {
             /* one token: the streaming kernel */
         } else if (n == 1) { MV16P_GO(MV_Q8T, 1) } else { MV16P_GO(MV_Q8T, MM_MAX_TOK) }
     } else if (n == 1 && mvs_go(c, set, f16 ? MV_F16 : MV_BF16, cols, x, norm_w, eps, h, acc)) {

@@ -244,13 +244,38 @@ __device__ __forceinline__ void mvp_load(const uint8_t *row, int64_t u0, int64_t
     }
 }
 
-/* accv[t] += the lane's units u0, u0 + 32, ... (< U) of a row . x row t, for the nt staged tokens. */
+/* x for q8t, swizzled in shared memory. A q8t lane reads its unit's 16 floats of x as four 16-byte loads at 64-byte
+ * steps from its neighbour's: the 8 lanes of a quarter-warp (one shared-memory wavefront of a 128-bit load) then
+ * fall on two groups of four banks, a 4-way conflict, 16 wavefronts a load instead of 4, 64 a unit: ~0.11 of
+ * shared memory's wavefronts a weight byte against BF16's 0.03 (32-byte steps, 2-way), more than the pipe's one a
+ * clock at the copy bandwidth (~11.5 bytes a clock an SM on an H100). The q8_0 GEMV ran at 46-54% of copy where BF16
+ * reached 92% (stop 38, an H100). So the four float4 of unit u sit rotated by r = (u >> 1) & 3: chunk k at slot
+ * (k + r) & 3. Lanes 2j and 2j + 1 (64 bytes apart: banks 16 apart) have r = j & 3, so a quarter-warp's eight
+ * loads cover all 32 banks. Only where the chunks sit changes, not which products are added in which order: y stays
+ * bit-identical. Rotated in place after the staging (and pre-norm), a thread a unit; it synchronises. cols is a
+ * multiple of 256 (q8t), so a unit's rotation is the same counted within its token's row or across the rows. */
+__device__ __forceinline__ void mv_q8_swizzle(float *xs, int64_t n) {
+    float4 *x4 = (float4 *)xs;
+    for (int64_t u = threadIdx.x; u < n / 16; u += blockDim.x) {
+        const float4 a0 = x4[4 * u], a1 = x4[4 * u + 1], a2 = x4[4 * u + 2], a3 = x4[4 * u + 3];
+        const int r = (int)(u >> 1) & 3;
+        x4[4 * u + (r & 3)] = a0;
+        x4[4 * u + ((r + 1) & 3)] = a1;
+        x4[4 * u + ((r + 2) & 3)] = a2;
+        x4[4 * u + ((r + 3) & 3)] = a3;
+    }
+    __syncthreads();
+}
+
+/* accv[t] += the lane's units u0, u0 + 32, ... (< U) of a row . x row t, for the nt staged tokens (q8t: x swizzled
+ * by mv_q8_swizzle). */
 template <int FMT, int MT>
 __device__ __forceinline__ void mvp_group(const typename mv_fmt<FMT>::unit q[mv_fmt<FMT>::UN], int64_t u0, int64_t U,
                                           const float4 *xs4, int64_t cols, int nt, float accv[MT]) {
     if constexpr (FMT != MV_Q8T) {
         mv16_group<FMT == MV_F16, MT>(q, u0, U, xs4, cols, nt, accv);
     } else {
+        const int rot = (int)(u0 >> 1) & 3; /* u0 + 32 i has the same: mv_q8_swizzle's slots */
 #pragma unroll
         for (int i = 0; i < mv_fmt<FMT>::UN; i++) {
             const int64_t u = u0 + 32 * i;
@@ -266,7 +291,7 @@ __device__ __forceinline__ void mvp_group(const typename mv_fmt<FMT>::unit q[mv_
                 float s = 0.f;
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const float4 a = xp[k];
+                    const float4 a = xp[(k + rot) & 3];
                     s = fmaf(moet_i8_f32(w[k], 0), a.x, s); s = fmaf(moet_i8_f32(w[k], 1), a.y, s);
                     s = fmaf(moet_i8_f32(w[k], 2), a.z, s); s = fmaf(moet_i8_f32(w[k], 3), a.w, s);
                 }
@@ -310,6 +335,7 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
     cu_stage_f32(xs, x, nt * cols);
     __syncthreads();
     if (NORM) cu_prenorm_smem(xs, nt, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
+    if constexpr (FMT == MV_Q8T) mv_q8_swizzle(xs, nt * cols);
     float accv[MT];
 #pragma unroll
     for (int t = 0; t < MT; t++) accv[t] = 0.f;
@@ -405,6 +431,7 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
     cu_stage_f32(xs, x, cols);
     __syncthreads();
     if (NORM) cu_prenorm_smem(xs, 1, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
+    if constexpr (FMT == MV_Q8T) mv_q8_swizzle(xs, cols);
     const float4 *xs4 = (const float4 *)xs;
     const int64_t U = mv_fmt<FMT>::units(cols);
     constexpr int UN = mv_fmt<FMT>::UN;

@@ -799,7 +799,6 @@ int main(int argc, char **argv) {
     for (int fi = 0; fi < 2 && !strcmp(be->ops->name, "cuda"); fi++) {
         const int qf = fi ? MOET_QF_Q8_0 : MOET_QF_BF16;
         const char *fname = fi ? "q8_0" : "bf16";
-        if (fi) setenv("MOET_MVS_Q8", "1", 1); /* opt-in until a GPU has run it (matmul.cu) */
         const int64_t D = 2048, rows[3] = {2600, 260, 260}, D2 = 4096, R2 = 1500;
         float *xa = malloc(sizeof(float) * D2), *g = malloc(sizeof(float) * D), *bias = malloc(sizeof(float) * R2);
         for (int64_t i = 0; i < D2; i++) xa[i] = gauss() * 3;
@@ -863,7 +862,6 @@ int main(int argc, char **argv) {
         op->forget(be, g);
         op->forget(be, bias);
         free(xa); free(g); free(bias); free(y0); free(dq3);
-        unsetenv("MOET_MVS_Q8");
     }
     /* mlp (dense SwiGLU: dense layers, GLM-4.5's shared expert), bf16, against the float64 composition: one token
      * (CUDA: gate and up in one GEMV launch), a few, and a prefill chunk (tensor cores) */
@@ -1916,7 +1914,7 @@ int perf_main(moet_backend *be) {
         const int32_t tys[] = {MOET_TYPE_BF16, MOET_TYPE_Q8_0};
         float *x = dev(NULL, sizeof(float) * C), *y = dev(NULL, sizeof(float) * 81920);
         op->fill_random(be, x, MOET_TYPE_F32, 1, C, 1.0f, 3);
-        /* (one token: BF16 through k_mv16s unless MOET_MVS=0, then k_mv16p; Q8_0 through k_mv16p on q8t) */
+        /* (one token: k_mv16s unless MOET_MVS=0, then k_mv16p; Q8_0 on the q8t copy, through k_mv16p with MOET_MVS_Q8=0) */
         for (int ti = 0; ti < 2; ti++) {
             const int32_t ty = tys[ti];
             printf("%-28s %8s %10s %10s %9s %9s\n", ty == MOET_TYPE_BF16 ? "dense bf16 GEMV, 1 token" : "dense q8_0 GEMV, 1 token",

@@ -479,14 +479,16 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
  * (Stop 36's last rows by ticket, for the SMs' 3-4 us spread of end times: the earliest ends rose, the latest did
  * not move, 235b tg64 -3% on an H100 at stop 37; taken out, docs/design.md decision 14.) */
 static int g_mvs = 1, g_mvs_kb = 128, g_mvs_early = 1;
-/* MOET_MVS_Q8=1: Q8_0 (q8t) rows through k_mv16s too, not k_mv16p (stop 37; opt-in until a GPU has run it: written
- * after the device time ran out; test_ops checks it bit for bit against k_mv16p whatever the default) */
-static int g_mvs_q8 = 0;
+/* Q8_0 (q8t) rows of one token go through k_mv16s as the 16-bit ones do (stop 38, an H100, tg64 of --dense q8_0, two
+ * rounds: 235b 1.031x, 30b 1.013x against k_mv16p, bit-identical); MOET_MVS_Q8=0: k_mv16p. Alone k_mv16p is the
+ * faster of the two (83% of copy against 68% at 81920 rows of 2048): k_mv16s wins in the step because it starts
+ * beside down, as it does for BF16. */
+static int g_mvs_q8 = 1;
 static void mvs_env(void) { /* read at every launch (not in a replay): test_ops switches it between ops */
     const char *e = getenv("MOET_MVS"), *kb = getenv("MOET_MVS_KB"), *ea = getenv("MOET_MVS_EARLY");
     const char *q8 = getenv("MOET_MVS_Q8");
     g_mvs = !(e && e[0] == '0');
-    g_mvs_q8 = q8 && q8[0] == '1';
+    g_mvs_q8 = !(q8 && q8[0] == '0');
     g_mvs_kb = kb && atoi(kb) >= 16 && atoi(kb) <= 227 ? atoi(kb) : 128;
     g_mvs_early = !(ea && ea[0] == '0');
 }

@@ -80,8 +80,45 @@ k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t col
 
 /* 16-bit weights (BF16 / F16: attention, lm_head, router, dense MLPs: most of a decode step's bytes). A warp per
  * row; lane l reads 16-byte chunks l, l + 32, ... of the row, so each warp-wide load is one contiguous 512-byte span,
- * MV16_UNROLL (8) chunks in flight per lane before any math; x in shared memory unpadded (two float4 reads per chunk). */
+ * MV16_UNROLL (8) chunks in flight per lane before any math; x in shared memory unpadded (two float4 reads per chunk;
+ * in k_mv16s permuted by mv_x_swizzle). */
 #define MV16_UNROLL 8
+
+/* the row formats of the single-token GEMVs (k_mv16 takes the first two as its F16 parameter) */
+#define MV_BF16 0
+#define MV_F16 1
+#define MV_Q8T 2
+
+/* x swizzled in shared memory (stop 38). A lane reads its unit's floats of x as 16-byte loads, and neighbouring lanes
+ * read at a fixed step: 64 bytes for q8t (16 quants a unit), 32 for BF16/F16 (8 weights). The 8 lanes of a
+ * quarter-warp (one shared-memory wavefront of a 128-bit load) then fall on two (q8t) or four (16-bit) groups of four
+ * banks: a 4-way or 2-way conflict. For q8t that was 16 wavefronts a load instead of 4, 64 a unit, ~0.11 wavefronts
+ * a weight byte: more than the pipe's one a clock at the copy bandwidth (~11.5 bytes a clock an SM on an H100), and
+ * the q8_0 GEMV ran at 46-54% of copy where BF16 reached 92%; with the swizzle 71-83% (stop 38, an H100). So the
+ * float4 of unit u (u counted within its token's row) sit permuted: q8t chunk k at slot (k + ((u >> 1) & 3)) & 3,
+ * 16-bit chunk k at k ^ ((u >> 2) & 1). Either way a quarter-warp's eight loads cover all 32 banks. Only where the
+ * chunks sit changes, not which products are added in which order: y stays bit-identical. Permuted in place after
+ * the staging (and pre-norm: h is written unpermuted), a thread a unit; every thread calls it; it synchronises.
+ * The 16-bit rows are permuted only in k_mv16s (one token, beside the MoE's down, whose shared-memory traffic it
+ * shares); k_mv16 and k_mv16p keep x as staged (their 2-way conflicts cost no measurable time alone, 92-101% of copy,
+ * and the permutation's offsets cost their multi-token forms spills). */
+__device__ __forceinline__ int mv_swz(int fmt, int64_t u) { return fmt == MV_Q8T ? (int)(u >> 1) & 3 : (int)(u >> 2) & 1; }
+template <int FMT>
+__device__ __forceinline__ void mv_x_swizzle(float *xs, int nt, int64_t cols) {
+    constexpr int C4 = FMT == MV_Q8T ? 4 : 2; /* float4 a unit */
+    float4 *x4 = (float4 *)xs;
+    const int64_t ur = cols / (4 * C4); /* units a row */
+    for (int t = 0; t < nt; t++)
+        for (int64_t u = threadIdx.x; u < ur; u += blockDim.x) {
+            float4 *p = x4 + (t * ur + u) * C4, a[C4];
+#pragma unroll
+            for (int k = 0; k < C4; k++) a[k] = p[k];
+            const int r = mv_swz(FMT, u);
+#pragma unroll
+            for (int k = 0; k < C4; k++) p[FMT == MV_Q8T ? (k + r) & 3 : k ^ r] = a[k];
+        }
+    __syncthreads();
+}
 
 template <int F16>
 __device__ __forceinline__ void mv16_unpack(uint4 q, float v[8]) {
@@ -99,9 +136,10 @@ __device__ __forceinline__ void mv16_unpack(uint4 q, float v[8]) {
 }
 
 /* accv[t] += the lane's MV16_UNROLL chunks u0, u0 + 32, ... (< U) of a row . x row t, for the nt staged tokens. */
-template <int F16, int MT>
+template <int F16, int MT, int SW = 0>
 __device__ __forceinline__ void mv16_group(const uint4 q[MV16_UNROLL], int64_t u0, int64_t U, const float4 *xs4,
                                            int64_t cols, int nt, float accv[MT]) {
+    const int r = SW ? (int)(u0 >> 2) & 1 : 0; /* SW: x permuted by mv_x_swizzle (u0 + 32 i has the same slots) */
 #pragma unroll
     for (int i = 0; i < MV16_UNROLL; i++) {
         const int64_t u = u0 + 32 * i;
@@ -111,7 +149,7 @@ __device__ __forceinline__ void mv16_group(const uint4 q[MV16_UNROLL], int64_t u
 #pragma unroll
         for (int t = 0; t < MT; t++) {
             if (t >= nt) break;
-            const float4 a = xs4[(t * cols + 8 * u) / 4], b = xs4[(t * cols + 8 * u) / 4 + 1];
+            const float4 a = xs4[(t * cols + 8 * u) / 4 + r], b = xs4[(t * cols + 8 * u) / 4 + (r ^ 1)];
             float s = accv[t];
             s = fmaf(v[0], a.x, s); s = fmaf(v[1], a.y, s); s = fmaf(v[2], a.z, s); s = fmaf(v[3], a.w, s);
             s = fmaf(v[4], b.x, s); s = fmaf(v[5], b.y, s); s = fmaf(v[6], b.z, s); s = fmaf(v[7], b.w, s);
@@ -201,9 +239,6 @@ k_mv16(cu_mv16_set set, int64_t cols, const float *x, int64_t n, int ch, const f
  * quants (one 16-byte load: consecutive lanes read consecutive words of a group's quants) and its block's f16 scale
  * (a 2-byte load); sum_j q_j x_j over the unit in fp32, then times d. 8.5 bits a weight instead of 16: the dense
  * half of a W2 model's decode bytes (attention, lm_head) nearly halved. */
-#define MV_BF16 0
-#define MV_F16 1
-#define MV_Q8T 2
 #define MVQ8_UNROLL 4 /* q8t units in flight a lane and group: a 2048-wide row is one group of the warp */
 
 struct mv_q8u { uint4 q; uint32_t d; }; /* a q8t unit: 16 quants and their block's f16 scale */
@@ -244,38 +279,15 @@ __device__ __forceinline__ void mvp_load(const uint8_t *row, int64_t u0, int64_t
     }
 }
 
-/* x for q8t, swizzled in shared memory. A q8t lane reads its unit's 16 floats of x as four 16-byte loads at 64-byte
- * steps from its neighbour's: the 8 lanes of a quarter-warp (one shared-memory wavefront of a 128-bit load) then
- * fall on two groups of four banks, a 4-way conflict, 16 wavefronts a load instead of 4, 64 a unit: ~0.11 of
- * shared memory's wavefronts a weight byte against BF16's 0.03 (32-byte steps, 2-way), more than the pipe's one a
- * clock at the copy bandwidth (~11.5 bytes a clock an SM on an H100). The q8_0 GEMV ran at 46-54% of copy where BF16
- * reached 92% (stop 38, an H100). So the four float4 of unit u sit rotated by r = (u >> 1) & 3: chunk k at slot
- * (k + r) & 3. Lanes 2j and 2j + 1 (64 bytes apart: banks 16 apart) have r = j & 3, so a quarter-warp's eight
- * loads cover all 32 banks. Only where the chunks sit changes, not which products are added in which order: y stays
- * bit-identical. Rotated in place after the staging (and pre-norm), a thread a unit; it synchronises. cols is a
- * multiple of 256 (q8t), so a unit's rotation is the same counted within its token's row or across the rows. */
-__device__ __forceinline__ void mv_q8_swizzle(float *xs, int64_t n) {
-    float4 *x4 = (float4 *)xs;
-    for (int64_t u = threadIdx.x; u < n / 16; u += blockDim.x) {
-        const float4 a0 = x4[4 * u], a1 = x4[4 * u + 1], a2 = x4[4 * u + 2], a3 = x4[4 * u + 3];
-        const int r = (int)(u >> 1) & 3;
-        x4[4 * u + (r & 3)] = a0;
-        x4[4 * u + ((r + 1) & 3)] = a1;
-        x4[4 * u + ((r + 2) & 3)] = a2;
-        x4[4 * u + ((r + 3) & 3)] = a3;
-    }
-    __syncthreads();
-}
-
-/* accv[t] += the lane's units u0, u0 + 32, ... (< U) of a row . x row t, for the nt staged tokens (q8t: x swizzled
- * by mv_q8_swizzle). */
+/* accv[t] += the lane's units u0, u0 + 32, ... (< U) of a row . x row t, for the nt staged tokens (x permuted by
+ * mv_x_swizzle). */
 template <int FMT, int MT>
 __device__ __forceinline__ void mvp_group(const typename mv_fmt<FMT>::unit q[mv_fmt<FMT>::UN], int64_t u0, int64_t U,
                                           const float4 *xs4, int64_t cols, int nt, float accv[MT]) {
     if constexpr (FMT != MV_Q8T) {
         mv16_group<FMT == MV_F16, MT>(q, u0, U, xs4, cols, nt, accv);
     } else {
-        const int rot = (int)(u0 >> 1) & 3; /* u0 + 32 i has the same: mv_q8_swizzle's slots */
+        const int rot = mv_swz(MV_Q8T, u0); /* u0 + 32 i has the same: mv_x_swizzle's slots */
 #pragma unroll
         for (int i = 0; i < mv_fmt<FMT>::UN; i++) {
             const int64_t u = u0 + 32 * i;
@@ -335,7 +347,7 @@ k_mv16p(cu_mv16_set set, int64_t cols, const float *x, int64_t n, const float *_
     cu_stage_f32(xs, x, nt * cols);
     __syncthreads();
     if (NORM) cu_prenorm_smem(xs, nt, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
-    if constexpr (FMT == MV_Q8T) mv_q8_swizzle(xs, nt * cols);
+    if constexpr (FMT == MV_Q8T) mv_x_swizzle<FMT>(xs, nt, cols);
     float accv[MT];
 #pragma unroll
     for (int t = 0; t < MT; t++) accv[t] = 0.f;
@@ -431,7 +443,7 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
     cu_stage_f32(xs, x, cols);
     __syncthreads();
     if (NORM) cu_prenorm_smem(xs, 1, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
-    if constexpr (FMT == MV_Q8T) mv_q8_swizzle(xs, cols);
+    mv_x_swizzle<FMT>(xs, 1, cols);
     const float4 *xs4 = (const float4 *)xs;
     const int64_t U = mv_fmt<FMT>::units(cols);
     constexpr int UN = mv_fmt<FMT>::UN;
@@ -453,7 +465,7 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
 #pragma unroll
                 for (int i = 0; i < UN; i++)
                     if (u0 + 32 * i < U) q[i] = row[u0 + 32 * i];
-                mv16_group<FMT == MV_F16, 1>(q, u0, U, xs4, cols, 1, accv);
+                mv16_group<FMT == MV_F16, 1, 1>(q, u0, U, xs4, cols, 1, accv);
             }
         }
         __syncwarp(); /* every lane has read the slot: it may be refilled */

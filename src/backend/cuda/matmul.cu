@@ -120,6 +120,32 @@ __device__ __forceinline__ void mv_x_swizzle(float *xs, int nt, int64_t cols) {
     __syncthreads();
 }
 
+/* One token's x staged straight into mv_x_swizzle's slots (no second pass, no barrier more), where the caller does
+ * not pre-norm it (o_proj, lm_head): float4 j of the row is chunk j % C4 of unit j / C4. No synchronisation. */
+template <int FMT>
+__device__ __forceinline__ void mv_stage_perm(float *xs, const float *x, int64_t cols) {
+    if ((cols & 3) || ((uintptr_t)x & 15) || ((uintptr_t)xs & 15)) { /* never in k_mv16s (mvs_go checks x) */
+        cu_stage_f32(xs, x, cols);
+        __syncthreads();
+        mv_x_swizzle<FMT>(xs, 1, cols);
+        return;
+    }
+    const float4 *s4 = (const float4 *)x;
+    float4 *d4 = (float4 *)xs;
+    const int64_t n4 = cols >> 2, nt = blockDim.x;
+    for (int64_t j = threadIdx.x; j < n4; j += 4 * nt) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (j + u * nt < n4) v[u] = __ldcg(s4 + j + u * nt);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int64_t i = j + u * nt; /* unit i / C4, chunk i % C4 -> its slot */
+            if (i < n4) d4[FMT == MV_Q8T ? (i & ~(int64_t)3) | ((i + (i >> 3)) & 3) : i ^ ((i >> 3) & 1)] = v[u];
+        }
+    }
+}
+
 template <int F16>
 __device__ __forceinline__ void mv16_unpack(uint4 q, float v[8]) {
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
@@ -440,10 +466,15 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
     }
     cu_pdl_wait();
     CU_TRACE_WAITED();
-    cu_stage_f32(xs, x, cols);
-    __syncthreads();
-    if (NORM) cu_prenorm_smem(xs, 1, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
-    mv_x_swizzle<FMT>(xs, 1, cols);
+    if (NORM) {
+        cu_stage_f32(xs, x, cols);
+        __syncthreads();
+        cu_prenorm_smem(xs, 1, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
+        mv_x_swizzle<FMT>(xs, 1, cols);
+    } else {
+        mv_stage_perm<FMT>(xs, x, cols);
+        __syncthreads();
+    }
     const float4 *xs4 = (const float4 *)xs;
     const int64_t U = mv_fmt<FMT>::units(cols);
     constexpr int UN = mv_fmt<FMT>::UN;

@@ -795,7 +795,8 @@ int main(int argc, char **argv) {
      * against the persistent one (MOET_MVS=0: k_mv16p), bit for bit: a pre-normed q/k/v set of 2048 columns whose
      * warps take several rows each, with the default ring (every row requested at once) and a small ring
      * (MOET_MVS_KB=48 for BF16, 40 for Q8_0: one or two slots a warp, refilled row after row), and y += x W^T + bias
-     * over 4096 columns (o_proj's form); in BF16 and in Q8_0 (the q8t layout, since stop 37) */
+     * over 4096 columns (o_proj's form); in BF16 and in Q8_0 (the q8t layout, since stop 37); and the default ring
+     * with MOET_MVS_SWZ=1 (stop 38: 16-bit x permuted in shared memory; q8t's always is) */
     for (int fi = 0; fi < 2 && !strcmp(be->ops->name, "cuda"); fi++) {
         const int qf = fi ? MOET_QF_Q8_0 : MOET_QF_BF16;
         const char *fname = fi ? "q8_0" : "bf16";
@@ -815,12 +816,13 @@ int main(int argc, char **argv) {
             free(Wm);
             if (k == 3) dq3 = dq; else free(dq);
         }
-        float *out[3][5];
-        const char *const env_kb[3] = {NULL, NULL, fi ? "40" : "48"}; /* pass 0: MOET_MVS=0 */
+        float *out[4][5];
+        const char *const env_kb[4] = {NULL, NULL, fi ? "40" : "48", NULL}; /* pass 0: MOET_MVS=0; 3: MOET_MVS_SWZ=1 */
         float *y0 = malloc(sizeof(float) * R2);
         for (int64_t i = 0; i < R2; i++) y0[i] = gauss();
-        for (int pass = 0; pass < 3; pass++) {
+        for (int pass = 0; pass < 4; pass++) {
             if (pass == 0) setenv("MOET_MVS", "0", 1); else unsetenv("MOET_MVS");
+            if (pass == 3) setenv("MOET_MVS_SWZ", "1", 1); else unsetenv("MOET_MVS_SWZ");
             if (env_kb[pass]) setenv("MOET_MVS_KB", env_kb[pass], 1); else unsetenv("MOET_MVS_KB");
             float *xd = dev(xa, sizeof(float) * D), *hd = dev_poisoned((size_t)D), *yd[3];
             const moet_weight *wp[3] = {&w[0], &w[1], &w[2]};
@@ -841,13 +843,16 @@ int main(int argc, char **argv) {
         }
         unsetenv("MOET_MVS");
         unsetenv("MOET_MVS_KB");
-        for (int pass = 1; pass < 3; pass++) {
+        unsetenv("MOET_MVS_SWZ");
+        for (int pass = 1; pass < 4; pass++) {
             const int64_t n[5] = {rows[0], rows[1], rows[2], D, R2};
             int same = 1;
             for (int k = 0; k < 5; k++) same &= !memcmp(out[pass][k], out[0][k], sizeof(float) * (size_t)n[k]);
-            fprintf(stderr, "%-5s %-10s %-19s %s\n", g_be_name, "mul_mat", pass == 1 ? fi ? "mv16s q8_0 vs mv16p" : "mv16s vs mv16p"
-                    : fi ? "mv16s q8_0 2-slot" : "mv16s 1-slot", same ? "bit-identical" : "DIFFERENT");
-            CHECK(same, "k_mv16s (%s, %s) differs from k_mv16p", fname, pass == 1 ? "default ring" : "small ring");
+            static const char *const lb[2][3] = {{"mv16s vs mv16p", "mv16s 1-slot", "mv16s swz"},
+                                                 {"mv16s q8_0 vs mv16p", "mv16s q8_0 2-slot", "mv16s q8_0 swz"}};
+            fprintf(stderr, "%-5s %-10s %-19s %s\n", g_be_name, "mul_mat", lb[fi][pass - 1], same ? "bit-identical" : "DIFFERENT");
+            CHECK(same, "k_mv16s (%s, %s) differs from k_mv16p", fname,
+                  pass == 1 ? "default ring" : pass == 2 ? "small ring" : "MOET_MVS_SWZ=1");
         }
         { /* and the shared result against the float64 product (y0 + bias + x W^T) */
             double *rf = malloc(sizeof(double) * R2);
@@ -856,7 +861,7 @@ int main(int argc, char **argv) {
             report("mul_mat_acc", fi ? "4096 mv16s q8_0" : "4096 mv16s", nmse(out[1][4], rf, (size_t)R2), 1e-12);
             free(rf);
         }
-        for (int pass = 0; pass < 3; pass++)
+        for (int pass = 0; pass < 4; pass++)
             for (int k = 0; k < 5; k++) free(out[pass][k]);
         for (int k = 0; k < 4; k++) { op->forget(be, blk[k]); free(blk[k]); }
         op->forget(be, g);

@@ -31,7 +31,7 @@ def kname(kid):
     if fam == 11:
         return ELEM.get(var, f"elem{var}")
     if fam == 12:
-        return f"mv16s<{['bf16', 'f16', 'q8t'][var >> 2]}{',norm' if var & 2 else ''}>"
+        return f"mv16s<{['bf16', 'f16', 'q8t'][var >> 2]}{',norm' if var & 2 else ''}{',swz' if var & 1 else ''}>"
     if fam == 2:
         return f"mv16p<{['bf16', 'f16', 'q8t'][var >> 2]}{',norm' if var & 2 else ''}{',mt' if var & 1 else ''}>"
     if fam in (7, 8):

@@ -81,7 +81,7 @@ k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t col
 /* 16-bit weights (BF16 / F16: attention, lm_head, router, dense MLPs: most of a decode step's bytes). A warp per
  * row; lane l reads 16-byte chunks l, l + 32, ... of the row, so each warp-wide load is one contiguous 512-byte span,
  * MV16_UNROLL (8) chunks in flight per lane before any math; x in shared memory unpadded (two float4 reads per chunk;
- * in k_mv16s permuted by mv_x_swizzle). */
+ * in k_mv16s with MOET_MVS_SWZ=1 permuted by mv_x_swizzle). */
 #define MV16_UNROLL 8
 
 /* the row formats of the single-token GEMVs (k_mv16 takes the first two as its F16 parameter) */
@@ -99,9 +99,9 @@ k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t col
  * 16-bit chunk k at k ^ ((u >> 2) & 1). Either way a quarter-warp's eight loads cover all 32 banks. Only where the
  * chunks sit changes, not which products are added in which order: y stays bit-identical. Permuted in place after
  * the staging (and pre-norm: h is written unpermuted), a thread a unit; every thread calls it; it synchronises.
- * The 16-bit rows are permuted only in k_mv16s (one token, beside the MoE's down, whose shared-memory traffic it
- * shares); k_mv16 and k_mv16p keep x as staged (their 2-way conflicts cost no measurable time alone, 92-101% of copy,
- * and the permutation's offsets cost their multi-token forms spills). */
+ * The 16-bit rows are permuted only in k_mv16s and only with MOET_MVS_SWZ=1 (one token, beside the MoE's down,
+ * whose shared-memory traffic it shares; not yet timed); k_mv16 and k_mv16p keep x as staged (their 2-way conflicts
+ * cost no measurable time alone, 92-101% of copy, and the permutation's offsets cost their multi-token forms spills). */
 __device__ __forceinline__ int mv_swz(int fmt, int64_t u) { return fmt == MV_Q8T ? (int)(u >> 1) & 3 : (int)(u >> 2) & 1; }
 template <int FMT>
 __device__ __forceinline__ void mv_x_swizzle(float *xs, int nt, int64_t cols) {
@@ -437,11 +437,12 @@ __device__ __forceinline__ void mvs_load(const unsigned char *row, int64_t u0, i
     }
 }
 
-template <int FMT, int NORM>
+template <int FMT, int NORM, int SW>
 __global__ void __launch_bounds__(MVS_WARPS * 32, 4)
 k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__ norm_w, float eps,
         float *__restrict__ h, int acc, int nsw, int early) {
-    CU_TRACE(CU_TK_MV16S << 8 | FMT << 2 | NORM << 1);
+    CU_TRACE(CU_TK_MV16S << 8 | FMT << 2 | NORM << 1 | SW);
+    static_assert(FMT != MV_Q8T || SW, "q8t x is always permuted");
     extern __shared__ __align__(16) unsigned char mvs_sm[];
     __shared__ double red[MVS_WARPS][MM_MAX_TOK];
     __shared__ float inv[MM_MAX_TOK];
@@ -466,11 +467,11 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
     }
     cu_pdl_wait();
     CU_TRACE_WAITED();
-    if (NORM) {
+    if (NORM || !SW) {
         cu_stage_f32(xs, x, cols);
         __syncthreads();
-        cu_prenorm_smem(xs, 1, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
-        mv_x_swizzle<FMT>(xs, 1, cols);
+        if (NORM) cu_prenorm_smem(xs, 1, (int)cols, norm_w, eps, &red[0][0], MM_MAX_TOK, inv, blockIdx.x == 0 ? h : NULL);
+        if (SW) mv_x_swizzle<FMT>(xs, 1, cols);
     } else {
         mv_stage_perm<FMT>(xs, x, cols);
         __syncthreads();
@@ -496,7 +497,7 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
 #pragma unroll
                 for (int i = 0; i < UN; i++)
                     if (u0 + 32 * i < U) q[i] = row[u0 + 32 * i];
-                mv16_group<FMT == MV_F16, 1, 1>(q, u0, U, xs4, cols, 1, accv);
+                mv16_group<FMT == MV_F16, 1, SW>(q, u0, U, xs4, cols, 1, accv);
             }
         }
         __syncwarp(); /* every lane has read the slot: it may be refilled */
@@ -527,11 +528,16 @@ static int g_mvs = 1, g_mvs_kb = 128, g_mvs_early = 1;
  * faster of the two (83% of copy against 68% at 81920 rows of 2048): k_mv16s wins in the step because it starts
  * beside down, as it does for BF16. */
 static int g_mvs_q8 = 1;
+/* MOET_MVS_SWZ=1: BF16/F16 x permuted in k_mv16s as q8t's is (mv_x_swizzle: its 2-way conflicts gone, and o_proj's
+ * and lm_head's x staged straight into the slots). Written at stop 38 after the device time ran out: opt-in until an
+ * A/B has run it (stop 37: code on k_mv16s's path has cost 5% at the 30b shape); test_ops checks it bit for bit. */
+static int g_mvs_swz = 0;
 static void mvs_env(void) { /* read at every launch (not in a replay): test_ops switches it between ops */
     const char *e = getenv("MOET_MVS"), *kb = getenv("MOET_MVS_KB"), *ea = getenv("MOET_MVS_EARLY");
-    const char *q8 = getenv("MOET_MVS_Q8");
+    const char *q8 = getenv("MOET_MVS_Q8"), *sz = getenv("MOET_MVS_SWZ");
     g_mvs = !(e && e[0] == '0');
     g_mvs_q8 = !(q8 && q8[0] == '0');
+    g_mvs_swz = sz && sz[0] == '1';
     g_mvs_kb = kb && atoi(kb) >= 16 && atoi(kb) <= 227 ? atoi(kb) : 128;
     g_mvs_early = !(ea && ea[0] == '0');
 }
@@ -693,16 +699,16 @@ static int mv16_chunk(int64_t cols, int64_t n) {
     return ch;
 }
 
-template <int FMT> static void mvs_launch(cu_backend *c, const cu_mv16_set *set, dim3 g, size_t sm, int64_t cols,
-                                          const float *x, const float *norm_w, float eps, float *h, int acc, int ns,
-                                          int ea) {
+template <int FMT, int SW> static void mvs_launch(cu_backend *c, const cu_mv16_set *set, dim3 g, size_t sm, int64_t cols,
+                                                  const float *x, const float *norm_w, float eps, float *h, int acc,
+                                                  int ns, int ea) {
     const dim3 b(MVS_WARPS * 32);
     if (norm_w) {
-        cu_launch_pdl(c, k_mv16s<FMT, 1>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
+        cu_launch_pdl(c, k_mv16s<FMT, 1, SW>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
     } else {
         const float *nul = NULL;
         float *nulh = NULL;
-        cu_launch_pdl(c, k_mv16s<FMT, 0>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea);
+        cu_launch_pdl(c, k_mv16s<FMT, 0, SW>, g, b, sm, *set, cols, x, nul, 0.f, nulh, acc, ns, ea);
     }
 }
 
@@ -730,29 +736,37 @@ static int mvs_go(cu_backend *c, const cu_mv16_set *set, int fmt, int64_t cols, 
     if (norm_w) g_mvs_cover = 4 * nsw >= 3 * rpw;
     const size_t sm = (size_t)cols * sizeof(float) + (size_t)MVS_WARPS * nsw * (rb + sizeof(uint64_t));
     static int attr_dev = -1;
-    const void *ks[3][2] = {{(const void *)k_mv16s<MV_BF16, 0>, (const void *)k_mv16s<MV_BF16, 1>},
-                            {(const void *)k_mv16s<MV_F16, 0>, (const void *)k_mv16s<MV_F16, 1>},
-                            {(const void *)k_mv16s<MV_Q8T, 0>, (const void *)k_mv16s<MV_Q8T, 1>}};
+    /* [format][16-bit x permuted][pre-norm] (q8t x is always permuted) */
+    const void *ks[3][2][2] = {{{(const void *)k_mv16s<MV_BF16, 0, 0>, (const void *)k_mv16s<MV_BF16, 1, 0>},
+                                {(const void *)k_mv16s<MV_BF16, 0, 1>, (const void *)k_mv16s<MV_BF16, 1, 1>}},
+                               {{(const void *)k_mv16s<MV_F16, 0, 0>, (const void *)k_mv16s<MV_F16, 1, 0>},
+                                {(const void *)k_mv16s<MV_F16, 0, 1>, (const void *)k_mv16s<MV_F16, 1, 1>}},
+                               {{(const void *)k_mv16s<MV_Q8T, 0, 1>, (const void *)k_mv16s<MV_Q8T, 1, 1>},
+                                {(const void *)k_mv16s<MV_Q8T, 0, 1>, (const void *)k_mv16s<MV_Q8T, 1, 1>}}};
     if (attr_dev != c->device) {
         for (int f = 0; f < 3; f++)
-            for (int nm = 0; nm < 2; nm++)
-                if (CU_CHECK(c, cudaFuncSetAttribute(ks[f][nm], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)))
-                    return 1;
+            for (int sw = 0; sw < 2; sw++)
+                for (int nm = 0; nm < 2; nm++)
+                    if (CU_CHECK(c, cudaFuncSetAttribute(ks[f][sw][nm], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)big)))
+                        return 1;
         attr_dev = c->device;
     }
-    if (norm_w && g_mvs_cover) cu_carveout_max(c, ks[fmt][1]); /* beside down (cu_mv_carve_down), where down takes it */
+    const int sw = g_mvs_swz;
+    if (norm_w && g_mvs_cover) cu_carveout_max(c, ks[fmt][sw][1]); /* beside down (cu_mv_carve_down), where down takes it */
     const dim3 g((unsigned)grid);
     const int ns = (int)nsw, ea = g_mvs_early;
-    if (fmt == MV_Q8T) mvs_launch<MV_Q8T>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
-    else if (fmt == MV_F16) mvs_launch<MV_F16>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
-    else mvs_launch<MV_BF16>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
+    if (fmt == MV_Q8T) mvs_launch<MV_Q8T, 1>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
+    else if (fmt == MV_F16 && sw) mvs_launch<MV_F16, 1>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
+    else if (fmt == MV_F16) mvs_launch<MV_F16, 0>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
+    else if (sw) mvs_launch<MV_BF16, 1>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
+    else mvs_launch<MV_BF16, 0>(c, set, g, sm, cols, x, norm_w, eps, h, acc, ns, ea);
     return 1;
 }
 
 /* cuda_int.h: registers a thread of the pre-normed bf16 k_mv16s */
 extern "C" int cu_mv16s_regs(void) {
     cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, k_mv16s<MV_BF16, 1>) != cudaSuccess) { cudaGetLastError(); return -1; }
+    if (cudaFuncGetAttributes(&fa, k_mv16s<MV_BF16, 1, 0>) != cudaSuccess) { cudaGetLastError(); return -1; }
     return fa.numRegs;
 }
 

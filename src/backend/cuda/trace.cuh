@@ -34,7 +34,7 @@ enum {
     CU_TK_TOPK = 9,
     CU_TK_MUL_MAT = 10,
     CU_TK_ELEMWISE = 11, /* variant: 0 add, 1 rms_norm, 2 swiglu, 3 attn_prep */
-    CU_TK_MV16S = 12,  /* variant: FMT (0 bf16, 1 f16, 2 q8t) << 2 | NORM << 1 */
+    CU_TK_MV16S = 12,  /* variant: FMT (0 bf16, 1 f16, 2 q8t) << 2 | NORM << 1 | x permuted */
     CU_TK_GATE_UP_ST = 13, /* moe_st.cu; variant: M << 2 | TP */
     CU_TK_DOWN_ST = 14,    /* moe_st.cu; variant: M << 2 | TP */
 };

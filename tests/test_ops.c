@@ -1947,14 +1947,16 @@ int perf_main(moet_backend *be) {
         }
         drop(x); drop(y);
     }
-    for (int shp = 0; shp < 2 && !moe_only; shp++) {
-      /* a decode layer's dense ops, one token, BF16, cold L2 (as above), at the 30b shape (hidden 2048, q 4096 rows,
+    for (int sti = 0; sti < 4 && !moe_only; sti++) {
+      /* a decode layer's dense ops, one token, BF16 and Q8_0 (since stop 38), cold L2 (as above), at the 30b shape (hidden 2048, q 4096 rows,
        * k and v 512) and the 235b one (hidden 4096, q 8192): the fused pre-norm GEMV over one matrix of the q/k/v
        * rows and over q, k, v as the model calls it, against k_mv16p over the rows alone (the table above: the
        * difference is the pre-norm's cost, 30b), and o_proj (hidden x q rows) added onto the residual. These are
        * the ops alone; docs/performance.md sets them beside the same ops inside a decode step (the timeline). */
+        const int shp = sti & 1;
+        const int32_t ty = sti < 2 ? MOET_TYPE_BF16 : MOET_TYPE_Q8_0;
         const int64_t C = shp ? 4096 : 2048, QR = 2 * C, QKV = QR + 1024;
-        const size_t rb = moet_type_row_bytes(MOET_TYPE_BF16, C), rbo = moet_type_row_bytes(MOET_TYPE_BF16, QR);
+        const size_t rb = moet_type_row_bytes(ty, C), rbo = moet_type_row_bytes(ty, QR);
         float *x = dev(NULL, sizeof(float) * QR), *h = dev(NULL, sizeof(float) * C), *y = dev(NULL, sizeof(float) * QKV);
         float *nw = dev(NULL, sizeof(float) * C);
         op->fill_random(be, x, MOET_TYPE_F32, 1, QR, 1.0f, 3);
@@ -1963,25 +1965,26 @@ int perf_main(moet_backend *be) {
         const int64_t qkv[3] = {QR, 512, 512};
         moet_weight *w1 = calloc(NS, sizeof *w1), *w3 = calloc(3 * NS, sizeof *w3), *wo = calloc(NS, sizeof *wo);
         for (int k = 0; k < NS; k++) {
-            w1[k] = (moet_weight){.data = op->alloc(be, (size_t)QKV * rb), .type = MOET_TYPE_BF16, .rows = QKV,
+            w1[k] = (moet_weight){.data = op->alloc(be, (size_t)QKV * rb), .type = ty, .rows = QKV,
                                   .cols = C, .row_bytes = rb, .qscale = 1};
             for (int j = 0; j < 3; j++)
-                w3[3 * k + j] = (moet_weight){.data = op->alloc(be, (size_t)qkv[j] * rb), .type = MOET_TYPE_BF16,
+                w3[3 * k + j] = (moet_weight){.data = op->alloc(be, (size_t)qkv[j] * rb), .type = ty,
                                               .rows = qkv[j], .cols = C, .row_bytes = rb, .qscale = 1};
-            wo[k] = (moet_weight){.data = op->alloc(be, (size_t)C * rbo), .type = MOET_TYPE_BF16, .rows = C, .cols = QR,
+            wo[k] = (moet_weight){.data = op->alloc(be, (size_t)C * rbo), .type = ty, .rows = C, .cols = QR,
                                   .row_bytes = rbo, .qscale = 1};
             REQUIRE(w1[k].data && w3[3 * k].data && w3[3 * k + 1].data && w3[3 * k + 2].data && wo[k].data, "perf weights");
-            op->fill_random(be, (void *)w1[k].data, MOET_TYPE_BF16, QKV, C, 0.02f, 40 + (uint64_t)k);
+            op->fill_random(be, (void *)w1[k].data, ty, QKV, C, 0.02f, 40 + (uint64_t)k);
             for (int j = 0; j < 3; j++)
-                op->fill_random(be, (void *)w3[3 * k + j].data, MOET_TYPE_BF16, qkv[j], C, 0.02f, 60 + 3 * (uint64_t)k + j);
-            op->fill_random(be, (void *)wo[k].data, MOET_TYPE_BF16, C, QR, 0.02f, 90 + (uint64_t)k);
+                op->fill_random(be, (void *)w3[3 * k + j].data, ty, qkv[j], C, 0.02f, 60 + 3 * (uint64_t)k + j);
+            op->fill_random(be, (void *)wo[k].data, ty, C, QR, 0.02f, 90 + (uint64_t)k);
         }
-        printf("%-28s %8s %10s %10s %9s %9s\n", shp ? "decode dense ops (235b), 1 tok" : "decode dense ops (30b), 1 tok",
-               "rows", "us/op", "MB/op", "GB/s", "of copy");
+        static const char *const tname[4] = {"decode dense ops (30b), 1 tok", "decode dense ops (235b), 1 tok",
+                                             "q8_0 dense ops (30b), 1 tok", "q8_0 dense ops (235b), 1 tok"};
+        printf("%-28s %8s %10s %10s %9s %9s\n", tname[sti], "rows", "us/op", "MB/op", "GB/s", "of copy");
         for (int v = 0; v < 3; v++) {
             nmv_ctx nc = {be, v == 0 ? w1 : v == 1 ? w3 : wo, v == 1 ? 3 : 1, NS, 32, x, v == 2 ? NULL : nw, h,
                           {y, y + QR, y + QR + 512}};
-            const double best = perf_graph_best(be, 3100 + 8 * (uint64_t)shp + (uint64_t)v, perf_nmv_step, &nc, nc.reps, y);
+            const double best = perf_graph_best(be, 3100 + 8 * (uint64_t)sti + (uint64_t)v, perf_nmv_step, &nc, nc.reps, y);
             const double bytes = v == 2 ? (double)C * (double)rbo : (double)QKV * (double)rb;
             static const char *const what[3] = {"  norm_mul_mat, one matrix", "  norm_mul_mat, q k v", "  mul_mat_acc (o_proj)"};
             printf("%-28s %8lld %10.2f %10.2f %9.0f %8.1f%%\n", what[v], (long long)(v == 2 ? C : QKV), best * 1e6,

@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader |
 grep -E "FAIL|FATAL|streamed|regs|mv16s|^rc " /tmp/res/test_ops.txt | tail -30 | tee "$out/summary.txt"
 # the single-token dense ops alone (30b and 235b shapes), to set beside the same ops inside a step (the timeline)
 MOET_PERF_ONLY=dense .carry/bin/test_ops cuda --perf > /tmp/res/dense-perf.txt 2>&1
-grep -A4 "decode dense ops" /tmp/res/dense-perf.txt | tee -a "$out/summary.txt"
+grep -A4 "dense ops (" /tmp/res/dense-perf.txt | tee -a "$out/summary.txt"
 grep -A5 "dense q8_0 GEMV" /tmp/res/dense-perf.txt | tee -a "$out/summary.txt"
 # Q8=1: the Q8_0 GEMV through k_mv16p (MOET_MVS_Q8=0) alone, and tg64 of the --dense q8_0 models: base, default
 # (one token's Q8_0 rows through k_mv16s since stop 38) and MOET_MVS_Q8=0

@@ -103,6 +103,11 @@ k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t col
  * whose shared-memory traffic it shares; not yet timed); k_mv16 and k_mv16p keep x as staged (their 2-way conflicts
  * cost no measurable time alone, 92-101% of copy, and the permutation's offsets cost their multi-token forms spills). */
 __device__ __forceinline__ int mv_swz(int fmt, int64_t u) { return fmt == MV_Q8T ? (int)(u >> 1) & 3 : (int)(u >> 2) & 1; }
+/* the float4 slot of chunk k of unit u */
+template <int FMT> __device__ __forceinline__ int mv_slot(int k, int64_t u) {
+    const int r = mv_swz(FMT, u);
+    return FMT == MV_Q8T ? (k + r) & 3 : k ^ r;
+}
 template <int FMT>
 __device__ __forceinline__ void mv_x_swizzle(float *xs, int nt, int64_t cols) {
     constexpr int C4 = FMT == MV_Q8T ? 4 : 2; /* float4 a unit */
@@ -113,9 +118,8 @@ __device__ __forceinline__ void mv_x_swizzle(float *xs, int nt, int64_t cols) {
             float4 *p = x4 + (t * ur + u) * C4, a[C4];
 #pragma unroll
             for (int k = 0; k < C4; k++) a[k] = p[k];
-            const int r = mv_swz(FMT, u);
 #pragma unroll
-            for (int k = 0; k < C4; k++) p[FMT == MV_Q8T ? (k + r) & 3 : k ^ r] = a[k];
+            for (int k = 0; k < C4; k++) p[mv_slot<FMT>(k, u)] = a[k];
         }
     __syncthreads();
 }
@@ -130,6 +134,7 @@ __device__ __forceinline__ void mv_stage_perm(float *xs, const float *x, int64_t
         mv_x_swizzle<FMT>(xs, 1, cols);
         return;
     }
+    constexpr int C4 = FMT == MV_Q8T ? 4 : 2; /* float4 a unit */
     const float4 *s4 = (const float4 *)x;
     float4 *d4 = (float4 *)xs;
     const int64_t n4 = cols >> 2, nt = blockDim.x;
@@ -141,7 +146,7 @@ __device__ __forceinline__ void mv_stage_perm(float *xs, const float *x, int64_t
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int64_t i = j + u * nt; /* unit i / C4, chunk i % C4 -> its slot */
-            if (i < n4) d4[FMT == MV_Q8T ? (i & ~(int64_t)3) | ((i + (i >> 3)) & 3) : i ^ ((i >> 3) & 1)] = v[u];
+            if (i < n4) d4[(i & ~(int64_t)(C4 - 1)) + mv_slot<FMT>((int)(i & (C4 - 1)), i / C4)] = v[u];
         }
     }
 }
@@ -165,7 +170,7 @@ __device__ __forceinline__ void mv16_unpack(uint4 q, float v[8]) {
 template <int F16, int MT, int SW = 0>
 __device__ __forceinline__ void mv16_group(const uint4 q[MV16_UNROLL], int64_t u0, int64_t U, const float4 *xs4,
                                            int64_t cols, int nt, float accv[MT]) {
-    const int r = SW ? (int)(u0 >> 2) & 1 : 0; /* SW: x permuted by mv_x_swizzle (u0 + 32 i has the same slots) */
+    const int r = SW ? mv_swz(MV_BF16, u0) : 0; /* SW: x permuted by mv_x_swizzle (u0 + 32 i has the same slots) */
 #pragma unroll
     for (int i = 0; i < MV16_UNROLL; i++) {
         const int64_t u = u0 + 32 * i;

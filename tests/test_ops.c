@@ -447,6 +447,10 @@ int main(int argc, char **argv) {
                     use);
             CHECK(rr > 0 && rr <= 88, "k_tc_router takes %d registers a thread: past 88 it no longer starts beside o_proj",
                   rr);
+            const int rs = moet_backend_cuda_kernel_regs("router_split"); /* MOET_RT_SPLIT's form */
+            fprintf(stderr, "cuda  regs       router_split %d (<= 88)\n", rs);
+            CHECK(rs > 0 && rs <= 88, "k_tc_router_split takes %d registers a thread: past 88 it no longer starts beside "
+                  "o_proj", rs);
             CHECK(rd > 0 && rm > 0 && use <= 65536, "k_tc_down (%d) and k_mv16s (%d) no longer fit one SM's registers", rd,
                   rm);
         }
@@ -1637,6 +1641,26 @@ int main(int argc, char **argv) {
         pull(o, od, (size_t)(T * H));
         snprintf(mv, sizeof mv, "w2 decode n=1 %dx%d", H, F);
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+        if (is_cuda && T <= 3) { /* the router's rows split over 2 and 4 warps (MOET_RT_SPLIT): other roundings of
+                                  * the logits, so against the reference, one token at a time and all T at once */
+            float *o5 = malloc(sizeof(float) * T * H);
+            for (int sp = 2; sp <= 4; sp *= 2) {
+                char sv[4];
+                snprintf(sv, sizeof sv, "%d", sp);
+                setenv("MOET_RT_SPLIT", sv, 1);
+                moe_tokenwise(be, &ma, xd, od, T, H);
+                pull(o5, od, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "w2 decode n=1 %dx%d router split %d", H, F, sp);
+                report("moe", mv, nmse(o5, rr, (size_t)(T * H)), 1e-10);
+                poison_dev(od, (size_t)(T * H));
+                op->moe(be, &ma);
+                pull(o5, od, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "w2 decode T=%d %dx%d router split %d", T, H, F, sp);
+                report("moe", mv, nmse(o5, rr, (size_t)(T * H)), 1e-10);
+                unsetenv("MOET_RT_SPLIT");
+            }
+            free(o5);
+        }
         float *o3 = malloc(sizeof(float) * T * H), *o4 = malloc(sizeof(float) * T * H);
         if (is_cuda) {
             /* the router's last CTA routing (MOET_ROUTE_GU=0) against k_tc_gate_up routing, bit for bit */

@@ -13,13 +13,13 @@
 # HEAD_BENCH=1 adds the README's headline benches after the timeline.
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out" /tmp/res
-opts=${OPTS:-MOET_MVS_SWZ=1}; [ "$opts" = none ] && opts=default  # OPTS=none: base and default alone
+opts=${OPTS:-MOET_MVS_SWZ=1;MOET_RT_SPLIT=2}; [ "$opts" = none ] && opts=default  # OPTS=none: base and default alone
 tar -C .carry -xJf .carry/bin.tar.xz
 export LD_LIBRARY_PATH=$PWD/.carry/lib
 [ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)  # the bench JSONs' commit (the copy's git is stale)
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee /tmp/res/gpu.txt
 (.carry/bin/test_ops cuda > /tmp/res/test_ops.txt 2>&1; echo "rc $?" >> /tmp/res/test_ops.txt)
-grep -E "FAIL|FATAL|streamed|regs|mv16s|^rc " /tmp/res/test_ops.txt | tail -30 | tee "$out/summary.txt"
+grep -E "FAIL|FATAL|streamed|regs|mv16s|split|^rc " /tmp/res/test_ops.txt | tail -30 | tee "$out/summary.txt"
 # the single-token dense ops alone (30b and 235b shapes), to set beside the same ops inside a step (the timeline)
 MOET_PERF_ONLY=dense .carry/bin/test_ops cuda --perf > /tmp/res/dense-perf.txt 2>&1
 grep -A4 "dense ops (" /tmp/res/dense-perf.txt | tee -a "$out/summary.txt"

@@ -36,6 +36,8 @@ def kname(kid):
         return f"mv16p<{['bf16', 'f16', 'q8t'][var >> 2]}{',norm' if var & 2 else ''}{',mt' if var & 1 else ''}>"
     if fam in (7, 8):
         return f"{FAM[fam]}<{var >> 2}{',dl' if var & 2 else ''}{',i8' if var & 1 else ''}>"
+    if fam == 6:  # SP << 4 | NT: the split-row form (MOET_RT_SPLIT)
+        return f"tc_router<{var & 15}{',split' if var & 16 else ''}>"
     if fam in (13, 14):  # M << 2 | TP (bit 6 was stop 34's shared-chunk gate/up, measured slower and taken out)
         return f"{FAM[fam]}<{(var >> 2) & 15},tp{var & 3}>"
     return FAM.get(fam, f"k{fam}") + (f"<{var}>" if var else "")

@@ -287,7 +287,7 @@ moet_backend *moet_backend_cuda_create(int device, char *err, size_t errlen);
 /* Number of CUDA GPUs this process can use (0 without CUDA or without a GPU). */
 int moet_backend_cuda_device_count(void);
 /* Registers a thread of one of the decode kernels whose CTAs must share an SM (the co-residency the decode step's
- * overlap depends on, docs/performance.md "Stop 32"): "router" (k_tc_router, 1 token), "down" (k_tc_down, integer
+ * overlap depends on, docs/performance.md "Stop 32"): "router" (k_tc_router, 1 token; "router_split": its split-row form, MOET_RT_SPLIT), "down" (k_tc_down, integer
  * form, 256-column chunks), "mv16s" (k_mv16s, bf16, pre-normed). -1: unknown name, no CUDA or no GPU. */
 int moet_backend_cuda_kernel_regs(const char *kernel);
 /* Launches so far in this process of a kernel that only some shapes take, so a test can tell that it ran:

@@ -577,6 +577,7 @@ extern "C" int moet_backend_cuda_kernel_regs(const char *kernel) {
     if (!kernel || moet_backend_cuda_device_count() <= 0) return -1;
     if (!strcmp(kernel, "router")) return cu_moe_tc_regs(0);
     if (!strcmp(kernel, "down")) return cu_moe_tc_regs(1);
+    if (!strcmp(kernel, "router_split")) return cu_moe_tc_regs(2);
     if (!strcmp(kernel, "mv16s")) return cu_mv16s_regs();
     return -1;
 }

@@ -67,24 +67,34 @@ __device__ __forceinline__ void tc_prestage(const float *xrow, int c, int rot, u
     tc_stage_slot<M>(v, stg, job, njobs);
 }
 
-template <int NT>
-__global__ void __launch_bounds__(TC_RT_W * 32)
-k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
-            const uint8_t *__restrict__ rw, int32_t rtype, size_t rrow, float rqs, float rqb,
-            float *__restrict__ logits, int32_t *__restrict__ ticket, int32_t *__restrict__ topk_ids,
-            float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps, float *__restrict__ h,
-            int32_t route, uint8_t *__restrict__ stg, int32_t gb, int32_t grot, uint32_t gseed) {
-    CU_TRACE(CU_TK_ROUTER << 8 | NT);
+/* The router's body; SP = 1: rsplit_arg warps a row (MOET_RT_SPLIT), SP = 0: one warp a row, rsplit 1 at compile
+ * time (the measured kernel: the split's runtime arithmetic cost it registers). */
+#define TC_ROUTER_PARAMS                                                                                             \
+    const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk, const uint8_t *__restrict__ rw,             \
+        int32_t rtype, size_t rrow, float rqs, float rqb, float *__restrict__ logits, int32_t *__restrict__ ticket,  \
+        int32_t *__restrict__ topk_ids, float *__restrict__ topk_w, const float *__restrict__ norm_w, float eps,      \
+        float *__restrict__ h, int32_t route, uint8_t *__restrict__ stg, int32_t gb, int32_t grot, uint32_t gseed,   \
+        int32_t rsplit_arg
+#define TC_ROUTER_ARGS                                                                                               \
+    x, H, E, K, norm_topk, rw, rtype, rrow, rqs, rqb, logits, ticket, topk_ids, topk_w, norm_w, eps, h, route, stg,   \
+        gb, grot, gseed, rsplit_arg
+template <int NT, int SP>
+__device__ __forceinline__ void tc_router_body(TC_ROUTER_PARAMS) {
+    const int rsplit = SP ? rsplit_arg : 1;
+    CU_TRACE(CU_TK_ROUTER << 8 | SP << 4 | NT);
     extern __shared__ __align__(16) float rsm[];
     __shared__ int last;
     __shared__ double nred[TC_RT_W][TC_RT_T];
     __shared__ float ninv[TC_RT_T];
+    __shared__ float rpart[TC_RT_W][TC_RT_T]; /* split rows: each part's sum, added in part order */
     float *xs = rsm, *lg = xs + NT * H, *p = lg + NT * E;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t e = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
-    const tc_rrow rr = tc_rrow_of(rw, e < E ? e : 0, rrow, rtype, H);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rpc = (blockDim.x >> 5) / rsplit; /* rows a CTA */
+    const int64_t e = (int64_t)blockIdx.x * rpc + warp / rsplit;
+    const int part = warp % rsplit;
+    const tc_rrow rr = tc_rrow_part(tc_rrow_of(rw, e < E ? e : 0, rrow, rtype, H), part, rsplit);
+    const int dot = e < E && (part == 0 || tc_rrow_split_on(rr)); /* other types: part 0 reads the whole row */
     uint4 q[TC_RT_U];
-    if (e < E) tc_rrow_prefetch(rr, q);
+    if (dot) tc_rrow_prefetch(rr, q);
     cu_pdl_wait();
     CU_TRACE_WAITED();
     cu_stage_f32(xs, x, NT * H);
@@ -92,7 +102,7 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
     if (norm_w) /* the block's pre-norm; CTA 0 writes h for the expert kernels */
         cu_prenorm_smem(xs, NT, (int)H, norm_w, eps, &nred[0][0], TC_RT_T, ninv, blockIdx.x == 0 ? h : NULL);
     CU_TRACE_MARK(0); /* x staged and normed */
-    const int ncr = (E + (blockDim.x >> 5) - 1) / (blockDim.x >> 5); /* the CTAs with router rows */
+    const int ncr = (E + rpc - 1) / rpc; /* the CTAs with router rows */
     if (gb && (int)blockIdx.x >= ncr) { /* the CTAs past them: gate/up's x chunks, staged once for every gate/up CTA */
         const int nch = (int)(H / gb), job = ((int)blockIdx.x - ncr) * (blockDim.x >> 5) + warp;
         if (job < NT * nch) {
@@ -104,13 +114,30 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
             }
         }
     }
-    if (e < E) {
+    { /* rsplit > 1 (MOET_RT_SPLIT): rsplit warps a row, each part's warp sum, then part 0 adds them in order */
         float acc[NT];
-        tc_rrow_dot<NT>(rr, q, rtype, rqs, rqb, xs, H, acc);
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[t] = 0.f;
+        if (dot) tc_rrow_dot<NT>(rr, q, rtype, rqs, rqb, xs, H, acc);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const float s = cu_warp_sum(acc[t]);
-            if (lane == 0) logits[t * E + e] = s;
+            if (lane == 0) {
+                if (rsplit == 1) {
+                    if (e < E) logits[t * E + e] = s;
+                } else {
+                    rpart[warp][t] = s;
+                }
+            }
+        }
+        if (rsplit > 1) {
+            __syncthreads(); /* rsplit is the launch's: every thread of the CTA comes here */
+            if (e < E && part == 0 && lane == 0)
+                for (int t = 0; t < NT; t++) {
+                    float s = rpart[warp][t];
+                    for (int j = 1; j < rsplit; j++) s += rpart[warp + j][t];
+                    logits[t * E + e] = s;
+                }
         }
     }
     CU_TRACE_MARK(1); /* the logits written */
@@ -129,6 +156,18 @@ k_tc_router(const float *x, int64_t H, int32_t E, int32_t K, int32_t norm_topk,
     __syncthreads();
     for (int t = 0; t < NT; t++)
         tc_route_warps(lg + t * E, E, K, norm_topk, p + t * E, ik, pk, topk_ids + t * K, topk_w + t * K);
+}
+
+template <int NT>
+__global__ void __launch_bounds__(TC_RT_W * 32) k_tc_router(TC_ROUTER_PARAMS) {
+    tc_router_body<NT, 0>(TC_ROUTER_ARGS);
+}
+
+/* Split rows: its own kernel for __maxnreg__ (which excludes __launch_bounds__): at 88 registers a thread a 512-thread
+ * CTA still starts beside o_proj's k_mv16s, and prefetches its rows there (without it: 89) */
+template <int NT>
+__global__ void __maxnreg__(88) k_tc_router_split(TC_ROUTER_PARAMS) {
+    tc_router_body<NT, 1>(TC_ROUTER_ARGS);
 }
 
 /* ---- decode: gate/up ----------------------------------------------------------------------------------------- */
@@ -674,6 +713,13 @@ static int tc_i8_on(int b, int dl) {
 
 static int g_tc_attr_dev = -1;
 
+template <int SP> static int tc_attrs_rt(cu_backend *c) {
+    return CU_CHECK(c, cudaFuncSetAttribute(SP ? k_tc_router_split<1> : k_tc_router<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(SP ? k_tc_router_split<2> : k_tc_router<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(SP ? k_tc_router_split<3> : k_tc_router<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(SP ? k_tc_router_split<4> : k_tc_router<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
+}
+
 template <int M> static int tc_attrs_m(cu_backend *c, int big) {
     return CU_CHECK(c, cudaFuncSetAttribute(k_tc_gate_up_grp<M, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
            CU_CHECK(c, cudaFuncSetAttribute(k_tc_down_grp<M, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
@@ -690,10 +736,7 @@ template <int M> static int tc_attrs_i8(cu_backend *c, int big) {
 static int tc_attrs(cu_backend *c) {
     if (g_tc_attr_dev == c->device) return 0;
     const int big = 96 * 1024;
-    if (CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
-        CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
+    if (tc_attrs_rt<0>(c) || tc_attrs_rt<1>(c) ||
         tc_attrs_m<1>(c, big) || tc_attrs_m<2>(c, big) || tc_attrs_m<4>(c, big) || tc_attrs_m<8>(c, big) ||
         tc_attrs_i8<2>(c, big) || tc_attrs_i8<4>(c, big) || tc_attrs_i8<8>(c, big))
         return -1;
@@ -735,6 +778,16 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     /* 16 warps a CTA for wide rows (the pre-norm's elements a thread are the CTA's latency chain), 4 for narrow ones
      * (moe-mini-a, width 256: a 512-thread CTA's barriers cost more than the 2 elements a thread they save) */
     const int rnw = H >= 1024 ? TC_RT_W : 4;
+    /* Split rows (MOET_RT_SPLIT=S, a power of two up to rnw; opt-in until timed): S warps a router row, each with its
+     * share of the row in registers before the PDL wait. One warp prefetches TC_RT_U 16-byte chunks a lane (4 KB, a
+     * bf16 row of 2048), so at hidden 4096 half of each row was requested only after the wait, on the layer's
+     * critical path: the 235b timeline (stop 36, H200) has the router's dot 3.9 us after its pre-norm, the 30b's
+     * (whole rows in flight) 2.1 us. S rows' parts then add in part order (another rounding of the logits than S = 1,
+     * which is a one-warp sum). */
+    const char *rse = getenv("MOET_RT_SPLIT");
+    int rsplit = rse ? atoi(rse) : 1;
+    if (rsplit < 1 || rsplit > rnw || (rsplit & (rsplit - 1))) rsplit = 1;
+    const int rpc = rnw / rsplit; /* router rows a CTA */
     /* Who routes. The router's last CTA (ticket) meant a fence, an atomic and one CTA re-reading every logit on the
      * layer's critical path (~40% of the router's stall samples at the 30b shape), so each gate/up CTA routes its
      * own token from the logits instead: one short chain, in parallel (30b decode 1.07x on an H100). Stop 25 kept
@@ -777,11 +830,11 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
                     T * K * (F / bf) <= CU_DN_TICKETS ? (int)(T * K * (F / bf)) : 0;
     const cu_tc_dpre dpre = {npd ? sbase + (cu_moe_tc_stage_bytes(T, H, 0, 0) & ~(size_t)15) : NULL, c->dn_tickets,
                              (int32_t)bf, tab->down_rotated, npd, tab->down_seed};
-    const dim3 rgrid((unsigned)((E + rnw - 1) / rnw + (npre + rnw - 1) / rnw)), rblock(rnw * 32);
+    const dim3 rgrid((unsigned)((E + rpc - 1) / rpc + (npre + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
-    cu_launch_pdl(c, k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
+    cu_launch_pdl(c, rsplit > 1 ? k_tc_router_split<NT> : k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
                   rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h,      \
-                  !route_gu && !sig && !tks, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed)
+                  !route_gu && !sig && !tks, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed, rsplit)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;
@@ -851,11 +904,12 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     CU_LAUNCHED(c, "k_tc_down");
 }
 
-/* cuda_int.h: the decode router (one token) or the integer-form down (256-column chunks) */
+/* cuda_int.h: the decode router (one token; 2: its split-row form) or the integer-form down (1: 256-column chunks) */
 extern "C" int cu_moe_tc_regs(int down) {
     cudaFuncAttributes fa;
-    const cudaError_t e = down ? cudaFuncGetAttributes(&fa, k_tc_down<8, 0, 1>)
-                               : cudaFuncGetAttributes(&fa, k_tc_router<1>);
+    const cudaError_t e = down == 1 ? cudaFuncGetAttributes(&fa, k_tc_down<8, 0, 1>)
+                          : down == 2 ? cudaFuncGetAttributes(&fa, k_tc_router_split<1>)
+                                      : cudaFuncGetAttributes(&fa, k_tc_router<1>);
     if (e != cudaSuccess) { cudaGetLastError(); return -1; }
     return fa.numRegs;
 }

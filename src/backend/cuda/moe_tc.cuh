@@ -476,7 +476,7 @@ typedef struct {
     const uint4 *row4;
     const uint8_t *row;
     int bf, fv;
-    int64_t U;              /* 16-byte chunks of the row */
+    int64_t U0, U;          /* the 16-byte chunks [U0, U) of the row this warp reads (tc_rrow_part) */
 } tc_rrow;
 
 __device__ __forceinline__ tc_rrow tc_rrow_of(const uint8_t *rw, int64_t e, size_t rrow, int32_t rtype, int64_t H) {
@@ -486,7 +486,20 @@ __device__ __forceinline__ tc_rrow tc_rrow_of(const uint8_t *rw, int64_t e, size
     r.bf = rtype == MOET_TYPE_BF16 && H % 256 == 0 && aligned;
     r.fv = rtype == MOET_TYPE_F32 && H % 128 == 0 && aligned;
     r.row4 = (const uint4 *)r.row;
+    r.U0 = 0;
     r.U = r.bf ? H / 8 : H / 4;
+    return r;
+}
+
+/* Part p of S of a bf16 or f32 row (k_tc_router's split rows): chunks [p n, (p + 1) n), n = ceil(U / S). Other types
+ * stay whole: part 0 reads the row and the other parts add nothing (tc_rrow_split_on). */
+__device__ __forceinline__ int tc_rrow_split_on(const tc_rrow &r) { return r.bf || r.fv; }
+__device__ __forceinline__ tc_rrow tc_rrow_part(tc_rrow r, int p, int S) {
+    if (S > 1 && tc_rrow_split_on(r)) {
+        const int64_t n = (r.U + S - 1) / S, u1 = (p + 1) * n;
+        r.U0 = p * n;
+        if (u1 < r.U) r.U = u1;
+    }
     return r;
 }
 
@@ -496,7 +509,7 @@ __device__ __forceinline__ void tc_rrow_prefetch(const tc_rrow &r, uint4 q[TC_RT
     if (!r.bf) return;
 #pragma unroll
     for (int i = 0; i < TC_RT_U; i++)
-        if (lane + 32 * i < r.U) q[i] = __ldg(r.row4 + lane + 32 * i);
+        if (r.U0 + lane + 32 * i < r.U) q[i] = __ldg(r.row4 + r.U0 + lane + 32 * i);
 }
 
 /* acc[t] = the lane's share of row . xs[t] for NT tokens staged at xs (row stride H); q: tc_rrow_prefetch's chunks.
@@ -508,8 +521,8 @@ __device__ __forceinline__ void tc_rrow_dot(const tc_rrow &r, uint4 q[TC_RT_U], 
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
     if (r.bf || r.fv) {
-        for (int64_t u0 = lane; u0 < r.U; u0 += 32 * TC_RT_U) {
-            if (u0 != lane || !r.bf) {
+        for (int64_t u0 = r.U0 + lane; u0 < r.U; u0 += 32 * TC_RT_U) {
+            if (u0 != r.U0 + lane || !r.bf) {
 #pragma unroll
                 for (int i = 0; i < TC_RT_U; i++)
                     if (u0 + 32 * i < r.U) q[i] = __ldg(r.row4 + u0 + 32 * i);

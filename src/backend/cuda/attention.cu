@@ -155,8 +155,8 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
               const __grid_constant__ moet_rope rp, const int32_t *pos, moet_kv_ref kv, const moet_kv_ref *rows,
               float scale, const float *__restrict__ sinks, int32_t window, float *__restrict__ out, int32_t pre) {
     CU_TRACE(CU_TK_ATTN_DECODE << 8);
-    const int rot_dim = rp.dim;
-    cu_pdl_trigger();
+    const int rot_dim = rp.dim, trig_late = pre & 2; /* pre: bit 0 the preload, bit 1 MOET_ATTN_TRIG=1 (at_pre) */
+    if (!trig_late) cu_pdl_trigger();
     /* The rotation's cos and sin (double-precision cos/sin: a long dependent chain) before waiting for the QKV
      * product: they need only the position, which the host uploaded before the step's first kernel. */
     const int half = head_dim / 2, T = ((half + 31) / 32) * 32, tid = threadIdx.x;
@@ -179,7 +179,7 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
      * attention's one memory round trip into the cache leaves the critical path (docs/performance.md, stop 31). */
     float kr0[AT_G][AT_MAX_D], vr0[AT_G][AT_MAX_D];
     const int32_t k0 = window > 0 && p + 1 > window ? p + 1 - window : 0;
-    pre = pre && k0 + (int32_t)(threadIdx.x >> 5) * AT_G <= p; /* the warp has keys (no other block-table reads) */
+    pre = (pre & 1) && k0 + (int32_t)(threadIdx.x >> 5) * AT_G <= p; /* the warp has keys (no other block-table reads) */
     if (pre) {
         const int kvh0 = blockIdx.x / (n_heads / n_kv);
         at_group_load(kr0, vr0, kv.k + (int64_t)kvh0 * head_dim, kv.v + (int64_t)kvh0 * head_dim,
@@ -188,6 +188,7 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
     }
     cu_pdl_wait();
     CU_TRACE_WAITED();
+    if (trig_late) cu_pdl_trigger();
     __shared__ float sm_m[AT_WARPS], sm_l[AT_WARPS], sm_o[AT_WARPS][AT_MAX_D * 32];
     __shared__ float sq[AT_MAX_D * 32], sk[AT_MAX_D * 32], sv[AT_MAX_D * 32];
     __shared__ double part[2][AT_WARPS];
@@ -253,10 +254,15 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
              pre, kr0, vr0);
 }
 
-/* MOET_ATTN_PRE=0: k_attn_decode reads all its keys after its wait (the A/B of the preloaded first group). */
+/* MOET_ATTN_PRE=0: k_attn_decode reads all its keys after its wait (the A/B of the preloaded first group); bit 0.
+ * MOET_ATTN_TRIG=1 (an experiment; bit 1): k_attn_decode lets o_proj launch only once its own wait has returned,
+ * not at its start. The timeline (stop 37, 30b, an H100) has the attention's waits returning 0.8-4 us (median 3.2)
+ * after the q/k/v product's last CTA, while o_proj's CTAs, launched at the attention's start, have ~13 MB of ring
+ * reads in flight: the same signature as down's completion flush queued behind q/k/v's bulk reads (stop 31). Late,
+ * o_proj gives up most of its head start; whether the earlier release pays for that is what the A/B says. */
 static int32_t at_pre(void) {
-    const char *e = getenv("MOET_ATTN_PRE");
-    return !(e && e[0] == '0');
+    const char *e = getenv("MOET_ATTN_PRE"), *t = getenv("MOET_ATTN_TRIG");
+    return (int32_t)!(e && e[0] == '0') | (t && t[0] == '1' ? 2 : 0);
 }
 
 /* The q / k norm weights' device copies (NULL where there is none); 0 after recording an error. */

@@ -458,7 +458,8 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
     float *xs = (float *)mvs_sm;
     uint64_t *bar = (uint64_t *)(mvs_sm + cols * sizeof(float)) + (size_t)warp * nsw;
     unsigned char *ring = mvs_sm + cols * sizeof(float) + (size_t)MVS_WARPS * nsw * sizeof(uint64_t) + (size_t)warp * nsw * rb;
-    if (early) cu_pdl_trigger();
+    if (early & 1) cu_pdl_trigger();
+    if (NORM && (early & 2)) cu_prefetch_l1(norm_w, cols * (int64_t)sizeof(float)); /* MOET_PN_PF=1 */
     if (lane == 0) {
         for (int s = 0; s < nsw; s++) cu_mbar_init(bar + s, 1);
         cu_mbar_init_fence();
@@ -518,7 +519,7 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
         const float sum = cu_warp_sum(accv[0]);
         if (lane == 0) cu_mm_store(set.y[mi] + r, sum, set.b[mi], r, acc);
     }
-    if (!early) cu_pdl_trigger();
+    if (!(early & 1)) cu_pdl_trigger();
 }
 
 /* MOET_MVS=0: k_mv16p for one token too (the A/B of the streaming kernel); MOET_MVS_KB: its ring a CTA (default
@@ -545,6 +546,10 @@ static void mvs_env(void) { /* read at every launch (not in a replay): test_ops 
     g_mvs_swz = sz && sz[0] == '1';
     g_mvs_kb = kb && atoi(kb) >= 16 && atoi(kb) <= 227 ? atoi(kb) : 128;
     g_mvs_early = !(ea && ea[0] == '0');
+}
+extern "C" int cu_pn_pf(void) {
+    const char *e = getenv("MOET_PN_PF");
+    return e && e[0] == '1';
 }
 /* Whether the kernel after a decode down may launch at down's start (k_tc_down's `early`). */
 extern "C" int cu_mv_early_next(void) {
@@ -709,7 +714,7 @@ template <int FMT, int SW> static void mvs_launch(cu_backend *c, const cu_mv16_s
                                                   int ns, int ea) {
     const dim3 b(MVS_WARPS * 32);
     if (norm_w) {
-        cu_launch_pdl(c, k_mv16s<FMT, 1, SW>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
+        cu_launch_pdl(c, k_mv16s<FMT, 1, SW>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea | cu_pn_pf() << 1);
     } else {
         const float *nul = NULL;
         float *nulh = NULL;

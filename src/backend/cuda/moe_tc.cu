@@ -95,6 +95,8 @@ __device__ __forceinline__ void tc_router_body(TC_ROUTER_PARAMS) {
     const int dot = e < E && (part == 0 || tc_rrow_split_on(rr)); /* other types: part 0 reads the whole row */
     uint4 q[TC_RT_U];
     if (dot) tc_rrow_prefetch(rr, q);
+    if ((route & 2) && norm_w) cu_prefetch_l1(norm_w, H * (int64_t)sizeof(float)); /* MOET_PN_PF=1 */
+    route &= 1;
     cu_pdl_wait();
     CU_TRACE_WAITED();
     cu_stage_f32(xs, x, NT * H);
@@ -834,7 +836,8 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, rsplit > 1 ? k_tc_router_split<NT> : k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
                   rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h,      \
-                  !route_gu && !sig && !tks, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed, rsplit)
+                  (!route_gu && !sig && !tks) | cu_pn_pf() << 1, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed,  \
+                  rsplit)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;

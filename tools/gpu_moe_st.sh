@@ -9,7 +9,8 @@
 #   BINS="moet test_ops" BASE_BUILD=/tmp/base/build TRACE_BUILD=build-sm90tr bash tools/gpu_carry.sh build-sm90so
 # (BASE_BUILD: the previous commit built in a git worktree; the working tree and .carry must stay under ~64 MiB:
 # move the three largest test models aside for the call). Then, on the device machine: bash tools/gpu_moe_st.sh
-# OPTS: the settings to A/B beside `base` and `default` (';'-separated, as tools/gpu_ab.sh). NCU=0 skips ncu;
+# OPTS: the settings to A/B beside `base` and `default` (';'-separated, as tools/gpu_ab.sh). NCU=0 skips ncu, DENSE=0
+# the dense ops table, Q8=0 the Q8_0 block;
 # HEAD_BENCH=1 adds the README's headline benches after the timeline.
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out" /tmp/res
@@ -20,10 +21,13 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib
 nvidia-smi --query-gpu=name,clocks.max.sm,driver_version --format=csv,noheader | tee /tmp/res/gpu.txt
 (.carry/bin/test_ops cuda > /tmp/res/test_ops.txt 2>&1; echo "rc $?" >> /tmp/res/test_ops.txt)
 grep -E "FAIL|FATAL|streamed|regs|mv16s|split|^rc " /tmp/res/test_ops.txt | tail -30 | tee "$out/summary.txt"
-# the single-token dense ops alone (30b and 235b shapes), to set beside the same ops inside a step (the timeline)
-MOET_PERF_ONLY=dense .carry/bin/test_ops cuda --perf > /tmp/res/dense-perf.txt 2>&1
-grep -A4 "dense ops (" /tmp/res/dense-perf.txt | tee -a "$out/summary.txt"
-grep -A5 "dense q8_0 GEMV" /tmp/res/dense-perf.txt | tee -a "$out/summary.txt"
+# the single-token dense ops alone (30b and 235b shapes), to set beside the same ops inside a step (the timeline);
+# DENSE=0 skips them (a short call)
+if [ "${DENSE:-1}" = 1 ]; then
+  MOET_PERF_ONLY=dense .carry/bin/test_ops cuda --perf > /tmp/res/dense-perf.txt 2>&1
+  grep -A4 "dense ops (" /tmp/res/dense-perf.txt | tee -a "$out/summary.txt"
+  grep -A5 "dense q8_0 GEMV" /tmp/res/dense-perf.txt | tee -a "$out/summary.txt"
+fi
 # Q8=1: the Q8_0 GEMV through k_mv16p (MOET_MVS_Q8=0) alone, and tg64 of the --dense q8_0 models: base, default
 # (one token's Q8_0 rows through k_mv16s since stop 38) and MOET_MVS_Q8=0
 if [ "${Q8:-1}" = 1 ]; then

@@ -14,7 +14,7 @@
 # HEAD_BENCH=1 adds the README's headline benches after the timeline.
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out" /tmp/res
-opts=${OPTS:-MOET_MVS_SWZ=1;MOET_RT_SPLIT=2;MOET_ATTN_TRIG=1;MOET_PN_PF=1}; [ "$opts" = none ] && opts=default  # OPTS=none: base and default alone
+opts=${OPTS:-MOET_MVS_SWZ=0;MOET_RT_SPLIT=1;MOET_ATTN_TRIG=1}; [ "$opts" = none ] && opts=default  # OPTS=none: base and default alone
 tar -C .carry -xJf .carry/bin.tar.xz
 export LD_LIBRARY_PATH=$PWD/.carry/lib
 [ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)  # the bench JSONs' commit (the copy's git is stale)

@@ -153,14 +153,6 @@ __host__ __device__ __forceinline__ int cu_is_q2(int32_t type) {
  * fetched before the caller stages x: live across the staging, those registers push k_mv16 past 64. */
 #define CU_PN_U 8
 
-/* The pre-norm's weights into this SM's L1 before the PDL wait (MOET_PN_PF=1, an experiment): weights, so legal
- * before it, and no register is held. A norm vector is read once a layer, so after a layer's ~50-190 MB of streamed
- * weights it comes from DRAM, and cu_prenorm_smem's loads of it sit after the wait and x's staging, on the kernel's
- * critical path (the router's and the q/k/v product's). One prefetch a 128-byte line, spread over the CTA. */
-__device__ __forceinline__ void cu_prefetch_l1(const void *p, int64_t bytes) {
-    for (int64_t o = (int64_t)threadIdx.x * 128; o < bytes; o += (int64_t)blockDim.x * 128)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)p + o));
-}
 __device__ __forceinline__ void cu_prenorm_smem(float *xs, int nt, int cols, const float *__restrict__ norm_w, float eps,
                                                 double *red, int max_t, float *inv, float *h, int vth = 0) {
     const int lane = threadIdx.x & 31, tid = threadIdx.x, nth = blockDim.x;

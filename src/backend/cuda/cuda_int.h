@@ -214,9 +214,6 @@ void cu_moe_fused_trace_init(cu_backend *c);
 long long cu_moe_st_launches(int down);
 int cu_mv_early_next(void);
 int cu_mv_carve_down(void);
-/* MOET_PN_PF=1 (an experiment, matmul.cu): the pre-normed kernels (k_mv16s, k_tc_router) prefetch their norm weights
- * into L1 before their PDL wait (cu_prefetch_l1). Read at every launch, as the other switches. */
-int cu_pn_pf(void);
 /* moet_backend_cuda_kernel_regs's sources: registers a thread of the decode router (down 0) or down (1), moe_tc.cu,
  * and of the pre-normed bf16 k_mv16s, matmul.cu; -1 on an error */
 int cu_moe_tc_regs(int down);

@@ -81,7 +81,7 @@ k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t col
 /* 16-bit weights (BF16 / F16: attention, lm_head, router, dense MLPs: most of a decode step's bytes). A warp per
  * row; lane l reads 16-byte chunks l, l + 32, ... of the row, so each warp-wide load is one contiguous 512-byte span,
  * MV16_UNROLL (8) chunks in flight per lane before any math; x in shared memory unpadded (two float4 reads per chunk;
- * in k_mv16s with MOET_MVS_SWZ=1 permuted by mv_x_swizzle). */
+ * in k_mv16s permuted by mv_x_swizzle unless MOET_MVS_SWZ=0). */
 #define MV16_UNROLL 8
 
 /* the row formats of the single-token GEMVs (k_mv16 takes the first two as its F16 parameter) */
@@ -99,9 +99,10 @@ k_mul_mat(const uint8_t *__restrict__ w, int32_t type, int64_t rows, int64_t col
  * 16-bit chunk k at k ^ ((u >> 2) & 1). Either way a quarter-warp's eight loads cover all 32 banks. Only where the
  * chunks sit changes, not which products are added in which order: y stays bit-identical. Permuted in place after
  * the staging (and pre-norm: h is written unpermuted), a thread a unit; every thread calls it; it synchronises.
- * The 16-bit rows are permuted only in k_mv16s and only with MOET_MVS_SWZ=1 (one token, beside the MoE's down,
- * whose shared-memory traffic it shares; not yet timed); k_mv16 and k_mv16p keep x as staged (their 2-way conflicts
- * cost no measurable time alone, 92-101% of copy, and the permutation's offsets cost their multi-token forms spills). */
+ * The 16-bit rows are permuted only in k_mv16s (one token, beside the MoE's down, whose shared-memory traffic it
+ * shares; MOET_MVS_SWZ=0 turns it off: tg64 +0.9-1.0% at both synthetic shapes, two calls, stop 39, an H100);
+ * k_mv16 and k_mv16p keep x as staged (their 2-way conflicts cost no measurable time alone, 92-101% of copy, and the
+ * permutation's offsets cost their multi-token forms spills). */
 __device__ __forceinline__ int mv_swz(int fmt, int64_t u) { return fmt == MV_Q8T ? (int)(u >> 1) & 3 : (int)(u >> 2) & 1; }
 /* the float4 slot of chunk k of unit u */
 template <int FMT> __device__ __forceinline__ int mv_slot(int k, int64_t u) {
@@ -458,8 +459,7 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
     float *xs = (float *)mvs_sm;
     uint64_t *bar = (uint64_t *)(mvs_sm + cols * sizeof(float)) + (size_t)warp * nsw;
     unsigned char *ring = mvs_sm + cols * sizeof(float) + (size_t)MVS_WARPS * nsw * sizeof(uint64_t) + (size_t)warp * nsw * rb;
-    if (early & 1) cu_pdl_trigger();
-    if (NORM && (early & 2)) cu_prefetch_l1(norm_w, cols * (int64_t)sizeof(float)); /* MOET_PN_PF=1 */
+    if (early) cu_pdl_trigger();
     if (lane == 0) {
         for (int s = 0; s < nsw; s++) cu_mbar_init(bar + s, 1);
         cu_mbar_init_fence();
@@ -519,7 +519,7 @@ k_mv16s(cu_mv16_set set, int64_t cols, const float *x, const float *__restrict__
         const float sum = cu_warp_sum(accv[0]);
         if (lane == 0) cu_mm_store(set.y[mi] + r, sum, set.b[mi], r, acc);
     }
-    if (!(early & 1)) cu_pdl_trigger();
+    if (!early) cu_pdl_trigger();
 }
 
 /* MOET_MVS=0: k_mv16p for one token too (the A/B of the streaming kernel); MOET_MVS_KB: its ring a CTA (default
@@ -534,22 +534,18 @@ static int g_mvs = 1, g_mvs_kb = 128, g_mvs_early = 1;
  * faster of the two (83% of copy against 68% at 81920 rows of 2048): k_mv16s wins in the step because it starts
  * beside down, as it does for BF16. */
 static int g_mvs_q8 = 1;
-/* MOET_MVS_SWZ=1: BF16/F16 x permuted in k_mv16s as q8t's is (mv_x_swizzle: its 2-way conflicts gone, and o_proj's
- * and lm_head's x staged straight into the slots). Written at stop 38 after the device time ran out: opt-in until an
- * A/B has run it (stop 37: code on k_mv16s's path has cost 5% at the 30b shape); test_ops checks it bit for bit. */
-static int g_mvs_swz = 0;
+/* BF16/F16 x permuted in k_mv16s as q8t's is (mv_x_swizzle: its 2-way conflicts gone, and o_proj's and lm_head's x
+ * staged straight into the slots). Written at stop 38, timed at stop 39 (an H100, tg64, two rounds in each of two
+ * calls): 235b 1.010x / 1.010x, 30b 1.009x / 1.009x; MOET_MVS_SWZ=0 for the A/B. test_ops checks it bit for bit. */
+static int g_mvs_swz = 1;
 static void mvs_env(void) { /* read at every launch (not in a replay): test_ops switches it between ops */
     const char *e = getenv("MOET_MVS"), *kb = getenv("MOET_MVS_KB"), *ea = getenv("MOET_MVS_EARLY");
     const char *q8 = getenv("MOET_MVS_Q8"), *sz = getenv("MOET_MVS_SWZ");
     g_mvs = !(e && e[0] == '0');
     g_mvs_q8 = !(q8 && q8[0] == '0');
-    g_mvs_swz = sz && sz[0] == '1';
+    g_mvs_swz = !(sz && sz[0] == '0');
     g_mvs_kb = kb && atoi(kb) >= 16 && atoi(kb) <= 227 ? atoi(kb) : 128;
     g_mvs_early = !(ea && ea[0] == '0');
-}
-extern "C" int cu_pn_pf(void) {
-    const char *e = getenv("MOET_PN_PF");
-    return e && e[0] == '1';
 }
 /* Whether the kernel after a decode down may launch at down's start (k_tc_down's `early`). */
 extern "C" int cu_mv_early_next(void) {
@@ -714,7 +710,7 @@ template <int FMT, int SW> static void mvs_launch(cu_backend *c, const cu_mv16_s
                                                   int ns, int ea) {
     const dim3 b(MVS_WARPS * 32);
     if (norm_w) {
-        cu_launch_pdl(c, k_mv16s<FMT, 1, SW>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea | cu_pn_pf() << 1);
+        cu_launch_pdl(c, k_mv16s<FMT, 1, SW>, g, b, sm, *set, cols, x, norm_w, eps, h, acc, ns, ea);
     } else {
         const float *nul = NULL;
         float *nulh = NULL;

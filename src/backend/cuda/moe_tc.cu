@@ -95,8 +95,6 @@ __device__ __forceinline__ void tc_router_body(TC_ROUTER_PARAMS) {
     const int dot = e < E && (part == 0 || tc_rrow_split_on(rr)); /* other types: part 0 reads the whole row */
     uint4 q[TC_RT_U];
     if (dot) tc_rrow_prefetch(rr, q);
-    if ((route & 2) && norm_w) cu_prefetch_l1(norm_w, H * (int64_t)sizeof(float)); /* MOET_PN_PF=1 */
-    route &= 1;
     cu_pdl_wait();
     CU_TRACE_WAITED();
     cu_stage_f32(xs, x, NT * H);
@@ -780,14 +778,20 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     /* 16 warps a CTA for wide rows (the pre-norm's elements a thread are the CTA's latency chain), 4 for narrow ones
      * (moe-mini-a, width 256: a 512-thread CTA's barriers cost more than the 2 elements a thread they save) */
     const int rnw = H >= 1024 ? TC_RT_W : 4;
-    /* Split rows (MOET_RT_SPLIT=S, a power of two up to rnw; opt-in until timed): S warps a router row, each with its
-     * share of the row in registers before the PDL wait. One warp prefetches TC_RT_U 16-byte chunks a lane (4 KB, a
-     * bf16 row of 2048), so at hidden 4096 half of each row was requested only after the wait, on the layer's
-     * critical path: the 235b timeline (stop 36, H200) has the router's dot 3.9 us after its pre-norm, the 30b's
-     * (whole rows in flight) 2.1 us. S rows' parts then add in part order (another rounding of the logits than S = 1,
-     * which is a one-warp sum). */
+    /* Split rows: S warps a router row, each with its share of the row in registers before the PDL wait, where one
+     * warp cannot hold the row: a warp prefetches TC_RT_U 16-byte chunks a lane (4 KB, a bf16 row of 2048), so at
+     * hidden 4096 half of each row was requested only after the wait, on the layer's critical path (the 235b timeline,
+     * stop 36, H200: the router's dot 3.9 us after its pre-norm, the 30b's, whole rows in flight, 2.1 us). S = the
+     * smallest power of two that puts a bf16 row's chunks in flight (S = 1 otherwise, and for other types), at most
+     * rnw. The parts add in part order: another rounding of the logits than one warp's sum. Timed at stop 39 (an
+     * H100, tg64, two rounds in each of two calls): S = 2 at 235b 1.009x and 1.002x (the second with the x permutation
+     * on both sides); S = 2 at 30b, where one warp holds the row, 0.986x and 0.991x: hence only where it does not.
+     * MOET_RT_SPLIT=S forces S (1: one warp a row). */
+    int rsplit = 1;
+    if (rw->type == MOET_TYPE_BF16 && H % 256 == 0)
+        while (rsplit < rnw && (H / 8 + (int64_t)rsplit * 32 * TC_RT_U - 1) / ((int64_t)rsplit * 32 * TC_RT_U) > 1) rsplit *= 2;
     const char *rse = getenv("MOET_RT_SPLIT");
-    int rsplit = rse ? atoi(rse) : 1;
+    if (rse) rsplit = atoi(rse);
     if (rsplit < 1 || rsplit > rnw || (rsplit & (rsplit - 1))) rsplit = 1;
     const int rpc = rnw / rsplit; /* router rows a CTA */
     /* Who routes. The router's last CTA (ticket) meant a fence, an atomic and one CTA re-reading every logit on the
@@ -836,8 +840,7 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
 #define TC_ROUTER_GO(NT)                                                                                             \
     cu_launch_pdl(c, rsplit > 1 ? k_tc_router_split<NT> : k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
                   rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h,      \
-                  (!route_gu && !sig && !tks) | cu_pn_pf() << 1, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed,  \
-                  rsplit)
+                  !route_gu && !sig && !tks, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed, rsplit)
     switch (T) {
     case 1: TC_ROUTER_GO(1); break;
     case 2: TC_ROUTER_GO(2); break;

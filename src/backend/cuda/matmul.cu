@@ -536,7 +536,7 @@ static int g_mvs = 1, g_mvs_kb = 128, g_mvs_early = 1;
 static int g_mvs_q8 = 1;
 /* BF16/F16 x permuted in k_mv16s as q8t's is (mv_x_swizzle: its 2-way conflicts gone, and o_proj's and lm_head's x
  * staged straight into the slots). Written at stop 38, timed at stop 39 (an H100, tg64, two rounds in each of two
- * calls): 235b 1.010x / 1.010x, 30b 1.009x / 1.009x; MOET_MVS_SWZ=0 for the A/B. test_ops checks it bit for bit. */
+ * calls): 235b 1.010x / 1.010x, 30b 1.008x / 1.010x; MOET_MVS_SWZ=0 for the A/B. test_ops checks it bit for bit. */
 static int g_mvs_swz = 1;
 static void mvs_env(void) { /* read at every launch (not in a replay): test_ops switches it between ops */
     const char *e = getenv("MOET_MVS"), *kb = getenv("MOET_MVS_KB"), *ea = getenv("MOET_MVS_EARLY");

@@ -785,7 +785,7 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * smallest power of two that puts a bf16 row's chunks in flight (S = 1 otherwise, and for other types), at most
      * rnw. The parts add in part order: another rounding of the logits than one warp's sum. Timed at stop 39 (an
      * H100, tg64, two rounds in each of two calls): S = 2 at 235b 1.009x and 1.002x (the second with the x permutation
-     * on both sides); S = 2 at 30b, where one warp holds the row, 0.986x and 0.991x: hence only where it does not.
+     * on both sides); S = 2 at 30b, where one warp holds the row, 0.987x and 0.991x: hence only where it does not.
      * MOET_RT_SPLIT=S forces S (1: one warp a row). */
     int rsplit = 1;
     if (rw->type == MOET_TYPE_BF16 && H % 256 == 0)

@@ -287,8 +287,9 @@ moet_backend *moet_backend_cuda_create(int device, char *err, size_t errlen);
 /* Number of CUDA GPUs this process can use (0 without CUDA or without a GPU). */
 int moet_backend_cuda_device_count(void);
 /* Registers a thread of one of the decode kernels whose CTAs must share an SM (the co-residency the decode step's
- * overlap depends on, docs/performance.md "Stop 32"): "router" (k_tc_router, 1 token; "router_split": its split-row form, MOET_RT_SPLIT), "down" (k_tc_down, integer
- * form, 256-column chunks), "mv16s" (k_mv16s, bf16, pre-normed). -1: unknown name, no CUDA or no GPU. */
+ * overlap depends on, docs/performance.md "Stop 32"): "router" (k_tc_router, 1 token), "router_split" (its split-row
+ * form, k_tc_router_split), "down" (k_tc_down, integer form, 256-column chunks), "mv16s" (k_mv16s, bf16,
+ * pre-normed). -1: unknown name, no CUDA or no GPU. */
 int moet_backend_cuda_kernel_regs(const char *kernel);
 /* Launches so far in this process of a kernel that only some shapes take, so a test can tell that it ran:
  * "st_gate_up", "st_down" (moe_st.cu's streamed decode kernels). -1: unknown name or no CUDA. */

@@ -152,7 +152,6 @@ __host__ __device__ __forceinline__ int cu_is_q2(int32_t type) {
  * dependent global load an element was 8-16 round trips a CTA (most of the router's 20 us at the 30b shape). Not
  * fetched before the caller stages x: live across the staging, those registers push k_mv16 past 64. */
 #define CU_PN_U 8
-
 __device__ __forceinline__ void cu_prenorm_smem(float *xs, int nt, int cols, const float *__restrict__ norm_w, float eps,
                                                 double *red, int max_t, float *inv, float *h, int vth = 0) {
     const int lane = threadIdx.x & 31, tid = threadIdx.x, nth = blockDim.x;

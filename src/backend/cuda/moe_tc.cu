@@ -114,7 +114,7 @@ __device__ __forceinline__ void tc_router_body(TC_ROUTER_PARAMS) {
             }
         }
     }
-    { /* rsplit > 1 (MOET_RT_SPLIT): rsplit warps a row, each part's warp sum, then part 0 adds them in order */
+    { /* the row's dot: one warp's sum (rsplit 1), or each part's warp sum, added by part 0 in part order */
         float acc[NT];
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[t] = 0.f;
@@ -713,11 +713,10 @@ static int tc_i8_on(int b, int dl) {
 
 static int g_tc_attr_dev = -1;
 
-template <int SP> static int tc_attrs_rt(cu_backend *c) {
-    return CU_CHECK(c, cudaFuncSetAttribute(SP ? k_tc_router_split<1> : k_tc_router<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
-           CU_CHECK(c, cudaFuncSetAttribute(SP ? k_tc_router_split<2> : k_tc_router<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
-           CU_CHECK(c, cudaFuncSetAttribute(SP ? k_tc_router_split<3> : k_tc_router<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
-           CU_CHECK(c, cudaFuncSetAttribute(SP ? k_tc_router_split<4> : k_tc_router<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
+/* The router's forms for NT tokens (one warp a row, split rows): their dynamic shared memory limit */
+template <int NT> static int tc_attrs_rt(cu_backend *c) {
+    return CU_CHECK(c, cudaFuncSetAttribute(k_tc_router<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024)) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_tc_router_split<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
 }
 
 template <int M> static int tc_attrs_m(cu_backend *c, int big) {
@@ -736,7 +735,7 @@ template <int M> static int tc_attrs_i8(cu_backend *c, int big) {
 static int tc_attrs(cu_backend *c) {
     if (g_tc_attr_dev == c->device) return 0;
     const int big = 96 * 1024;
-    if (tc_attrs_rt<0>(c) || tc_attrs_rt<1>(c) ||
+    if (tc_attrs_rt<1>(c) || tc_attrs_rt<2>(c) || tc_attrs_rt<3>(c) || tc_attrs_rt<4>(c) ||
         tc_attrs_m<1>(c, big) || tc_attrs_m<2>(c, big) || tc_attrs_m<4>(c, big) || tc_attrs_m<8>(c, big) ||
         tc_attrs_i8<2>(c, big) || tc_attrs_i8<4>(c, big) || tc_attrs_i8<8>(c, big))
         return -1;
@@ -788,8 +787,8 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
      * on both sides); S = 2 at 30b, where one warp holds the row, 0.987x and 0.991x: hence only where it does not.
      * MOET_RT_SPLIT=S forces S (1: one warp a row). */
     int rsplit = 1;
-    if (rw->type == MOET_TYPE_BF16 && H % 256 == 0)
-        while (rsplit < rnw && (H / 8 + (int64_t)rsplit * 32 * TC_RT_U - 1) / ((int64_t)rsplit * 32 * TC_RT_U) > 1) rsplit *= 2;
+    if (rw->type == MOET_TYPE_BF16 && H % 256 == 0) /* H / 8 chunks a row, 32 TC_RT_U in flight a warp */
+        while (rsplit < rnw && (int64_t)rsplit * 32 * TC_RT_U < H / 8) rsplit *= 2;
     const char *rse = getenv("MOET_RT_SPLIT");
     if (rse) rsplit = atoi(rse);
     if (rsplit < 1 || rsplit > rnw || (rsplit & (rsplit - 1))) rsplit = 1;
@@ -838,7 +837,8 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
                              (int32_t)bf, tab->down_rotated, npd, tab->down_seed};
     const dim3 rgrid((unsigned)((E + rpc - 1) / rpc + (npre + rnw - 1) / rnw)), rblock(rnw * 32);
 #define TC_ROUTER_GO(NT)                                                                                             \
-    cu_launch_pdl(c, rsplit > 1 ? k_tc_router_split<NT> : k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K, a->norm_topk, rd, rw->type, rw->row_bytes, \
+    cu_launch_pdl(c, rsplit > 1 ? k_tc_router_split<NT> : k_tc_router<NT>, rgrid, rblock, rsm, a->x, H, E, K,        \
+                  a->norm_topk, rd, rw->type, rw->row_bytes,                                                         \
                   rw->qscale, rw->qbeta, logits, c->ticket, a->topk_ids, a->topk_w, nrm, a->eps, a->h,      \
                   !route_gu && !sig && !tks, stg, npre ? bh : 0, tab->gu_rotated, tab->gu_seed, rsplit)
     switch (T) {

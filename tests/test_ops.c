@@ -1580,6 +1580,22 @@ int main(int argc, char **argv) {
         char mv[48];
         snprintf(mv, sizeof mv, "w2 top-3/8 %dx%d T=%d", H, F, T);
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+        if (is_cuda && T >= 4 && H % 128 == 0 && F % 128 == 0) {
+            /* CUDA's grouped kernels with x as one f16 (MOET_MOE_X1=1, opt-in): not fp32-exact (2^-12 a value), so
+             * NMSE 1e-6 against the reference; and not the exact path's output bit for bit, which would mean the
+             * option did not reach the kernels */
+            float *o6 = malloc(sizeof(float) * T * H);
+            setenv("MOET_MOE_X1", "1", 1);
+            poison_dev(od, (size_t)(T * H));
+            op->moe(be, &ma);
+            unsetenv("MOET_MOE_X1");
+            pull(o6, od, (size_t)(T * H));
+            snprintf(mv, sizeof mv, "w2 x as f16 (X1) %dx%d T=%d", H, F, T);
+            report("moe", mv, nmse(o6, rr, (size_t)(T * H)), 1e-6);
+            CHECK(memcmp(o6, o, sizeof(float) * T * H) != 0, "moe %dx%d T=%d: MOET_MOE_X1=1 gave the exact path's "
+                  "output bit for bit (the option did not reach the grouped kernels)", H, F, T);
+            free(o6);
+        }
         if (rs) { /* margin = K-th largest routing probability - (K+1)-th; entropy of the softmax; in double here */
             double worst = 0;
             for (int t = 0; t < T; t++) {
@@ -2251,6 +2267,13 @@ int perf_main(moet_backend *be) {
                 printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", v ? "moe w2 legacy grids (ST=0)" : "moe w2 streamed (ST=1)",
                        T, bt * 1e6, bytes / 1e6, bytes / bt / 1e9, flops / bt / 1e12);
             }
+        }
+        if (T >= 8) { /* the grouped kernels with x as one f16 instead of hi + lo (MOET_MOE_X1=1, opt-in) */
+            setenv("MOET_MOE_X1", "1", 1);
+            const double bx = perf_graph_best(be, 4500 + (uint64_t)T, perf_moe_step, &pc, reps, y);
+            unsetenv("MOET_MOE_X1");
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 x as f16 (X1=1)", T, bx * 1e6, bytes / 1e6,
+                   bytes / bx / 1e9, flops / bx / 1e12);
         }
         if (T >= 8) { /* the grouped kernels with the sign planes instead of the level operand (MOET_MOE_LV=0) */
             setenv("MOET_MOE_LV", "0", 1);

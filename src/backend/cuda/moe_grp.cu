@@ -48,14 +48,15 @@ __device__ __forceinline__ void gb_cp16(void *dst, const void *src, int valid) {
 __device__ __forceinline__ void gb_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void gb_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-/* Piece p's staged columns (hi and lo of each slot: cols = 2 slots) into shared memory: rowof[slot] is the slot's
- * staged row (-1: past the chunk, zero-filled), rows of 2 C halves. Every thread of the CTA. */
-template <int COLS>
+/* Piece p's staged columns into shared memory: hi and lo of each slot (cols = 2 slots), or with X1 the hi half alone
+ * (cols = slots); rowof[slot] is the slot's staged row (-1: past the chunk, zero-filled), rows of 2 C halves. Every
+ * thread of the CTA. */
+template <int COLS, int X1>
 __device__ __forceinline__ void gb_issue_cols(__half *xsm, const __half *xs, const int32_t *rowof, int64_t C, int p) {
     for (int i = threadIdx.x; i < COLS * (GB_KP / 8); i += blockDim.x) {
-        const int col = i / (GB_KP / 8), ch = i % (GB_KP / 8), slot = col >> 1;
+        const int col = i / (GB_KP / 8), ch = i % (GB_KP / 8), slot = X1 ? col : col >> 1;
         const int32_t row = rowof[slot];
-        const __half *sp = xs + (row < 0 ? 0 : (size_t)row * 2 * C + (size_t)(col & 1) * C) + (size_t)p * GB_KP + ch * 8;
+        const __half *sp = xs + (row < 0 ? 0 : (size_t)row * 2 * C + (size_t)(X1 ? 0 : col & 1) * C) + (size_t)p * GB_KP + ch * 8;
         gb_cp16(xsm + (size_t)col * GB_LD + ch * 8, sp, row >= 0);
     }
 }
@@ -137,13 +138,17 @@ __device__ __forceinline__ uint32_t gb_level2(uint32_t w, int x, uint32_t one2, 
 /* GU = 1: gate and up (rows F of hidden H), act[slot][F] = SwiGLU; GU = 0: down (rows H of F), ydn[slot][H]. xs /
  * qx: the staged input rows (tokens for gate/up, slots for down). LV = 1: the level operand (gb_level2): one mma a
  * half-block and n-tile instead of two, one FMA an accumulator instead of two. PRE (GU = 1, with the delta): the
- * products before SwiGLU, gate into out and up into out2, for k_gb_nv to add the residuals' and apply it. */
-template <int NT, int GU, int LV, int PRE = 0>
+ * products before SwiGLU, gate into out and up into out2, for k_gb_nv to add the residuals' and apply it.
+ * X1 = 1 (MOET_MOE_X1=1, opt-in): x as its hi half alone, one f16 of 11 bits scaled by the row's power of two, so an
+ * n-tile is 8 slots instead of 4 slots' hi and lo: half the mma, B loads and FMAs a slot, the same weight decode.
+ * Not fp32-exact: each x value carries a relative rounding of up to 2^-12 (bf16 activations, as other engines run
+ * them, carry 2^-9); test_ops checks it against the reference at NMSE 1e-6 instead of 1e-10. */
+template <int NT, int GU, int LV, int PRE = 0, int X1 = 0>
 __global__ void __launch_bounds__(GB_W * 32, 2)
 k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, int32_t K,
              const cu_mat *__restrict__ table, int32_t type, const int32_t *count, const int32_t *n_items,
              const int32_t *items, const int32_t *list, float *out, float *out2) {
-    constexpr int NM = GU ? 2 : 1, TB = 4 * NT;
+    constexpr int NM = GU ? 2 : 1, TB = (X1 ? 8 : 4) * NT;
     typedef gb_piece<NT, NM> P;
     extern __shared__ __align__(16) unsigned char smem[];
     if ((int)blockIdx.y >= *n_items) return;
@@ -187,7 +192,7 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     auto issue = [&](int p) {
         unsigned char *st = pieces + (size_t)(p % GB_ST) * P::bytes;
         __half *xsm = (__half *)st;
-        gb_issue_cols<P::cols>(xsm, xs, rowof, C, p);
+        gb_issue_cols<P::cols, X1>(xsm, xs, rowof, C, p);
         if (live) {
             unsigned char *wsm = st + P::xbytes + (size_t)warp * NM * (512 + 64);
 #pragma unroll
@@ -205,7 +210,7 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[k][j][i] = 0.f;
-    const int ntl = (nt + 3) >> 2; /* n-tiles with a slot */
+    const int ntl = X1 ? (nt + 7) >> 3 : (nt + 3) >> 2; /* n-tiles with a slot */
 #pragma unroll
     for (int p = 0; p < GB_ST - 1; p++) {
         if (p < np) issue(p);
@@ -320,26 +325,31 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     }
     gb_wait<0>();
     if (!live) return;
-    /* lane (g, t) of n-tile j holds rows g and g + 8 of slot 4 j + t, hi (column 2t) and lo (2t + 1) */
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-        const int slot = 4 * j + t;
-        if (slot >= nt) continue;
+    /* slot `slot`'s sums of rows g and g + 8 of gate (or down) and up, before the input's power of two */
+    auto put = [&](int slot, float g0, float g1, float u0, float u1) {
         const float qv = __ldcg(qx + rowof[slot]);
         const int64_t o = (int64_t)outof[slot] * R + ti * 16 + g;
-        if (GU) {
-            const float g0 = (acc[0][j][0] + acc[0][j][1]) * qv, g1 = (acc[0][j][2] + acc[0][j][3]) * qv;
-            const float u0 = (acc[NM - 1][j][0] + acc[NM - 1][j][1]) * qv, u1 = (acc[NM - 1][j][2] + acc[NM - 1][j][3]) * qv;
-            if (PRE) {
-                out[o] = g0; out[o + 8] = g1;
-                out2[o] = u0; out2[o + 8] = u1;
-            } else {
-                out[o] = g0 / (1.0f + expf(-g0)) * u0;
-                out[o + 8] = g1 / (1.0f + expf(-g1)) * u1;
-            }
+        g0 *= qv; g1 *= qv; u0 *= qv; u1 *= qv;
+        if (GU && PRE) {
+            out[o] = g0; out[o + 8] = g1;
+            out2[o] = u0; out2[o + 8] = u1;
+        } else if (GU) {
+            out[o] = g0 / (1.0f + expf(-g0)) * u0;
+            out[o + 8] = g1 / (1.0f + expf(-g1)) * u1;
         } else {
-            out[o] = (acc[0][j][0] + acc[0][j][1]) * qv;
-            out[o + 8] = (acc[0][j][2] + acc[0][j][3]) * qv;
+            out[o] = g0;
+            out[o + 8] = g1;
+        }
+    };
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const float *ag = acc[0][j], *au = acc[NM - 1][j];
+        if (X1) { /* lane (g, t) of n-tile j holds rows g and g + 8 of slots 8 j + 2 t (column 2t) and 8 j + 2 t + 1 */
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                if (8 * j + 2 * t + h < nt) put(8 * j + 2 * t + h, ag[h], ag[2 + h], au[h], au[2 + h]);
+        } else { /* rows g and g + 8 of slot 4 j + t, hi (column 2t) and lo (2t + 1) */
+            if (4 * j + t < nt) put(4 * j + t, ag[0] + ag[1], ag[2] + ag[3], au[0] + au[1], au[2] + au[3]);
         }
     }
 }
@@ -389,7 +399,7 @@ k_gb_nv(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, cons
     auto issue = [&](int p) {
         unsigned char *st = pieces + (size_t)(p % GB_ST) * P::bytes;
         __half *xsm = (__half *)st;
-        gb_issue_cols<P::cols>(xsm, xs, rowof, C, p);
+        gb_issue_cols<P::cols, 0>(xsm, xs, rowof, C, p);
         if (live) {
             unsigned char *wsm = st + P::xbytes + (size_t)warp * NM * (1024 + 128);
 #pragma unroll
@@ -502,8 +512,8 @@ extern "C" size_t cu_moe_gb_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t
     return ((size_t)T * 2 * H + (size_t)T * K * 2 * F) * sizeof(__half) + ((size_t)T + (size_t)T * K) * sizeof(float) + 64;
 }
 
-template <int NT, int GU> static size_t gb_smem(void) {
-    return 256 * sizeof(float) + 2 * 4 * NT * sizeof(int32_t) + (size_t)GB_ST * gb_piece<NT, GU ? 2 : 1>::bytes;
+template <int NT, int GU, int X1 = 0> static size_t gb_smem(void) {
+    return 256 * sizeof(float) + 2 * (X1 ? 8 : 4) * NT * sizeof(int32_t) + (size_t)GB_ST * gb_piece<NT, GU ? 2 : 1>::bytes;
 }
 template <int NT, int GU> static size_t gb_nv_smem(void) {
     return 256 * sizeof(float) + 4 * NT * sizeof(int32_t) + (size_t)GB_ST * gb_nv_piece<NT, GU ? 2 : 1>::bytes;
@@ -520,6 +530,15 @@ template <int NT> static int gb_attrs_nt(cu_backend *c) {
            CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1>())) ||
            CU_CHECK(c, cudaFuncSetAttribute(k_gb_nv<NT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_nv_smem<NT, 1>())) ||
            CU_CHECK(c, cudaFuncSetAttribute(k_gb_nv<NT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_nv_smem<NT, 0>()));
+}
+/* the X1 forms' base passes: NT n-tiles of 8 slots (a tile of 8 NT slots) */
+template <int NT> static int gb_attrs_x1(cu_backend *c) {
+    return CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 0, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 0, 0, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 0, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 1, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 0, 1, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 0, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 0, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1, 1>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 1, 1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1, 1>()));
 }
 
 static int gb_stage(cu_backend *c, const float *src, int64_t rows, int64_t n, const cu_mat *table, int mi,
@@ -548,7 +567,8 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
                           unsigned n_chunks, int tile, void *stage, float *spare, float *act, float *ydn) {
     if (g_gb_attr_dev != c->device) {
         const int big = GB_STAGE_SMEM;
-        if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c) ||
+        if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c) || gb_attrs_x1<1>(c) || gb_attrs_x1<2>(c) ||
+            gb_attrs_x1<4>(c) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
@@ -564,40 +584,51 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
     const cu_mat *dt = dtab ? dtab->table : NULL;
     __half *xgr = (__half *)ydn; /* delta: the residuals' view of x, then the base's down products */
     float *aux = (float *)xd;    /* delta: the up products, then the base's down staging */
-#define GB_GO(NT, LV)                                                                                               \
+#define GB_GO(NT, NB, X, LV)                                                                                        \
     do {                                                                                                            \
         if (dt) {                                                                                                   \
-            k_gb_experts<NT, 1, LV, 1><<<ggu, block, gb_smem<NT, 1>(), c->stream>>>(                                \
+            k_gb_experts<NB, 1, LV, 1, X><<<ggu, block, gb_smem<NB, 1, X>(), c->stream>>>(                          \
                 xg, qg, T, F, H, K, tab->table, tab->type, count, n_items, items, list, act, aux);                  \
             if (CU_LAUNCHED(c, "k_gb_experts gate/up (pre)")) return;                                               \
-            if (gb_stage(c, x, T * K, H, dt, 0, topk_ids, K, xgr, spare)) return;                                  \
+            if (gb_stage(c, x, T * K, H, dt, 0, topk_ids, K, xgr, spare)) return;                                   \
             k_gb_nv<NT, 1><<<ggu, block, gb_nv_smem<NT, 1>(), c->stream>>>(xgr, spare, T, F, H, dt, count, n_items, \
-                                                                           items, list, act, aux);                 \
+                                                                           items, list, act, aux);                  \
             if (CU_LAUNCHED(c, "k_gb_nv gate/up")) return;                                                          \
         } else {                                                                                                    \
-            k_gb_experts<NT, 1, LV><<<ggu, block, gb_smem<NT, 1>(), c->stream>>>(                                   \
+            k_gb_experts<NB, 1, LV, 0, X><<<ggu, block, gb_smem<NB, 1, X>(), c->stream>>>(                          \
                 xg, qg, T, F, H, K, tab->table, tab->type, count, n_items, items, list, act, NULL);                 \
             if (CU_LAUNCHED(c, "k_gb_experts gate/up")) return;                                                     \
         }                                                                                                           \
         if (gb_stage(c, act, T * K, F, tab->table, 2, topk_ids, 1, xd, qd)) return;                                 \
-        k_gb_experts<NT, 0, LV><<<gdn, block, gb_smem<NT, 0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table,        \
-                                                                             tab->type, count, n_items, items,     \
-                                                                             list, ydn, NULL);                     \
+        k_gb_experts<NB, 0, LV, 0, X><<<gdn, block, gb_smem<NB, 0, X>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, \
+                                                                             tab->type, count, n_items, items,      \
+                                                                             list, ydn, NULL);                      \
         if (CU_LAUNCHED(c, "k_gb_experts down")) return;                                                            \
         if (dt) {                                                                                                   \
             if (gb_stage(c, act, T * K, F, dt, 2, topk_ids, 1, xd, qd)) return;                                     \
             k_gb_nv<NT, 0><<<gdn, block, gb_nv_smem<NT, 0>(), c->stream>>>(xd, qd, T, H, F, dt, count, n_items,     \
-                                                                           items, list, ydn, NULL);                \
+                                                                           items, list, ydn, NULL);                 \
             if (CU_LAUNCHED(c, "k_gb_nv down")) return;                                                             \
         }                                                                                                           \
     } while (0)
     /* the level operand where every matrix's magnitudes are f16 values (MOET_MOE_LV=0: the sign planes, for A/B) */
-    const char *lve = getenv("MOET_MOE_LV");
-    const int lv = tab->levels_f16 && !(lve && lve[0] == '0');
+    const char *lve = getenv("MOET_MOE_LV"), *x1e = getenv("MOET_MOE_X1");
+    const int lv = tab->levels_f16 && !(lve && lve[0] == '0'), x1 = x1e && x1e[0] == '1';
+    /* the X1 base passes take a tile of slots in half the n-tiles (8 slots an n-tile); the residuals' pass keeps hi
+     * and lo (4 slots an n-tile) over the same work list */
     switch (tile) {
-    case 8: if (lv) GB_GO(2, 1); else GB_GO(2, 0); break;
-    case 16: if (lv) GB_GO(4, 1); else GB_GO(4, 0); break;
-    default: if (lv) GB_GO(8, 1); else GB_GO(8, 0); break;
+    case 8:
+        if (x1) { if (lv) GB_GO(2, 1, 1, 1); else GB_GO(2, 1, 1, 0); }
+        else if (lv) GB_GO(2, 2, 0, 1); else GB_GO(2, 2, 0, 0);
+        break;
+    case 16:
+        if (x1) { if (lv) GB_GO(4, 2, 1, 1); else GB_GO(4, 2, 1, 0); }
+        else if (lv) GB_GO(4, 4, 0, 1); else GB_GO(4, 4, 0, 0);
+        break;
+    default:
+        if (x1) { if (lv) GB_GO(8, 4, 1, 1); else GB_GO(8, 4, 1, 0); }
+        else if (lv) GB_GO(8, 8, 0, 1); else GB_GO(8, 8, 0, 0);
+        break;
     }
 #undef GB_GO
 }

@@ -600,6 +600,16 @@ int main(int argc, char **argv) {
             pull(y3, yd, (size_t)(N3 * R3));
             report("mul_mat_acc", b ? "bf16 300x352 n=70 +bias" : "bf16 300x352 n=70", nmse(y3, ref3, (size_t)(N3 * R3)),
                    1e-12);
+            if (!strcmp(be->ops->name, "cuda")) { /* gemm.cu with x as two BF16 terms (MOET_GEMM_TERMS=2, opt-in):
+                                                   * 16 bits a value, not fp32-exact */
+                op->upload(be, yd, y0, sizeof(float) * N3 * R3);
+                setenv("MOET_GEMM_TERMS", "2", 1);
+                op->mul_mat_acc(be, &w, xd, N3, b ? bias3 : NULL, yd);
+                unsetenv("MOET_GEMM_TERMS");
+                pull(y3, yd, (size_t)(N3 * R3));
+                report("mul_mat_acc", b ? "bf16 2 terms n=70 +bias" : "bf16 2 terms n=70", nmse(y3, ref3, (size_t)(N3 * R3)),
+                       1e-9);
+            }
             drop(xd); drop(yd);
         }
         op->forget(be, bias3);
@@ -1505,6 +1515,11 @@ int main(int argc, char **argv) {
     const char *fu_env = getenv("MOET_MOE_FUSED");
     const int ab = is_cuda && !(fu_env && fu_env[0] == '0');
     if (ab) setenv("MOET_MOE_FUSED", "1", 1);
+    /* CUDA's grouped W2 kernels take x as one f16 by default (not fp32-exact, MOET_MOE_X1): this section's checks at
+     * 1e-10 run them fp32-exact (MOET_MOE_X1=0) and the default beside them at 1e-6 (a MOET_MOE_X1 in the
+     * environment: that setting everywhere, no A/B) */
+    const int x1_ab = is_cuda && !getenv("MOET_MOE_X1");
+    if (x1_ab) setenv("MOET_MOE_X1", "0", 1);
     long long st_runs[2] = {0, 0}; /* the streamed decode kernels' launches over the shapes (CUDA) */
     for (int ms = 0; ms < 11; ms++) {
         const int E = 8, K = 3, H = moe_shapes[ms][0], F = moe_shapes[ms][1], T = moe_shapes[ms][2];
@@ -1580,21 +1595,29 @@ int main(int argc, char **argv) {
         char mv[48];
         snprintf(mv, sizeof mv, "w2 top-3/8 %dx%d T=%d", H, F, T);
         report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
-        if (is_cuda && T >= 4 && H % 128 == 0 && F % 128 == 0) {
-            /* CUDA's grouped kernels with x as one f16 (MOET_MOE_X1=1, opt-in): not fp32-exact (2^-12 a value), so
-             * NMSE 1e-6 against the reference; and not the exact path's output bit for bit, which would mean the
-             * option did not reach the kernels */
-            float *o6 = malloc(sizeof(float) * T * H);
-            setenv("MOET_MOE_X1", "1", 1);
-            poison_dev(od, (size_t)(T * H));
-            op->moe(be, &ma);
-            unsetenv("MOET_MOE_X1");
-            pull(o6, od, (size_t)(T * H));
-            snprintf(mv, sizeof mv, "w2 x as f16 (X1) %dx%d T=%d", H, F, T);
-            report("moe", mv, nmse(o6, rr, (size_t)(T * H)), 1e-6);
-            CHECK(memcmp(o6, o, sizeof(float) * T * H) != 0, "moe %dx%d T=%d: MOET_MOE_X1=1 gave the exact path's "
-                  "output bit for bit (the option did not reach the grouped kernels)", H, F, T);
+        if (x1_ab && T >= 4 && H % 128 == 0 && F % 128 == 0) {
+            /* the run above: CUDA's grouped kernels fp32-exact (MOET_MOE_X1=0, forced for this section); here their
+             * default, x as one f16 (chunks of up to 64 slots: T=96 puts 24+ an expert), and X1=1 (chunks of up to
+             * 32): not fp32-exact (2^-12 a value), so NMSE 1e-6 against the reference; bit for bit each other (a
+             * slot's sums are one lane's in the same order whatever the chunk) and not the exact path's output,
+             * which would mean the option did not reach the kernels */
+            float *o6 = malloc(sizeof(float) * T * H), *o7 = malloc(sizeof(float) * T * H);
+            for (int x1 = 1; x1 <= 2; x1++) {
+                float *ox = x1 == 1 ? o6 : o7;
+                if (x1 == 1) unsetenv("MOET_MOE_X1"); else setenv("MOET_MOE_X1", "1", 1);
+                poison_dev(od, (size_t)(T * H));
+                op->moe(be, &ma);
+                setenv("MOET_MOE_X1", "0", 1);
+                pull(ox, od, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "w2 x as f16 (%s) %dx%d T=%d", x1 == 1 ? "default" : "X1=1", H, F, T);
+                report("moe", mv, nmse(ox, rr, (size_t)(T * H)), 1e-6);
+            }
+            CHECK(memcmp(o6, o, sizeof(float) * T * H) != 0, "moe %dx%d T=%d: x as one f16 gave the exact path's "
+                  "output bit for bit (MOET_MOE_X1 did not reach the grouped kernels)", H, F, T);
+            CHECK(!memcmp(o6, o7, sizeof(float) * T * H), "moe %dx%d T=%d: x as one f16 in 64-slot chunks differs "
+                  "from 32-slot chunks (MOET_MOE_X1=1)", H, F, T);
             free(o6);
+            free(o7);
         }
         if (rs) { /* margin = K-th largest routing probability - (K+1)-th; entropy of the softmax; in double here */
             double worst = 0;
@@ -1830,6 +1853,15 @@ int main(int argc, char **argv) {
                 snprintf(mv, sizeof mv, "w2+nvfp4 delta %s %dx%d T=%d", pass ? "n=1" : "all", H, F, T);
                 report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
             }
+            if (x1_ab && T >= 4) { /* the default: the base passes with x as one f16, the residuals' hi + lo */
+                unsetenv("MOET_MOE_X1");
+                poison_dev(od, (size_t)(T * H));
+                op->moe(be, &md);
+                setenv("MOET_MOE_X1", "0", 1);
+                pull(o, od, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "w2+nvfp4 delta x f16 %dx%d T=%d", H, F, T);
+                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-6);
+            }
             if (is_cuda && T >= 4) {
                 /* CUDA's other delta prefill paths: decode passes of 4 (MOET_DELTA_GRP=0), and moe_tc.cu's 8-slot
                  * grouped kernels instead of moe_grp.cu's tiles (MOET_DELTA_GB=0) */
@@ -1857,6 +1889,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 3; k++) for (int e = 0; e < E; e++) { op->forget(be, blks[k][e]); free(dq[k][e]); free(blks[k][e]); }
         free(xr); free(rw); free(o); free(rr); free(xraw); free(gn);
     }
+    if (x1_ab) unsetenv("MOET_MOE_X1");
     /* the bit-for-bit checks of the streamed kernels above compare something only where they ran */
     if (is_cuda) CHECK(st_runs[0] > 0 && st_runs[1] > 0, "moe: the streamed kernels never ran (gate/up %lld, down %lld)",
                        st_runs[0], st_runs[1]);
@@ -2056,8 +2089,9 @@ int perf_main(moet_backend *be) {
             const int T = dt[i];
             float *x = dev(NULL, sizeof(float) * T * C), *y = dev(NULL, sizeof(float) * T * R);
             op->fill_random(be, x, MOET_TYPE_F32, T, C, 1.0f, 3);
-            for (int path = 0; path < 2; path++) {
+            for (int path = 0; path < (qi ? 2 : 3); path++) { /* BF16: 2 = x as two BF16 terms (MOET_GEMM_TERMS=2) */
                 setenv("MOET_GEMM", path ? "1" : "0", 1);
+                if (path == 2) setenv("MOET_GEMM_TERMS", "2", 1);
                 float probe;
                 op->mul_mat(be, &w, x, T, y);
                 op->download(be, &probe, y, sizeof probe);
@@ -2070,8 +2104,10 @@ int perf_main(moet_backend *be) {
                     if (d < best) best = d;
                 }
                 const double bytes = (double)R * rb + (double)T * (C + R) * 4, fl = 2.0 * T * R * C;
-                printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", path ? "  tensor cores (gemm.cu)" : "  GEMV (matmul.cu)", T,
-                       best * 1e6, bytes / 1e6, bytes / best / 1e9, fl / best / 1e12);
+                printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", path == 2 ? "  tensor cores, 2 terms" : path ?
+                       "  tensor cores (gemm.cu)" : "  GEMV (matmul.cu)", T, best * 1e6, bytes / 1e6, bytes / best / 1e9,
+                       fl / best / 1e12);
+                unsetenv("MOET_GEMM_TERMS");
             }
             unsetenv("MOET_GEMM");
             drop(x); drop(y);
@@ -2268,12 +2304,14 @@ int perf_main(moet_backend *be) {
                        T, bt * 1e6, bytes / 1e6, bytes / bt / 1e9, flops / bt / 1e12);
             }
         }
-        if (T >= 8) { /* the grouped kernels with x as one f16 instead of hi + lo (MOET_MOE_X1=1, opt-in) */
-            setenv("MOET_MOE_X1", "1", 1);
-            const double bx = perf_graph_best(be, 4500 + (uint64_t)T, perf_moe_step, &pc, reps, y);
+        for (int x1 = 0; T >= 8 && x1 <= 1; x1++) { /* the grouped kernels with x as hi + lo, fp32-exact (X1=0),
+                                                     * and as one f16 in chunks of up to 32 slots (X1=1); the
+                                                     * default: one f16, chunks of up to 64 */
+            setenv("MOET_MOE_X1", x1 ? "1" : "0", 1);
+            const double bx = perf_graph_best(be, 4500 + 100 * x1 + (uint64_t)T, perf_moe_step, &pc, reps, y);
             unsetenv("MOET_MOE_X1");
-            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 x as f16 (X1=1)", T, bx * 1e6, bytes / 1e6,
-                   bytes / bx / 1e9, flops / bx / 1e12);
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", x1 ? "moe w2 x f16 32-slot (X1=1)" : "moe w2 x exact (X1=0)",
+                   T, bx * 1e6, bytes / 1e6, bytes / bx / 1e9, flops / bx / 1e12);
         }
         if (T >= 8) { /* the grouped kernels with the sign planes instead of the level operand (MOET_MOE_LV=0) */
             setenv("MOET_MOE_LV", "0", 1);

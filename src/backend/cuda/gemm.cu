@@ -105,7 +105,8 @@ static int blas_load(void) {
     return 1;
 }
 
-/* hi | mid | lo of x (n elements) as three BF16 arrays, each n long */
+/* hi | mid | lo of x (n elements) as three BF16 arrays, each n long; NT = 2: hi | mid (16 bits) */
+template <int NT>
 __global__ void k_gemm_split3(const float *__restrict__ x, int64_t n, __nv_bfloat16 *__restrict__ s) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float v = x[i];
@@ -114,15 +115,17 @@ __global__ void k_gemm_split3(const float *__restrict__ x, int64_t n, __nv_bfloa
         const __nv_bfloat16 m = __float2bfloat16_rn(r);
         s[i] = h;
         s[n + i] = m;
-        s[2 * n + i] = __float2bfloat16_rn(r - __bfloat162float(m));
+        if (NT == 3) s[2 * n + i] = __float2bfloat16_rn(r - __bfloat162float(m));
     }
 }
 
-/* y[i] (+)= (lo + mid) + hi (+ b[i % rows]) from the three partial products p[0..n) hi, [n..2n) mid, [2n..3n) lo */
+/* y[i] (+)= (lo + mid) + hi (+ b[i % rows]) from the three partial products p[0..n) hi, [n..2n) mid, [2n..3n) lo;
+ * NT = 2: mid + hi */
+template <int NT>
 __global__ void k_gemm_sum3(const float *__restrict__ p, int64_t n, int64_t rows, const float *__restrict__ b,
                             float *__restrict__ y, int acc) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        cu_mm_store(y + i, (p[2 * n + i] + p[n + i]) + p[i], b, i % rows, acc);
+        cu_mm_store(y + i, NT == 3 ? (p[2 * n + i] + p[n + i]) + p[i] : p[n + i] + p[i], b, i % rows, acc);
 }
 
 static unsigned gemm_grid(const cu_backend *c, int64_t n) {
@@ -192,23 +195,29 @@ extern "C" int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *
     if (w->type != MOET_TYPE_BF16 || w->rotated || !cu_gemm_wants(w->type, n)) return 0;
     if (w->rows > INT32_MAX / 4 || w->cols > INT32_MAX / 4 || (w->row_bytes & 1) || (uintptr_t)d & 15) return 0;
     const int64_t rows = w->rows, cols = w->cols, ld = (int64_t)(w->row_bytes / 2);
-    /* tokens a pass: split x (3 x cols bf16) and partials (3 x rows f32) of every token within the scratch */
-    const size_t per_tok = (size_t)cols * 3 * sizeof(__nv_bfloat16) + (size_t)rows * 3 * sizeof(float) + 256;
+    /* MOET_GEMM_TERMS=2 (opt-in, for A/B): x as hi + mid, 16 significant bits (2^-17 relative a value), 2/3 of the
+     * FLOPs; not fp32-exact */
+    const char *te = getenv("MOET_GEMM_TERMS");
+    const int nt = te && te[0] == '2' ? 2 : 3;
+    /* tokens a pass: split x (nt x cols bf16) and partials (nt x rows f32) of every token within the scratch */
+    const size_t per_tok = (size_t)cols * nt * sizeof(__nv_bfloat16) + (size_t)rows * nt * sizeof(float) + 256;
     int64_t nc = (int64_t)(GEMM_SCRATCH / per_tok);
     if (nc < 1) return 0;
     if (nc > n) nc = n;
-    const size_t xs_bytes = ((size_t)nc * cols * 3 * sizeof(__nv_bfloat16) + 255) & ~(size_t)255;
+    const size_t xs_bytes = ((size_t)nc * cols * nt * sizeof(__nv_bfloat16) + 255) & ~(size_t)255;
     const int st = gemm_setup(c);
     if (st) return st < 0;
     __nv_bfloat16 *xs = (__nv_bfloat16 *)c->gemm_buf;
     float *part = (float *)((uint8_t *)c->gemm_buf + xs_bytes);
     for (int64_t t0 = 0; t0 < n; t0 += nc) {
         const int64_t m = n - t0 < nc ? n - t0 : nc;
-        k_gemm_split3<<<gemm_grid(c, m * cols), 256, 0, c->stream>>>(x + t0 * cols, m * cols, xs);
+        if (nt == 3) k_gemm_split3<3><<<gemm_grid(c, m * cols), 256, 0, c->stream>>>(x + t0 * cols, m * cols, xs);
+        else k_gemm_split3<2><<<gemm_grid(c, m * cols), 256, 0, c->stream>>>(x + t0 * cols, m * cols, xs);
         if (CU_LAUNCHED(c, "k_gemm_split3")) return 1;
         /* column-major view: part (rows x 3m, ld rows) = W^T (W is cols x rows col-major, ld) . xs (cols x 3m) */
-        if (gemm_tn(c, rows, 3 * m, cols, d, ld, xs, CUDA_R_16BF, part)) return 1;
-        k_gemm_sum3<<<gemm_grid(c, m * rows), 256, 0, c->stream>>>(part, m * rows, rows, b, y + t0 * rows, acc);
+        if (gemm_tn(c, rows, nt * m, cols, d, ld, xs, CUDA_R_16BF, part)) return 1;
+        if (nt == 3) k_gemm_sum3<3><<<gemm_grid(c, m * rows), 256, 0, c->stream>>>(part, m * rows, rows, b, y + t0 * rows, acc);
+        else k_gemm_sum3<2><<<gemm_grid(c, m * rows), 256, 0, c->stream>>>(part, m * rows, rows, b, y + t0 * rows, acc);
         if (CU_LAUNCHED(c, "k_gemm_sum3")) return 1;
     }
     return 1;

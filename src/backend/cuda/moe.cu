@@ -617,7 +617,7 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
         const int gb = !oss && cu_moe_gb_ok(tab, H, F) &&
                        (!dtab || (!(dge && dge[0] == '0') && !((uintptr_t)ydn & 15) && !((uintptr_t)a->x & 15) &&
                                   dtab->tiled && dtab->aligned16)),
-                  tile = gb ? cu_moe_gb_tile(T, E, K) : GR_TB;
+                  tile = gb ? cu_moe_gb_tile(T, E, K, dtab != NULL) : GR_TB;
         k_moe_items<<<1, 1024, 0, c->stream>>>(count, n_active, active, tile, n_items, items);
         if (CU_LAUNCHED(c, "k_moe_items")) return;
         const unsigned ny = (unsigned)grp_items_cap(T, E, K, tile);

@@ -202,9 +202,10 @@ void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const cu_expe
                         const cu_moe_oss *ox);
 
 /* moe_grp.cu: the grouped products with token tiles of up to 32 (H and F multiples of 128, tiled, 16-byte aligned
- * experts; MOET_MOE_GB=0 turns it off). cu_moe_gb_tile: the slots a work-list chunk takes (the k_moe_items tile). */
+ * experts; MOET_MOE_GB=0 turns it off). cu_moe_gb_tile: the slots a work-list chunk takes (the k_moe_items tile;
+ * delta: whether the FP4 residuals' pass runs too). */
 extern "C" int cu_moe_gb_ok(const cu_expert_table *tab, int64_t H, int64_t F);
-extern "C" int cu_moe_gb_tile(int64_t T, int32_t E, int32_t K);
+extern "C" int cu_moe_gb_tile(int64_t T, int32_t E, int32_t K, int delta);
 extern "C" size_t cu_moe_gb_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K);
 extern "C" size_t cu_moe_tc_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K); /* moe_tc.cu: decode's staged
                                                                                        * gate/up and down inputs */

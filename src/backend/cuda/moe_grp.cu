@@ -15,9 +15,10 @@
  *            A or B folded in by two FMAs an accumulator. No split over the hidden size, so no reduction between
  *            warps: each lane ends with its own rows of its own slots and writes SwiGLU(gate, up) or the down
  *            product directly.
- * Exactness as moe_tc.cu: weights +-1.0 exactly, x as hi + lo (~22 bits of the row's largest value), f32
- * accumulation, the scales in f32. The hi and lo columns' sums are added at the end, times q. Fixed order, no float
- * atomics: bit-identical on every run, graph or eager.
+ * Exactness: weights (levels) exact in f16, f32 accumulation, the scales in f32. By default (since stop 40, X1 below)
+ * x is one f16 of the row scaled by its power of two (11 bits: a relative rounding of at most 2^-12 a value); with
+ * MOET_MOE_X1=0 it is hi + lo as moe_tc.cu's (~22 bits of the row's largest value), the hi and lo columns' sums
+ * added at the end, times q: fp32-exact. Fixed order, no float atomics: bit-identical on every run, graph or eager.
  * Bytes and FLOPs (30b, 512 tokens, one layer): 128 experts x 3 x 768 x 2048 x 9/32 = 170 MB of weights at most, each
  * read once a tile of slots; 2 x 4096 slots x 3 x 768 x 2048 = 38.7 GFLOP useful, 4x that on the tensor cores (two
  * sign planes, hi and lo columns).
@@ -128,21 +129,25 @@ struct gb_piece {
  * 1.5 and 0.5), exact when both magnitudes are f16 values (tab->levels_f16). The sign is u''s bit; where the two
  * sign bits differ, prmt replicates the difference bit over its half (selector nibbles 9 and B: the sign of bytes 1
  * and 3) and selects m_diff's bits over m_same's. one2 = m_same in both halves, dpair = one2 ^ (m_diff in both). */
-__device__ __forceinline__ uint32_t gb_level2(uint32_t w, int x, uint32_t one2, uint32_t dpair) {
-    const uint32_t su = w << x, sv = w << (8 + x);
+/* d = w ^ (w << 8), once a word: (w << x) ^ (w << (8 + x)) = d << x, so each register takes two shifts, the prmt
+ * and two three-input logic ops (the PTX of the form with w << (8 + x) kept a third shift and an xor a register:
+ * 8 registers a word, ~1/6 of the decode). */
+__device__ __forceinline__ uint32_t gb_level2(uint32_t w, uint32_t d, int x, uint32_t one2, uint32_t dpair) {
     uint32_t mask;
-    asm("prmt.b32 %0, %1, 0, 0xBB99;" : "=r"(mask) : "r"(su ^ sv));
-    return (one2 ^ (mask & dpair)) | (su & 0x80008000u);
+    asm("prmt.b32 %0, %1, 0, 0xBB99;" : "=r"(mask) : "r"(d << x));
+    return (one2 ^ (mask & dpair)) | ((w << x) & 0x80008000u);
 }
 
 /* GU = 1: gate and up (rows F of hidden H), act[slot][F] = SwiGLU; GU = 0: down (rows H of F), ydn[slot][H]. xs /
  * qx: the staged input rows (tokens for gate/up, slots for down). LV = 1: the level operand (gb_level2): one mma a
  * half-block and n-tile instead of two, one FMA an accumulator instead of two. PRE (GU = 1, with the delta): the
  * products before SwiGLU, gate into out and up into out2, for k_gb_nv to add the residuals' and apply it.
- * X1 = 1 (MOET_MOE_X1=1, opt-in): x as its hi half alone, one f16 of 11 bits scaled by the row's power of two, so an
- * n-tile is 8 slots instead of 4 slots' hi and lo: half the mma, B loads and FMAs a slot, the same weight decode.
- * Not fp32-exact: each x value carries a relative rounding of up to 2^-12 (bf16 activations, as other engines run
- * them, carry 2^-9); test_ops checks it against the reference at NMSE 1e-6 instead of 1e-10. */
+ * X1 = 1 (the default; MOET_MOE_X1=0 for hi + lo): x as its hi half alone, one f16 of 11 bits scaled by the row's
+ * power of two, so an n-tile is 8 slots instead of 4 slots' hi and lo: half the mma, B loads and FMAs a slot, the
+ * same weight decode. Not fp32-exact: each x value carries a relative rounding of up to 2^-12 (bf16 activations, as
+ * other engines run them, carry 2^-9); test_ops checks it against the reference at NMSE 1e-6 instead of 1e-10, and
+ * docs/design.md decision 9 has what it costs end to end (moe-mini-c W2: KLD 2e-6 against the exact path, 1e-5 of
+ * the perplexity) and buys (H100: the 30b MoE op at 512 tokens 1.42x, pp512 1.25x at 30b, 1.40x at 235b). */
 template <int NT, int GU, int LV, int PRE = 0, int X1 = 0>
 __global__ void __launch_bounds__(GB_W * 32, 2)
 k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, int32_t K,
@@ -231,14 +236,14 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
                 float sa0[NM], sa1[NM];
 #pragma unroll
                 for (int k = 0; k < NM; k++) {
-                    const uint32_t w = ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane];
+                    const uint32_t w = ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane], d = w ^ (w << 8);
                     const unsigned char *sc = wsm + k * 576 + 512 + bi * 16;
                     sa0[k] = A[k] * lut[sc[g]];
                     sa1[k] = A[k] * lut[sc[g + 8]];
 #pragma unroll
                     for (int hb = 0; hb < 2; hb++)
 #pragma unroll
-                        for (int r = 0; r < 4; r++) lv[k][hb][r] = gb_level2(w, 4 * hb + r, one2[k], dpair[k]);
+                        for (int r = 0; r < 4; r++) lv[k][hb][r] = gb_level2(w, d, 4 * hb + r, one2[k], dpair[k]);
                 }
                 constexpr int JJ = NT >= 4 ? 2 : 1;
 #pragma unroll
@@ -502,9 +507,19 @@ extern "C" int cu_moe_gb_ok(const cu_expert_table *tab, int64_t H, int64_t F) {
     return tab->tiled && tab->aligned16 && H % GB_KP == 0 && F % GB_KP == 0;
 }
 
-/* slots a chunk of the work list takes for T tokens of K picks over E experts: 4 NT */
-extern "C" int cu_moe_gb_tile(int64_t T, int32_t E, int32_t K) {
+/* MOET_MOE_X1: unset or 2 (the default since stop 40) x as one f16 and chunks of up to 64 slots without the delta;
+ * 1 one f16 in chunks of up to 32; 0 x as hi + lo (fp32-exact products, stop 39's kernels) */
+static int gb_x1(void) {
+    const char *s = getenv("MOET_MOE_X1");
+    return s && (s[0] == '0' || s[0] == '1') ? s[0] - '0' : 2;
+}
+
+/* slots a chunk of the work list takes for T tokens of K picks over E experts (4 NT; 8 NT with X1). With X1 = 2 and
+ * no delta, 64 from 24 an expert on average: an expert past 32 slots then decodes its weights once, not twice (the
+ * residuals' pass has no 64-slot form). H100, 30b experts at 512 tokens (stop 40): 411 -> 390 us. */
+extern "C" int cu_moe_gb_tile(int64_t T, int32_t E, int32_t K, int delta) {
     const int64_t avg = T * K / (E > 0 ? E : 1);
+    if (avg >= 24 && !delta && gb_x1() == 2) return 64;
     return avg >= 24 ? 32 : avg >= 10 ? 16 : 8;
 }
 
@@ -568,7 +583,7 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
     if (g_gb_attr_dev != c->device) {
         const int big = GB_STAGE_SMEM;
         if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c) || gb_attrs_x1<1>(c) || gb_attrs_x1<2>(c) ||
-            gb_attrs_x1<4>(c) ||
+            gb_attrs_x1<4>(c) || gb_attrs_x1<8>(c) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
@@ -612,11 +627,18 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
         }                                                                                                           \
     } while (0)
     /* the level operand where every matrix's magnitudes are f16 values (MOET_MOE_LV=0: the sign planes, for A/B) */
-    const char *lve = getenv("MOET_MOE_LV"), *x1e = getenv("MOET_MOE_X1");
-    const int lv = tab->levels_f16 && !(lve && lve[0] == '0'), x1 = x1e && x1e[0] == '1';
+    const char *lve = getenv("MOET_MOE_LV");
+    const int lv = tab->levels_f16 && !(lve && lve[0] == '0'), x1 = gb_x1() != 0;
     /* the X1 base passes take a tile of slots in half the n-tiles (8 slots an n-tile); the residuals' pass keeps hi
      * and lo (4 slots an n-tile) over the same work list */
     switch (tile) {
+    case 64: /* X1 = 2 without the delta only (cu_moe_gb_tile): the residuals' pass below is never reached */
+        if (!x1 || dt) {
+            cu_fail(c, cudaErrorInvalidValue, "moe grouped: a 64-slot tile without X1 or with the delta", __FILE__, __LINE__);
+            return;
+        }
+        if (lv) GB_GO(8, 8, 1, 1); else GB_GO(8, 8, 1, 0);
+        break;
     case 8:
         if (x1) { if (lv) GB_GO(2, 1, 1, 1); else GB_GO(2, 1, 1, 0); }
         else if (lv) GB_GO(2, 2, 0, 1); else GB_GO(2, 2, 0, 0);

@@ -1616,6 +1616,19 @@ int main(int argc, char **argv) {
                   "output bit for bit (MOET_MOE_X1 did not reach the grouped kernels)", H, F, T);
             CHECK(!memcmp(o6, o7, sizeof(float) * T * H), "moe %dx%d T=%d: x as one f16 in 64-slot chunks differs "
                   "from 32-slot chunks (MOET_MOE_X1=1)", H, F, T);
+            /* the block scales folded into the f16 level operand (MOET_MOE_AS=1, opt-in; the level operand's
+             * shapes only, not shape 7's sign planes): the weights rounded to f16 too */
+            unsetenv("MOET_MOE_X1");
+            setenv("MOET_MOE_AS", "1", 1);
+            poison_dev(od, (size_t)(T * H));
+            op->moe(be, &ma);
+            unsetenv("MOET_MOE_AS");
+            setenv("MOET_MOE_X1", "0", 1);
+            pull(o7, od, (size_t)(T * H));
+            snprintf(mv, sizeof mv, "w2 x f16 scaled A (AS) %dx%d T=%d", H, F, T);
+            report("moe", mv, nmse(o7, rr, (size_t)(T * H)), 1e-6);
+            if (ms != 7) CHECK(memcmp(o6, o7, sizeof(float) * T * H) != 0, "moe %dx%d T=%d: MOET_MOE_AS=1 gave the "
+                               "default's output bit for bit (the option did not reach the kernels)", H, F, T);
             free(o6);
             free(o7);
         }
@@ -2312,6 +2325,13 @@ int perf_main(moet_backend *be) {
             unsetenv("MOET_MOE_X1");
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", x1 ? "moe w2 x f16 32-slot (X1=1)" : "moe w2 x exact (X1=0)",
                    T, bx * 1e6, bytes / 1e6, bytes / bx / 1e9, flops / bx / 1e12);
+        }
+        if (T >= 8) { /* the block scales folded into the level operand (MOET_MOE_AS=1, opt-in) */
+            setenv("MOET_MOE_AS", "1", 1);
+            const double ba = perf_graph_best(be, 4800 + (uint64_t)T, perf_moe_step, &pc, reps, y);
+            unsetenv("MOET_MOE_AS");
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 scaled A (AS=1)", T, ba * 1e6, bytes / 1e6,
+                   bytes / ba / 1e9, flops / ba / 1e12);
         }
         if (T >= 8) { /* the grouped kernels with the sign planes instead of the level operand (MOET_MOE_LV=0) */
             setenv("MOET_MOE_LV", "0", 1);

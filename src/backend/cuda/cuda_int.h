@@ -112,6 +112,11 @@ typedef struct {
     void *blas;            /* gemm.cu: cublasHandle_t, created at the first GEMM (NULL: none yet) */
     void *blas_ws;         /* its workspace (device) */
     void *gemm_buf;        /* split x and partial products (device): GEMM_SCRATCH bytes, made once, never moved */
+    int gemm_reuse;        /* set by cu_norm_mul_mat around its products of one x: a split of that x still in
+                              gemm_buf (one pass of n tokens) is used again instead of made again */
+    const float *gemm_xs_src; /* what gemm_buf's split holds (NULL: nothing reusable): x, its tokens, width, terms */
+    int64_t gemm_xs_n, gemm_xs_cols;
+    int gemm_xs_nt;
     void *gemm_wbuf;       /* Q8_0 rows as f16 hi | lo (device): GEMM_WSCRATCH bytes, made at the first Q8_0 GEMM */
     void *attn_part;       /* attn_tc.cu: split row tiles' tickets (0 between launches) and partial results; made
                               at the first split, sized for any shape, never moved */

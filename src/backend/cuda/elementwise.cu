@@ -108,8 +108,12 @@ extern "C" void cu_kv_store(moet_backend *be, float *pool, const int32_t *blocks
  * head's group owns elements i and i + head_dim / 2 (with rot_dim < head_dim, GLM-4.5's partial rotary, also the
  * pair i, i + rot_dim / 2 once the normed head is back in its row). The token's RoPE
  * cos / sin (double-precision pow, cos, sin: the costly part) are computed once into shared memory for all its
- * heads, not once a head (a CTA a (head, token) took 30 us at 512 tokens of qwen3-30b-a3b). */
+ * heads, not once a head (a CTA a (head, token) took 30 us at 512 tokens of qwen3-30b-a3b). Since stop 40 a token's
+ * passes are split over gridDim.y CTAs (at most AP_SPLIT), each computing the cos / sin again: one CTA a token ran
+ * ten passes of two barriers each in a row at 30b (40 heads, 4 a pass) and took 20 us at 512 tokens on an H100 (a
+ * latency chain: 0.65 of a wave). Each head's arithmetic is the same wherever it runs: bit-identical. */
 #define AP_THREADS 256
+#define AP_SPLIT 4 /* CTAs a token at most */
 __global__ void __launch_bounds__(AP_THREADS)
 k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
             const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps,
@@ -129,9 +133,10 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
     const int64_t prow = moet_kv_row(kv.blocks, kv.shift, p); /* the token's row in the pools */
     for (int j = threadIdx.x; j < rh; j += blockDim.x) cu_rope_cs(rp, j, p, &cs[0][j], &cs[1][j]);
     __syncthreads();
-    const int nh = n_heads + 2 * n_kv;
-    for (int h0 = 0; h0 < nh; h0 += slots) { /* every thread runs every pass (the barriers) */
-        const int hh = h0 + slot, live = slot < slots && hh < nh;
+    const int nh = n_heads + 2 * n_kv, per = (nh + slots - 1) / slots, per_cta = (per + gridDim.y - 1) / gridDim.y;
+    const int hb = (int)blockIdx.y * per_cta * slots, he = min(nh, hb + per_cta * slots);
+    for (int h0 = hb; h0 < he; h0 += slots) { /* every thread runs every pass (the barriers) */
+        const int hh = h0 + slot, live = slot < slots && hh < he;
         if (live && hh >= n_heads + n_kv) { /* v head: a copy */
             const int64_t off = (int64_t)(hh - n_heads - n_kv) * head_dim;
             for (int j = i; j < head_dim; j += T) kv.v[prow * kvd + off + j] = v[t * kvd + off + j];
@@ -211,7 +216,10 @@ extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *
         cu_kv_store(be, kv->v, kv->blocks, kv->shift, v, pos, n_tok, (int64_t)n_kv * head_dim);
         return;
     }
-    cu_launch_pdl(c, k_attn_prep, dim3((unsigned)n_tok), dim3(AP_THREADS), 0, q, k, v, n_heads, n_kv, head_dim,
+    /* a token's passes over up to AP_SPLIT CTAs (see k_attn_prep) */
+    const int T = ((head_dim / 2 + 31) / 32) * 32, slots = AP_THREADS / T, passes = (n_heads + 2 * n_kv + slots - 1) / slots;
+    const unsigned split = passes < AP_SPLIT ? (unsigned)passes : AP_SPLIT;
+    cu_launch_pdl(c, k_attn_prep, dim3((unsigned)n_tok, split), dim3(AP_THREADS), 0, q, k, v, n_heads, n_kv, head_dim,
                   qn, kn, eps, *rp, pos, *kv);
     CU_LAUNCHED(c, "k_attn_prep");
 }

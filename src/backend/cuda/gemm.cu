@@ -209,16 +209,29 @@ extern "C" int cu_gemm_bf16(cu_backend *c, const moet_weight *w, const uint8_t *
     if (st) return st < 0;
     __nv_bfloat16 *xs = (__nv_bfloat16 *)c->gemm_buf;
     float *part = (float *)((uint8_t *)c->gemm_buf + xs_bytes);
+    /* q, k and v of one normed x (cu_norm_mul_mat): the split made for the first product serves the others where
+     * it covers all n tokens in one pass (the same bytes at the same place: bit-identical) */
+    const int reuse = c->gemm_reuse && nc >= n && c->gemm_xs_src == x && c->gemm_xs_n == n &&
+                      c->gemm_xs_cols == cols && c->gemm_xs_nt == nt;
+    c->gemm_xs_src = NULL;
     for (int64_t t0 = 0; t0 < n; t0 += nc) {
         const int64_t m = n - t0 < nc ? n - t0 : nc;
-        if (nt == 3) k_gemm_split3<3><<<gemm_grid(c, m * cols), 256, 0, c->stream>>>(x + t0 * cols, m * cols, xs);
-        else k_gemm_split3<2><<<gemm_grid(c, m * cols), 256, 0, c->stream>>>(x + t0 * cols, m * cols, xs);
-        if (CU_LAUNCHED(c, "k_gemm_split3")) return 1;
+        if (!reuse) {
+            if (nt == 3) k_gemm_split3<3><<<gemm_grid(c, m * cols), 256, 0, c->stream>>>(x + t0 * cols, m * cols, xs);
+            else k_gemm_split3<2><<<gemm_grid(c, m * cols), 256, 0, c->stream>>>(x + t0 * cols, m * cols, xs);
+            if (CU_LAUNCHED(c, "k_gemm_split3")) return 1;
+        }
         /* column-major view: part (rows x 3m, ld rows) = W^T (W is cols x rows col-major, ld) . xs (cols x 3m) */
         if (gemm_tn(c, rows, nt * m, cols, d, ld, xs, CUDA_R_16BF, part)) return 1;
         if (nt == 3) k_gemm_sum3<3><<<gemm_grid(c, m * rows), 256, 0, c->stream>>>(part, m * rows, rows, b, y + t0 * rows, acc);
         else k_gemm_sum3<2><<<gemm_grid(c, m * rows), 256, 0, c->stream>>>(part, m * rows, rows, b, y + t0 * rows, acc);
         if (CU_LAUNCHED(c, "k_gemm_sum3")) return 1;
+    }
+    if (nc >= n) { /* one pass: gemm_buf holds x's whole split (the partials lie past it) */
+        c->gemm_xs_src = x;
+        c->gemm_xs_n = n;
+        c->gemm_xs_cols = cols;
+        c->gemm_xs_nt = nt;
     }
     return 1;
 }
@@ -344,6 +357,7 @@ extern "C" int cu_gemm_q8t(cu_backend *c, const moet_weight *w, const uint8_t *d
     }
     __half *wh = (__half *)c->gemm_wbuf;
     float *ws = (float *)((uint8_t *)c->gemm_wbuf + (((size_t)rc * cols * 4 + 255) & ~(size_t)255));
+    c->gemm_xs_src = NULL; /* gemm_buf is rewritten: no BF16 split left to reuse */
     __half *xh = (__half *)c->gemm_buf;
     const size_t xh_bytes = ((size_t)nc * cols * 4 + 255) & ~(size_t)255;
     float *xe = (float *)((uint8_t *)c->gemm_buf + xh_bytes);

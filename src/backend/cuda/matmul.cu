@@ -921,7 +921,12 @@ extern "C" void cu_norm_mul_mat(moet_backend *be, const float *x, const float *n
     }
     if (!fused) {
         if (norm_w) cu_rms_norm(be, x, norm_w, n, dim, eps, h);
+        /* the products of one input: gemm.cu splits it for tensor cores once, not once a matrix */
+        c->gemm_reuse = 1;
+        c->gemm_xs_src = NULL;
         for (int32_t i = 0; i < nw; i++) mul_mat_impl(be, w[i], norm_w ? h : x, n, y[i], 0, bias ? bias[i] : NULL);
+        c->gemm_reuse = 0;
+        c->gemm_xs_src = NULL;
         return;
     }
     set.n = nw;

@@ -148,12 +148,17 @@ __device__ __forceinline__ uint32_t gb_level2(uint32_t w, uint32_t d, int x, uin
  * other engines run them, carry 2^-9); test_ops checks it against the reference at NMSE 1e-6 instead of 1e-10, and
  * docs/design.md decision 9 has what it costs end to end (moe-mini-c W2: KLD 2e-6 against the exact path, 1e-5 of
  * the perplexity) and buys (H100: the 30b MoE op at 512 tokens 1.42x, pp512 1.25x at 30b, 1.40x at 235b). */
+/* X1 = 2 (LV only; MOET_MOE_AS=1, opt-in for A/B): x as with X1 = 1, and each block's scale folded into the level
+ * operand: A = f16(level x f16(scale x 2^(14 - E))) (E the matrix scale's exponent, so every product is a normal f16
+ * at most 1.5 x 2^15), one HMUL2 a register, so the mma accumulate straight into the sums across blocks: no product
+ * a block to zero, no 4 FMAs an n-tile and block. The weights carry a further relative rounding of up to ~2^-11. */
 template <int NT, int GU, int LV, int PRE = 0, int X1 = 0>
 __global__ void __launch_bounds__(GB_W * 32, 2)
 k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, int32_t K,
              const cu_mat *__restrict__ table, int32_t type, const int32_t *count, const int32_t *n_items,
              const int32_t *items, const int32_t *list, float *out, float *out2) {
     constexpr int NM = GU ? 2 : 1, TB = (X1 ? 8 : 4) * NT;
+    constexpr bool XS = X1 == 2 && LV;
     typedef gb_piece<NT, NM> P;
     extern __shared__ __align__(16) unsigned char smem[];
     if ((int)blockIdx.y >= *n_items) return;
@@ -174,12 +179,13 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     const int64_t ti = (int64_t)blockIdx.x * GB_W + warp, NB = C / 32;
     const int live = ti < R / 16, np = (int)(C / GB_KP);
     cu_mat mt[NM];
-    float A[NM], B[NM];
+    float A[NM], B[NM], pw[NM];
     uint32_t one2[NM], dpair[NM];
 #pragma unroll
     for (int k = 0; k < NM; k++) {
         mt[k] = table[(int64_t)e * 3 + (GU ? k : 2)];
         tc_ab(type, mt[k].qbeta, &A[k], &B[k]);
+        pw[k] = 1.f;
         if (LV) { /* the levels' two magnitudes (exact in f16: checked at upload), the scale alone in A */
             const uint32_t ms = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 1.5f : 1.0f));
             const uint32_t md = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 0.5f : mt[k].qbeta));
@@ -187,6 +193,11 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
             dpair[k] = one2[k] ^ (md | md << 16);
             A[k] = mt[k].qscale;
             B[k] = 0.f;
+            if (XS && A[k] != 0.f) { /* A in [2^14, 2^15): a block's scale (lut <= 1) x 2^(14 - E); pw undoes it */
+                const int E = ilogbf(A[k]);
+                A[k] = ldexpf(A[k], 14 - E);
+                pw[k] = ldexpf(1.f, E - 14);
+            }
         } else {
             one2[k] = dpair[k] = 0;
             A[k] *= mt[k].qscale;
@@ -229,7 +240,40 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
         const unsigned char *st = pieces + (size_t)(p % GB_ST) * P::bytes;
         const __half *xsm = (const __half *)st;
         const unsigned char *wsm = st + P::xbytes + (size_t)warp * NM * (512 + 64);
-        if (live && LV) {
+        if (live && XS) {
+#pragma unroll
+            for (int bi = 0; bi < GB_KP / 32; bi++) {
+                uint32_t lv[NM][2][4];
+#pragma unroll
+                for (int k = 0; k < NM; k++) {
+                    const uint32_t w = ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane], d = w ^ (w << 8);
+                    const unsigned char *sc = wsm + k * 576 + 512 + bi * 16;
+                    /* rows g (registers 0 and 2 of a half-block) and g + 8 (1 and 3) */
+                    const __half2 s2 = __floats2half2_rn(A[k] * lut[sc[g]], A[k] * lut[sc[g + 8]]);
+                    const __half2 sg = __low2half2(s2), sg8 = __high2half2(s2);
+#pragma unroll
+                    for (int hb = 0; hb < 2; hb++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) {
+                            const uint32_t raw = gb_level2(w, d, 4 * hb + r, one2[k], dpair[k]);
+                            const __half2 v = __hmul2(*(const __half2 *)&raw, (r & 1) ? sg8 : sg);
+                            lv[k][hb][r] = *(const uint32_t *)&v;
+                        }
+                }
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    if (j >= ntl) break;
+                    const uint4 bv = *(const uint4 *)(xsm + (size_t)(8 * j + g) * GB_LD + bi * 32 + 8 * t);
+                    const uint32_t b0[2] = {bv.x, bv.y}, b1[2] = {bv.z, bv.w};
+#pragma unroll
+                    for (int k = 0; k < NM; k++) {
+                        tc_mma(acc[k][j], lv[k][0], b0);
+                        tc_mma(acc[k][j], lv[k][1], b1);
+                    }
+                }
+            }
+        }
+        if (live && LV && !XS) {
 #pragma unroll
             for (int bi = 0; bi < GB_KP / 32; bi++) {
                 uint32_t lv[NM][2][4];
@@ -350,9 +394,10 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     for (int j = 0; j < NT; j++) {
         const float *ag = acc[0][j], *au = acc[NM - 1][j];
         if (X1) { /* lane (g, t) of n-tile j holds rows g and g + 8 of slots 8 j + 2 t (column 2t) and 8 j + 2 t + 1 */
+            const float pg = pw[0], pu = pw[NM - 1]; /* 1 but with XS */
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                if (8 * j + 2 * t + h < nt) put(8 * j + 2 * t + h, ag[h], ag[2 + h], au[h], au[2 + h]);
+                if (8 * j + 2 * t + h < nt) put(8 * j + 2 * t + h, ag[h] * pg, ag[2 + h] * pg, au[h] * pu, au[2 + h] * pu);
         } else { /* rows g and g + 8 of slot 4 j + t, hi (column 2t) and lo (2t + 1) */
             if (4 * j + t < nt) put(4 * j + t, ag[0] + ag[1], ag[2] + ag[3], au[0] + au[1], au[2] + au[3]);
         }
@@ -546,6 +591,12 @@ template <int NT> static int gb_attrs_nt(cu_backend *c) {
            CU_CHECK(c, cudaFuncSetAttribute(k_gb_nv<NT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_nv_smem<NT, 1>())) ||
            CU_CHECK(c, cudaFuncSetAttribute(k_gb_nv<NT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_nv_smem<NT, 0>()));
 }
+/* the scaled-A forms (X1 = 2, level operand only) */
+template <int NT> static int gb_attrs_xs(cu_backend *c) {
+    return CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 1, 0, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1, 2>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 0, 1, 0, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 0, 2>())) ||
+           CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 1, 1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1, 2>()));
+}
 /* the X1 forms' base passes: NT n-tiles of 8 slots (a tile of 8 NT slots) */
 template <int NT> static int gb_attrs_x1(cu_backend *c) {
     return CU_CHECK(c, cudaFuncSetAttribute(k_gb_experts<NT, 1, 0, 0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb_smem<NT, 1, 1>())) ||
@@ -583,7 +634,8 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
     if (g_gb_attr_dev != c->device) {
         const int big = GB_STAGE_SMEM;
         if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c) || gb_attrs_x1<1>(c) || gb_attrs_x1<2>(c) ||
-            gb_attrs_x1<4>(c) || gb_attrs_x1<8>(c) ||
+            gb_attrs_x1<4>(c) || gb_attrs_x1<8>(c) || gb_attrs_xs<1>(c) || gb_attrs_xs<2>(c) || gb_attrs_xs<4>(c) ||
+            gb_attrs_xs<8>(c) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
@@ -627,8 +679,10 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
         }                                                                                                           \
     } while (0)
     /* the level operand where every matrix's magnitudes are f16 values (MOET_MOE_LV=0: the sign planes, for A/B) */
-    const char *lve = getenv("MOET_MOE_LV");
+    const char *lve = getenv("MOET_MOE_LV"), *ase = getenv("MOET_MOE_AS");
     const int lv = tab->levels_f16 && !(lve && lve[0] == '0'), x1 = gb_x1() != 0;
+    /* MOET_MOE_AS=1 (opt-in, with x as one f16 and the level operand): the block scales folded into the operand */
+    const int as = x1 && lv && ase && ase[0] == '1';
     /* the X1 base passes take a tile of slots in half the n-tiles (8 slots an n-tile); the residuals' pass keeps hi
      * and lo (4 slots an n-tile) over the same work list */
     switch (tile) {
@@ -637,18 +691,21 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
             cu_fail(c, cudaErrorInvalidValue, "moe grouped: a 64-slot tile without X1 or with the delta", __FILE__, __LINE__);
             return;
         }
-        if (lv) GB_GO(8, 8, 1, 1); else GB_GO(8, 8, 1, 0);
+        if (as) GB_GO(8, 8, 2, 1); else if (lv) GB_GO(8, 8, 1, 1); else GB_GO(8, 8, 1, 0);
         break;
     case 8:
-        if (x1) { if (lv) GB_GO(2, 1, 1, 1); else GB_GO(2, 1, 1, 0); }
+        if (as) GB_GO(2, 1, 2, 1);
+        else if (x1) { if (lv) GB_GO(2, 1, 1, 1); else GB_GO(2, 1, 1, 0); }
         else if (lv) GB_GO(2, 2, 0, 1); else GB_GO(2, 2, 0, 0);
         break;
     case 16:
-        if (x1) { if (lv) GB_GO(4, 2, 1, 1); else GB_GO(4, 2, 1, 0); }
+        if (as) GB_GO(4, 2, 2, 1);
+        else if (x1) { if (lv) GB_GO(4, 2, 1, 1); else GB_GO(4, 2, 1, 0); }
         else if (lv) GB_GO(4, 4, 0, 1); else GB_GO(4, 4, 0, 0);
         break;
     default:
-        if (x1) { if (lv) GB_GO(8, 4, 1, 1); else GB_GO(8, 4, 1, 0); }
+        if (as) GB_GO(8, 4, 2, 1);
+        else if (x1) { if (lv) GB_GO(8, 4, 1, 1); else GB_GO(8, 4, 1, 0); }
         else if (lv) GB_GO(8, 8, 0, 1); else GB_GO(8, 8, 0, 0);
         break;
     }

@@ -422,6 +422,28 @@ __global__ void __launch_bounds__(MOE_THREADS)
 k_moe_combine(const float *__restrict__ ydn, const float *__restrict__ topk_w, int64_t H, int32_t K, float *__restrict__ y,
               int accum) {
     const int64_t t = blockIdx.x;
+    if (!(H & 3) && !((uintptr_t)ydn & 15) && !((uintptr_t)y & 15)) {
+        /* four columns a thread, 16-byte loads: the same FMAs in the same order per element (this kernel took 2x
+         * its bytes' time at 512 tokens of 30b on an H100, scalar) */
+        const float *w = topk_w + t * K;
+        for (int64_t i = 4 * (int64_t)threadIdx.x; i < H; i += 4 * MOE_THREADS) {
+            float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int32_t j = 0; j < K; j++) {
+                const float4 v = __ldcs((const float4 *)(ydn + (t * K + j) * H + i));
+                s.x = fmaf(w[j], v.x, s.x);
+                s.y = fmaf(w[j], v.y, s.y);
+                s.z = fmaf(w[j], v.z, s.z);
+                s.w = fmaf(w[j], v.w, s.w);
+            }
+            float4 *yp = (float4 *)(y + t * H + i);
+            if (accum) {
+                const float4 o = *yp;
+                s.x = o.x + s.x; s.y = o.y + s.y; s.z = o.z + s.z; s.w = o.w + s.w;
+            }
+            *yp = s;
+        }
+        return;
+    }
     for (int64_t i = threadIdx.x; i < H; i += MOE_THREADS) {
         float s = 0.f;
         for (int32_t j = 0; j < K; j++) s = fmaf(topk_w[t * K + j], ydn[(t * K + j) * H + i], s);

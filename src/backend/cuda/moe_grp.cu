@@ -71,7 +71,7 @@ __device__ __forceinline__ void gb_issue_cols(__half *xsm, const __half *xs, con
 template <int M>
 __global__ void __launch_bounds__(GB_STAGE_T)
 k_gb_stage(const float *src, int64_t n, const cu_mat *__restrict__ table, int mi, const int32_t *ids, int div,
-           __half *dst, float *q) {
+           __half *dst, float *q, int lo_too) {
     extern __shared__ float vs[];
     __shared__ float wmax[GB_STAGE_T / 32];
     const int64_t r = blockIdx.x;
@@ -107,7 +107,7 @@ k_gb_stage(const float *src, int64_t n, const cu_mat *__restrict__ table, int mi
         const __half h = __float2half_rn(s);
         const int p = gb_perm((int)i);
         hi[p] = h;
-        lo[p] = __float2half_rn(s - __half2float(h));
+        if (lo_too) lo[p] = __float2half_rn(s - __half2float(h)); /* not read where x is one f16 (X1) */
     }
     if (threadIdx.x == 0) q[r] = __int_as_float((127 + e) << 23);
 }
@@ -608,15 +608,15 @@ template <int NT> static int gb_attrs_x1(cu_backend *c) {
 }
 
 static int gb_stage(cu_backend *c, const float *src, int64_t rows, int64_t n, const cu_mat *table, int mi,
-                    const int32_t *ids, int div, __half *dst, float *q) {
+                    const int32_t *ids, int div, __half *dst, float *q, int lo_too = 1) {
     const size_t sm = (size_t)n * sizeof(float);
     const int b = cu_hadamard_block(n);
     if (sm > GB_STAGE_SMEM) return cu_fail(c, cudaErrorInvalidValue, "moe grouped: row exceeds shared memory", __FILE__, __LINE__);
     switch (b) {
-    case 32: k_gb_stage<1><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q); break;
-    case 64: k_gb_stage<2><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q); break;
-    case 128: k_gb_stage<4><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q); break;
-    default: k_gb_stage<8><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q); break;
+    case 32: k_gb_stage<1><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too); break;
+    case 64: k_gb_stage<2><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too); break;
+    case 128: k_gb_stage<4><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too); break;
+    default: k_gb_stage<8><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too); break;
     }
     return CU_LAUNCHED(c, "k_gb_stage");
 }
@@ -645,7 +645,11 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
     }
     __half *xg = (__half *)stage, *xd = xg + (size_t)T * 2 * H;
     float *qg = (float *)(xd + (size_t)T * K * 2 * F), *qd = qg + T;
-    if (gb_stage(c, xr, T, H, NULL, 0, NULL, 1, xg, qg)) return;
+    const char *lve = getenv("MOET_MOE_LV"), *ase = getenv("MOET_MOE_AS");
+    const int lv = tab->levels_f16 && !(lve && lve[0] == '0'), x1 = gb_x1() != 0;
+    /* MOET_MOE_AS=1 (opt-in, with x as one f16 and the level operand): the block scales folded into the operand */
+    const int as = x1 && lv && ase && ase[0] == '1';
+    if (gb_stage(c, xr, T, H, NULL, 0, NULL, 1, xg, qg, !x1)) return;
     const dim3 block(GB_W * 32), ggu((unsigned)((F / 16 + GB_W - 1) / GB_W), n_chunks),
             gdn((unsigned)((H / 16 + GB_W - 1) / GB_W), n_chunks);
     const cu_mat *dt = dtab ? dtab->table : NULL;
@@ -666,7 +670,7 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
                 xg, qg, T, F, H, K, tab->table, tab->type, count, n_items, items, list, act, NULL);                 \
             if (CU_LAUNCHED(c, "k_gb_experts gate/up")) return;                                                     \
         }                                                                                                           \
-        if (gb_stage(c, act, T * K, F, tab->table, 2, topk_ids, 1, xd, qd)) return;                                 \
+        if (gb_stage(c, act, T * K, F, tab->table, 2, topk_ids, 1, xd, qd, X == 0)) return;                         \
         k_gb_experts<NB, 0, LV, 0, X><<<gdn, block, gb_smem<NB, 0, X>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, \
                                                                              tab->type, count, n_items, items,      \
                                                                              list, ydn, NULL);                      \
@@ -679,10 +683,6 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
         }                                                                                                           \
     } while (0)
     /* the level operand where every matrix's magnitudes are f16 values (MOET_MOE_LV=0: the sign planes, for A/B) */
-    const char *lve = getenv("MOET_MOE_LV"), *ase = getenv("MOET_MOE_AS");
-    const int lv = tab->levels_f16 && !(lve && lve[0] == '0'), x1 = gb_x1() != 0;
-    /* MOET_MOE_AS=1 (opt-in, with x as one f16 and the level operand): the block scales folded into the operand */
-    const int as = x1 && lv && ase && ase[0] == '1';
     /* the X1 base passes take a tile of slots in half the n-tiles (8 slots an n-tile); the residuals' pass keeps hi
      * and lo (4 slots an n-tile) over the same work list */
     switch (tile) {

@@ -71,7 +71,7 @@ __device__ __forceinline__ void gb_issue_cols(__half *xsm, const __half *xs, con
 template <int M>
 __global__ void __launch_bounds__(GB_STAGE_T)
 k_gb_stage(const float *src, int64_t n, const cu_mat *__restrict__ table, int mi, const int32_t *ids, int div,
-           __half *dst, float *q, int lo_too) {
+           __half *dst, float *q, int lo_too, int natural) {
     extern __shared__ float vs[];
     __shared__ float wmax[GB_STAGE_T / 32];
     const int64_t r = blockIdx.x;
@@ -105,7 +105,7 @@ k_gb_stage(const float *src, int64_t n, const cu_mat *__restrict__ table, int mi
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         const float s = vs[i] * dn;
         const __half h = __float2half_rn(s);
-        const int p = gb_perm((int)i);
+        const int p = natural ? (int)i : gb_perm((int)i); /* natural: k_gw_experts' core matrices */
         hi[p] = h;
         if (lo_too) lo[p] = __float2half_rn(s - __half2float(h)); /* not read where x is one f16 (X1) */
     }
@@ -404,6 +404,283 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     }
 }
 
+/* ---- wgmma (sm_90a): the grouped products with the warpgroup's 64 rows at once ---------------------------------
+ * gw_mma<N>: d[0 .. N/2) += A . B for wgmma.m64nNk16 (f32 += f16 x f16), A from registers (a warp's 16 rows in
+ * mma.m16n8k16's A-fragment order), B (16 x N, K-major) from shared memory by descriptor; N = 8 .. 64 (the operand
+ * lists are mechanical). Compiled only for sm_90a (a trap elsewhere, where the host never launches it). */
+template <int N> __device__ __forceinline__ void gw_mma(float *d, const uint32_t a[4], uint64_t desc);
+template <> __device__ __forceinline__ void gw_mma<8>(float *d, const uint32_t a[4], uint64_t desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d; (void)a; (void)desc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void gw_mma<16>(float *d, const uint32_t a[4], uint64_t desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d; (void)a; (void)desc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void gw_mma<24>(float *d, const uint32_t a[4], uint64_t desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, %16, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d; (void)a; (void)desc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void gw_mma<32>(float *d, const uint32_t a[4], uint64_t desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d; (void)a; (void)desc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void gw_mma<40>(float *d, const uint32_t a[4], uint64_t desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %25, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n40k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19}, {%20,%21,%22,%23}, %24, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d; (void)a; (void)desc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void gw_mma<48>(float *d, const uint32_t a[4], uint64_t desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, {%24,%25,%26,%27}, %28, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d; (void)a; (void)desc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void gw_mma<56>(float *d, const uint32_t a[4], uint64_t desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %33, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n56k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27}, {%28,%29,%30,%31}, %32, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d; (void)a; (void)desc;
+    __trap();
+#endif
+}
+template <> __device__ __forceinline__ void gw_mma<64>(float *d, const uint32_t a[4], uint64_t desc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+    (void)d; (void)a; (void)desc;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void gw_fence(void) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gw_commit(void) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N> __device__ __forceinline__ void gw_wait(void) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* cp.async's writes (the generic proxy) made visible to wgmma's reads of shared memory (the async proxy) */
+__device__ __forceinline__ void gw_proxy_fence(void) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+/* B of one k16 step: N columns of 16 halves in core matrices of 8 columns x 8 k (128 bytes, a column's 8 k a
+ * 16-byte row), no swizzle; K-adjacent core matrices 128 bytes apart (leading byte offset), N-adjacent 2048 (stride:
+ * the piece's 16 k-groups) */
+__device__ __forceinline__ uint64_t gw_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(2048 >> 4) << 32;
+}
+template <int N0> __device__ __forceinline__ void gw_mma_n(int ntl, float *d, const uint32_t a[4], uint64_t desc) {
+    switch (ntl) { /* uniform over the CTA: the chunk's n-tiles with a slot */
+    case 1: gw_mma<8>(d, a, desc); break;
+    case 2: gw_mma<16>(d, a, desc); break;
+    case 3: gw_mma<24>(d, a, desc); break;
+    case 4: gw_mma<32>(d, a, desc); break;
+    case 5: gw_mma<40>(d, a, desc); break;
+    case 6: gw_mma<48>(d, a, desc); break;
+    case 7: gw_mma<56>(d, a, desc); break;
+    default: gw_mma<64>(d, a, desc); break;
+    }
+}
+
+/* k_gw_experts (MOET_MOE_WG=1, opt-in, sm_90a): k_gb_experts' work (a CTA: 128 rows of one expert's matrices for a
+ * chunk of up to 64 slots) with its numerics at X1 = 2 (x as one f16, each block's scale folded into the f16 level
+ * operand), on wgmma: each warpgroup multiplies its 64 rows by all the chunk's slots, one instruction a k16 step and
+ * matrix (m64nNk16, N the chunk's live n-tiles x 8), A (the decoded levels times the scale) from each warp's
+ * registers, B (x, natural order) from shared memory in core matrices. The accumulation is the tensor cores' own
+ * across the whole row: no FMA a block and n-tile, no mma a n-tile. The level decode is k_gb_experts' (the A
+ * fragment of a warp's 16 rows is mma.m16n8k16's); two register sets alternate by block so that the next block
+ * is decoded while the last one's wgmma run. Not bit-identical to k_gb_experts (the tensor cores add in their own
+ * order); test_ops checks it against the reference at NMSE 1e-6. */
+template <int GU>
+__global__ void __launch_bounds__(GB_W * 32, 2)
+k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, int32_t K,
+             const cu_mat *__restrict__ table, int32_t type, const int32_t *count, const int32_t *n_items,
+             const int32_t *items, const int32_t *list, float *out) {
+    constexpr int NM = GU ? 2 : 1, TB = 64, XB = TB * GB_KP * 2, PB = XB + GB_W * NM * 576;
+    extern __shared__ __align__(128) unsigned char smem[];
+    if ((int)blockIdx.y >= *n_items) return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float *lut = (float *)smem;
+    int32_t *rowof = (int32_t *)(lut + 256); /* [TB] */
+    int32_t *outof = rowof + TB;             /* [TB] */
+    unsigned char *pieces = smem + 1536;
+    const int32_t e = items[2 * blockIdx.y], c0 = items[2 * blockIdx.y + 1];
+    const int nt = count[e] - c0 < TB ? count[e] - c0 : TB;
+    tc_lut_fill(lut);
+    for (int i = threadIdx.x; i < TB; i += blockDim.x) {
+        const int32_t s = i < nt ? list[(int64_t)e * T + c0 + i] : -1;
+        outof[i] = s;
+        rowof[i] = s < 0 ? -1 : GU ? s / K : s;
+    }
+    __syncthreads();
+    const int64_t ti = (int64_t)blockIdx.x * GB_W + warp, NB = C / 32;
+    const int live = ti < R / 16, np = (int)(C / GB_KP), ntl = (nt + 7) >> 3;
+    cu_mat mt[NM];
+    float A[NM], pw[NM];
+    uint32_t one2[NM], dpair[NM];
+#pragma unroll
+    for (int k = 0; k < NM; k++) {
+        mt[k] = table[(int64_t)e * 3 + (GU ? k : 2)];
+        const uint32_t ms = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 1.5f : 1.0f));
+        const uint32_t md = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 0.5f : mt[k].qbeta));
+        one2[k] = ms | ms << 16;
+        dpair[k] = one2[k] ^ (md | md << 16);
+        A[k] = mt[k].qscale;
+        pw[k] = 1.f;
+        if (A[k] != 0.f) {
+            const int E = ilogbf(A[k]);
+            A[k] = ldexpf(A[k], 14 - E);
+            pw[k] = ldexpf(1.f, E - 14);
+        }
+    }
+    auto issue = [&](int p) {
+        unsigned char *st = pieces + (size_t)(p % GB_ST) * PB;
+        for (int i = threadIdx.x; i < TB * (GB_KP / 8); i += blockDim.x) {
+            const int col = i / (GB_KP / 8), ch = i % (GB_KP / 8);
+            const int32_t row = rowof[col];
+            const __half *sp = xs + (row < 0 ? 0 : (size_t)row * 2 * C) + (size_t)p * GB_KP + ch * 8;
+            gb_cp16(st + ((col >> 3) * (GB_KP / 8) + ch) * 128 + (col & 7) * 16, sp, row >= 0);
+        }
+        if (live) {
+            unsigned char *wsm = st + XB + (size_t)warp * NM * 576;
+#pragma unroll
+            for (int k = 0; k < NM; k++) {
+                const int64_t tb = ti * NB + (int64_t)p * (GB_KP / 32);
+                gb_cp16(wsm + k * 576 + 16 * lane, (const unsigned char *)(tc_codes(mt[k]) + tb * 32) + 16 * lane, 1);
+                if (lane < 4) gb_cp16(wsm + k * 576 + 512 + 16 * lane, tc_scales(mt[k], R, NB) + tb * 16 + 16 * lane, 1);
+            }
+        }
+    };
+    float d[NM][32];
+#pragma unroll
+    for (int k = 0; k < NM; k++)
+#pragma unroll
+        for (int i = 0; i < 32; i++) d[k][i] = 0.f;
+#pragma unroll
+    for (int p = 0; p < GB_ST - 1; p++) {
+        if (p < np) issue(p);
+        gb_commit();
+    }
+    uint32_t lv[2][NM][2][4];
+    for (int p = 0; p < np; p++) {
+        gb_wait<GB_ST - 2>();
+        gw_proxy_fence();
+        __syncthreads(); /* piece p landed for every thread; every wgmma of piece p - 1 is done (waited below) */
+        if (p + GB_ST - 1 < np) issue(p + GB_ST - 1);
+        gb_commit();
+        const unsigned char *st = pieces + (size_t)(p % GB_ST) * PB;
+        const uint32_t xb = cu_smem_u32(st);
+        const unsigned char *wsm = st + XB + (size_t)warp * NM * 576;
+#pragma unroll
+        for (int bi = 0; bi < GB_KP / 32; bi++) {
+            const int b = bi & 1;
+            if (bi >= 2) gw_wait<1>(); /* block bi - 2's wgmma (they read lv[b]) done */
+#pragma unroll
+            for (int k = 0; k < NM; k++) {
+                const uint32_t w = live ? ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane] : 0u, dw = w ^ (w << 8);
+                const unsigned char *sc = wsm + k * 576 + 512 + bi * 16;
+                const __half2 s2 = live ? __floats2half2_rn(A[k] * lut[sc[g]], A[k] * lut[sc[g + 8]])
+                                        : __floats2half2_rn(0.f, 0.f);
+                const __half2 sg = __low2half2(s2), sg8 = __high2half2(s2);
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        const uint32_t raw = gb_level2(w, dw, 4 * hb + r, one2[k], dpair[k]);
+                        const __half2 v = __hmul2(*(const __half2 *)&raw, (r & 1) ? sg8 : sg);
+                        lv[b][k][hb][r] = *(const uint32_t *)&v;
+                    }
+            }
+            gw_fence();
+#pragma unroll
+            for (int hb = 0; hb < 2; hb++) {
+                const uint64_t desc = gw_desc(xb + (uint32_t)(2 * bi + hb) * 256);
+#pragma unroll
+                for (int k = 0; k < NM; k++) gw_mma_n<0>(ntl, d[k], lv[b][k][hb], desc);
+            }
+            gw_commit();
+        }
+        gw_wait<0>();
+    }
+    gb_wait<0>();
+    if (!live) return;
+    const float pg = pw[0], pu = pw[NM - 1];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int slot = 8 * j + 2 * t + h;
+            if (slot >= nt) continue;
+            const float qv = __ldcg(qx + rowof[slot]);
+            const int64_t o = (int64_t)outof[slot] * R + ti * 16 + g;
+            const float g0 = d[0][4 * j + h] * pg * qv, g1 = d[0][4 * j + 2 + h] * pg * qv;
+            if (GU) {
+                const float u0 = d[NM - 1][4 * j + h] * pu * qv, u1 = d[NM - 1][4 * j + 2 + h] * pu * qv;
+                out[o] = g0 / (1.0f + expf(-g0)) * u0;
+                out[o + 8] = g1 / (1.0f + expf(-g1)) * u1;
+            } else {
+                out[o] = g0;
+                out[o + 8] = g1;
+            }
+        }
+}
+
 /* ---- the FP4 delta: the NVFP4 residuals as a second pass over the same work list --------------------------------
  * With the delta on, an expert is its W2 base plus an NVFP4 residual (docs/design.md decision 13). The base pass
  * (k_gb_experts, PRE for gate/up) writes its products; this pass adds the residuals' over the same (tiles, chunk of
@@ -579,6 +856,10 @@ template <int NT, int GU> static size_t gb_nv_smem(void) {
     return 256 * sizeof(float) + 4 * NT * sizeof(int32_t) + (size_t)GB_ST * gb_nv_piece<NT, GU ? 2 : 1>::bytes;
 }
 
+template <int GU> static size_t gw_smem(void) {
+    return 1536 + (size_t)GB_ST * (64 * GB_KP * 2 + GB_W * (GU ? 2 : 1) * 576);
+}
+
 static int g_gb_attr_dev = -1;
 
 template <int NT> static int gb_attrs_nt(cu_backend *c) {
@@ -608,15 +889,15 @@ template <int NT> static int gb_attrs_x1(cu_backend *c) {
 }
 
 static int gb_stage(cu_backend *c, const float *src, int64_t rows, int64_t n, const cu_mat *table, int mi,
-                    const int32_t *ids, int div, __half *dst, float *q, int lo_too = 1) {
+                    const int32_t *ids, int div, __half *dst, float *q, int lo_too = 1, int natural = 0) {
     const size_t sm = (size_t)n * sizeof(float);
     const int b = cu_hadamard_block(n);
     if (sm > GB_STAGE_SMEM) return cu_fail(c, cudaErrorInvalidValue, "moe grouped: row exceeds shared memory", __FILE__, __LINE__);
     switch (b) {
-    case 32: k_gb_stage<1><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too); break;
-    case 64: k_gb_stage<2><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too); break;
-    case 128: k_gb_stage<4><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too); break;
-    default: k_gb_stage<8><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too); break;
+    case 32: k_gb_stage<1><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural); break;
+    case 64: k_gb_stage<2><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural); break;
+    case 128: k_gb_stage<4><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural); break;
+    default: k_gb_stage<8><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural); break;
     }
     return CU_LAUNCHED(c, "k_gb_stage");
 }
@@ -636,6 +917,8 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
         if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c) || gb_attrs_x1<1>(c) || gb_attrs_x1<2>(c) ||
             gb_attrs_x1<4>(c) || gb_attrs_x1<8>(c) || gb_attrs_xs<1>(c) || gb_attrs_xs<2>(c) || gb_attrs_xs<4>(c) ||
             gb_attrs_xs<8>(c) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_gw_experts<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gw_smem<1>())) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_gw_experts<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gw_smem<0>())) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
@@ -649,9 +932,24 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
     const int lv = tab->levels_f16 && !(lve && lve[0] == '0'), x1 = gb_x1() != 0;
     /* MOET_MOE_AS=1 (opt-in, with x as one f16 and the level operand): the block scales folded into the operand */
     const int as = x1 && lv && ase && ase[0] == '1';
-    if (gb_stage(c, xr, T, H, NULL, 0, NULL, 1, xg, qg, !x1)) return;
+    /* MOET_MOE_WG=1 (opt-in, sm_90a): k_gw_experts, the numerics of AS on wgmma; every tile size (its chunks hold
+     * up to 64 slots), not with the delta */
+    const char *wge = getenv("MOET_MOE_WG");
+    const int wg = wge && wge[0] == '1' && c->prop.major == 9 && x1 && lv && !dtab && tile <= 64;
     const dim3 block(GB_W * 32), ggu((unsigned)((F / 16 + GB_W - 1) / GB_W), n_chunks),
             gdn((unsigned)((H / 16 + GB_W - 1) / GB_W), n_chunks);
+    if (wg) {
+        if (gb_stage(c, xr, T, H, NULL, 0, NULL, 1, xg, qg, 0, 1)) return;
+        k_gw_experts<1><<<ggu, block, gw_smem<1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table, tab->type, count,
+                                                                 n_items, items, list, act);
+        if (CU_LAUNCHED(c, "k_gw_experts gate/up")) return;
+        if (gb_stage(c, act, T * K, F, tab->table, 2, topk_ids, 1, xd, qd, 0, 1)) return;
+        k_gw_experts<0><<<gdn, block, gw_smem<0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, tab->type, count,
+                                                                 n_items, items, list, ydn);
+        CU_LAUNCHED(c, "k_gw_experts down");
+        return;
+    }
+    if (gb_stage(c, xr, T, H, NULL, 0, NULL, 1, xg, qg, !x1)) return;
     const cu_mat *dt = dtab ? dtab->table : NULL;
     __half *xgr = (__half *)ydn; /* delta: the residuals' view of x, then the base's down products */
     float *aux = (float *)xd;    /* delta: the up products, then the base's down staging */

@@ -25,6 +25,8 @@
  */
 #include <math.h>
 
+#include <type_traits>
+
 #include "backend/cuda/moe_tc.cuh"
 
 #define GB_W 8                  /* warps a CTA, a 16-row tile each */
@@ -525,18 +527,6 @@ __device__ __forceinline__ void gw_proxy_fence(void) {
 __device__ __forceinline__ uint64_t gw_desc(uint32_t saddr) {
     return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)(128 >> 4) << 16 | (uint64_t)(2048 >> 4) << 32;
 }
-template <int N0> __device__ __forceinline__ void gw_mma_n(int ntl, float *d, const uint32_t a[4], uint64_t desc) {
-    switch (ntl) { /* uniform over the CTA: the chunk's n-tiles with a slot */
-    case 1: gw_mma<8>(d, a, desc); break;
-    case 2: gw_mma<16>(d, a, desc); break;
-    case 3: gw_mma<24>(d, a, desc); break;
-    case 4: gw_mma<32>(d, a, desc); break;
-    case 5: gw_mma<40>(d, a, desc); break;
-    case 6: gw_mma<48>(d, a, desc); break;
-    case 7: gw_mma<56>(d, a, desc); break;
-    default: gw_mma<64>(d, a, desc); break;
-    }
-}
 
 /* k_gw_experts (MOET_MOE_WG=1, opt-in, sm_90a): k_gb_experts' work (a CTA: 128 rows of one expert's matrices for a
  * chunk of up to 64 slots) with its numerics at X1 = 2 (x as one f16, each block's scale folded into the f16 level
@@ -612,6 +602,10 @@ k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     for (int k = 0; k < NM; k++)
 #pragma unroll
         for (int i = 0; i < 32; i++) d[k][i] = 0.f;
+    /* the whole loop for one N (the chunk's live n-tiles x 8), chosen once a CTA: a choice at every wgmma cost
+     * more instructions than it saved (stop 40, ncu) */
+    auto loop = [&](auto nn) {
+    constexpr int NN = decltype(nn)::value;
 #pragma unroll
     for (int p = 0; p < GB_ST - 1; p++) {
         if (p < np) issue(p);
@@ -652,11 +646,22 @@ k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
             for (int hb = 0; hb < 2; hb++) {
                 const uint64_t desc = gw_desc(xb + (uint32_t)(2 * bi + hb) * 256);
 #pragma unroll
-                for (int k = 0; k < NM; k++) gw_mma_n<0>(ntl, d[k], lv[b][k][hb], desc);
+                for (int k = 0; k < NM; k++) gw_mma<NN>(d[k], lv[b][k][hb], desc);
             }
             gw_commit();
         }
         gw_wait<0>();
+    }
+    };
+    switch (ntl) {
+    case 1: loop(std::integral_constant<int, 8>{}); break;
+    case 2: loop(std::integral_constant<int, 16>{}); break;
+    case 3: loop(std::integral_constant<int, 24>{}); break;
+    case 4: loop(std::integral_constant<int, 32>{}); break;
+    case 5: loop(std::integral_constant<int, 40>{}); break;
+    case 6: loop(std::integral_constant<int, 48>{}); break;
+    case 7: loop(std::integral_constant<int, 56>{}); break;
+    default: loop(std::integral_constant<int, 64>{}); break;
     }
     gb_wait<0>();
     if (!live) return;

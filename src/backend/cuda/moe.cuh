@@ -201,7 +201,7 @@ void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const cu_expe
                         const int32_t *items, const int32_t *list, unsigned n_chunks, float *ydn,
                         const cu_moe_oss *ox);
 
-/* moe_grp.cu: the grouped products with token tiles of up to 32 (H and F multiples of 128, tiled, 16-byte aligned
+/* moe_grp.cu: the grouped products with token tiles of up to 64 (H and F multiples of 128, tiled, 16-byte aligned
  * experts; MOET_MOE_GB=0 turns it off). cu_moe_gb_tile: the slots a work-list chunk takes (the k_moe_items tile;
  * delta: whether the FP4 residuals' pass runs too). */
 extern "C" int cu_moe_gb_ok(const cu_expert_table *tab, int64_t H, int64_t F);

@@ -1,27 +1,28 @@
 /*
- * moe_grp.cu — the grouped (prefill) W2 / sym2 expert products on tensor cores with token tiles of up to 32.
+ * moe_grp.cu — the grouped (prefill) W2 / sym2 expert products on tensor cores with token tiles of up to 64.
  *
  * Why another grouped kernel: moe_tc.cu's k_tc_*_grp take 8 slots a CTA and one 16-row tile, split the hidden size
  * over the warps and re-stage every slot's x as f16 hi/lo inside every CTA. At 512 tokens of qwen3-30b-a3b (32 slots
  * an expert on average) that is 3.1 ms a layer, 12 TFLOP/s: each weight is decoded 4 times an expert, and the
  * staging (a row max, two conversions a value, per tile) costs as many instructions as the mma it feeds. Here:
  *   stage    one CTA a row (a token's rotated x for gate/up, a slot's activation rotated by its expert's down
- *            rotation): v 2^-e as f16 hi and lo, e from the row's largest |v| (largest -> [2^14, 2^15)), written
- *            once, in the B-fragment order of mma.m16n8k16 (gb_perm), with q = 2^e beside it;
- *   products one CTA per (GB_W 16-row tiles, up to 4 NT slots of one expert): the slots' staged columns (hi and lo:
- *            8 NT of them) and the warps' code words and scale bytes go to shared memory by cp.async in pieces of
- *            GB_KP columns, GB_ST pieces in flight; each warp decodes its tile's sign planes once a block and runs
- *            them against every n-tile of 4 slots (one 16-byte shared load a lane an n-tile), the block scale times
- *            A or B folded in by two FMAs an accumulator. No split over the hidden size, so no reduction between
- *            warps: each lane ends with its own rows of its own slots and writes SwiGLU(gate, up) or the down
- *            product directly.
+ *            rotation): v 2^-e as f16 hi and lo (lo only where the products read it), e from the row's largest |v|
+ *            (largest -> [2^14, 2^15)), written once, in the B-fragment order of mma.m16n8k16 (gb_perm; natural
+ *            order for k_gw_experts), with q = 2^e beside it;
+ *   products one CTA per (GB_W 16-row tiles, a chunk of slots of one expert: 8 NT with x as one f16, the default,
+ *            4 NT as hi + lo): the slots' staged columns and the warps' code words and scale bytes go to shared
+ *            memory by cp.async in pieces of GB_KP columns, GB_ST pieces in flight; each warp decodes its tile's
+ *            levels once a block and runs them against every n-tile of 8 slots (4 as hi + lo; one 16-byte shared
+ *            load a lane an n-tile), the block scale folded in by an FMA an accumulator. No split over the hidden
+ *            size, so no reduction between warps: each lane ends with its own rows of its own slots and writes
+ *            SwiGLU(gate, up) or the down product directly. k_gw_experts (opt-in) does the same work on wgmma.
  * Exactness: weights (levels) exact in f16, f32 accumulation, the scales in f32. By default (since stop 40, X1 below)
  * x is one f16 of the row scaled by its power of two (11 bits: a relative rounding of at most 2^-12 a value); with
  * MOET_MOE_X1=0 it is hi + lo as moe_tc.cu's (~22 bits of the row's largest value), the hi and lo columns' sums
  * added at the end, times q: fp32-exact. Fixed order, no float atomics: bit-identical on every run, graph or eager.
  * Bytes and FLOPs (30b, 512 tokens, one layer): 128 experts x 3 x 768 x 2048 x 9/32 = 170 MB of weights at most, each
- * read once a tile of slots; 2 x 4096 slots x 3 x 768 x 2048 = 38.7 GFLOP useful, 4x that on the tensor cores (two
- * sign planes, hi and lo columns).
+ * read once a chunk of slots; 2 x 4096 slots x 3 x 768 x 2048 = 38.7 GFLOP useful, as many on the tensor cores with
+ * the level operand and x as one f16 (2x with hi and lo, 4x with the sign planes too).
  */
 #include <math.h>
 

@@ -1629,16 +1629,19 @@ int main(int argc, char **argv) {
             report("moe", mv, nmse(o7, rr, (size_t)(T * H)), 1e-6);
             if (ms != 7) CHECK(memcmp(o6, o7, sizeof(float) * T * H) != 0, "moe %dx%d T=%d: MOET_MOE_AS=1 gave the "
                                "default's output bit for bit (the option did not reach the kernels)", H, F, T);
-            /* the same numerics on wgmma (MOET_MOE_WG=1, opt-in; sm_90 only, elsewhere the default's kernels) */
-            unsetenv("MOET_MOE_X1");
-            setenv("MOET_MOE_WG", "1", 1);
-            poison_dev(od, (size_t)(T * H));
-            op->moe(be, &ma);
-            unsetenv("MOET_MOE_WG");
-            setenv("MOET_MOE_X1", "0", 1);
-            pull(o7, od, (size_t)(T * H));
-            snprintf(mv, sizeof mv, "w2 x f16 wgmma (WG) %dx%d T=%d", H, F, T);
-            report("moe", mv, nmse(o7, rr, (size_t)(T * H)), 1e-6);
+            /* the same numerics on wgmma (MOET_MOE_WG=1, opt-in; sm_90 only, elsewhere the default's kernels), and
+             * its deeper rotation of A registers (=2) */
+            for (int wgv = 1; wgv <= 2; wgv++) {
+                unsetenv("MOET_MOE_X1");
+                setenv("MOET_MOE_WG", wgv == 1 ? "1" : "2", 1);
+                poison_dev(od, (size_t)(T * H));
+                op->moe(be, &ma);
+                unsetenv("MOET_MOE_WG");
+                setenv("MOET_MOE_X1", "0", 1);
+                pull(o7, od, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "w2 x f16 wgmma (WG=%d) %dx%d T=%d", wgv, H, F, T);
+                report("moe", mv, nmse(o7, rr, (size_t)(T * H)), 1e-6);
+            }
             free(o6);
             free(o7);
         }
@@ -2336,12 +2339,13 @@ int perf_main(moet_backend *be) {
             printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", x1 ? "moe w2 x f16 32-slot (X1=1)" : "moe w2 x exact (X1=0)",
                    T, bx * 1e6, bytes / 1e6, bytes / bx / 1e9, flops / bx / 1e12);
         }
-        if (T >= 8) { /* the same on wgmma (MOET_MOE_WG=1, opt-in, sm_90) */
-            setenv("MOET_MOE_WG", "1", 1);
-            const double bw = perf_graph_best(be, 4900 + (uint64_t)T, perf_moe_step, &pc, reps, y);
+        for (int wgv = 1; T >= 8 && wgv <= 2; wgv++) { /* the same on wgmma (MOET_MOE_WG=1, opt-in, sm_90); =2 its
+                                                       * deeper rotation of A registers at small N */
+            setenv("MOET_MOE_WG", wgv == 1 ? "1" : "2", 1);
+            const double bw = perf_graph_best(be, 4900 + 50 * wgv + (uint64_t)T, perf_moe_step, &pc, reps, y);
             unsetenv("MOET_MOE_WG");
-            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", "moe w2 wgmma (WG=1)", T, bw * 1e6, bytes / 1e6,
-                   bytes / bw / 1e9, flops / bw / 1e12);
+            printf("%-28s %8d %10.2f %10.2f %9.0f %9.2f\n", wgv == 1 ? "moe w2 wgmma (WG=1)" : "moe w2 wgmma deep (WG=2)", T,
+                   bw * 1e6, bytes / 1e6, bytes / bw / 1e9, flops / bw / 1e12);
         }
         if (T >= 8) { /* the block scales folded into the level operand (MOET_MOE_AS=1, opt-in) */
             setenv("MOET_MOE_AS", "1", 1);

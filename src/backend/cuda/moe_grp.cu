@@ -538,7 +538,7 @@ __device__ __forceinline__ uint64_t gw_desc(uint32_t saddr) {
  * fragment of a warp's 16 rows is mma.m16n8k16's); two register sets alternate by block so that the next block
  * is decoded while the last one's wgmma run. Not bit-identical to k_gb_experts (the tensor cores add in their own
  * order); test_ops checks it against the reference at NMSE 1e-6. */
-template <int GU>
+template <int GU, int DEEP>
 __global__ void __launch_bounds__(GB_W * 32, 2)
 k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C, int32_t K,
              const cu_mat *__restrict__ table, int32_t type, const int32_t *count, const int32_t *n_items,
@@ -598,61 +598,86 @@ k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
             }
         }
     };
-    float d[NM][32];
-#pragma unroll
-    for (int k = 0; k < NM; k++)
-#pragma unroll
-        for (int i = 0; i < 32; i++) d[k][i] = 0.f;
     /* the whole loop for one N (the chunk's live n-tiles x 8), chosen once a CTA: a choice at every wgmma cost
-     * more instructions than it saved (stop 40, ncu) */
+     * more instructions than it saved (stop 40, ncu). The accumulators (N / 2 a matrix) and the epilogue are the
+     * loop's own, so a small N holds few registers; there DEEP (MOET_MOE_WG=2: written at stop 40 after the device
+     * time ran out, not yet run) rotates RS = 4 sets of A registers instead of 2, so a block waits only for the
+     * groups 4 blocks back (the wgmma's latency is most exposed where N is small, 0.56x the mma.sync kernel at
+     * 8-32 tokens; N <= 16: with more the gate/up kernel spills). */
     auto loop = [&](auto nn) {
-    constexpr int NN = decltype(nn)::value;
+        constexpr int NN = decltype(nn)::value, RS = DEEP && NN <= 16 ? 4 : 2;
+        float d[NM][NN / 2];
 #pragma unroll
-    for (int p = 0; p < GB_ST - 1; p++) {
-        if (p < np) issue(p);
-        gb_commit();
-    }
-    uint32_t lv[2][NM][2][4];
-    for (int p = 0; p < np; p++) {
-        gb_wait<GB_ST - 2>();
-        gw_proxy_fence();
-        __syncthreads(); /* piece p landed for every thread; every wgmma of piece p - 1 is done (waited below) */
-        if (p + GB_ST - 1 < np) issue(p + GB_ST - 1);
-        gb_commit();
-        const unsigned char *st = pieces + (size_t)(p % GB_ST) * PB;
-        const uint32_t xb = cu_smem_u32(st);
-        const unsigned char *wsm = st + XB + (size_t)warp * NM * 576;
+        for (int k = 0; k < NM; k++)
 #pragma unroll
-        for (int bi = 0; bi < GB_KP / 32; bi++) {
-            const int b = bi & 1;
-            if (bi >= 2) gw_wait<1>(); /* block bi - 2's wgmma (they read lv[b]) done */
+            for (int i = 0; i < NN / 2; i++) d[k][i] = 0.f;
 #pragma unroll
-            for (int k = 0; k < NM; k++) {
-                const uint32_t w = live ? ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane] : 0u, dw = w ^ (w << 8);
-                const unsigned char *sc = wsm + k * 576 + 512 + bi * 16;
-                const __half2 s2 = live ? __floats2half2_rn(A[k] * lut[sc[g]], A[k] * lut[sc[g + 8]])
-                                        : __floats2half2_rn(0.f, 0.f);
-                const __half2 sg = __low2half2(s2), sg8 = __high2half2(s2);
-#pragma unroll
-                for (int hb = 0; hb < 2; hb++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        const uint32_t raw = gb_level2(w, dw, 4 * hb + r, one2[k], dpair[k]);
-                        const __half2 v = __hmul2(*(const __half2 *)&raw, (r & 1) ? sg8 : sg);
-                        lv[b][k][hb][r] = *(const uint32_t *)&v;
-                    }
-            }
-            gw_fence();
-#pragma unroll
-            for (int hb = 0; hb < 2; hb++) {
-                const uint64_t desc = gw_desc(xb + (uint32_t)(2 * bi + hb) * 256);
-#pragma unroll
-                for (int k = 0; k < NM; k++) gw_mma<NN>(d[k], lv[b][k][hb], desc);
-            }
-            gw_commit();
+        for (int p = 0; p < GB_ST - 1; p++) {
+            if (p < np) issue(p);
+            gb_commit();
         }
-        gw_wait<0>();
-    }
+        uint32_t lv[RS][NM][2][4];
+        for (int p = 0; p < np; p++) {
+            gb_wait<GB_ST - 2>();
+            gw_proxy_fence();
+            __syncthreads(); /* piece p landed for every thread; every wgmma of piece p - 1 is done (waited below) */
+            if (p + GB_ST - 1 < np) issue(p + GB_ST - 1);
+            gb_commit();
+            const unsigned char *st = pieces + (size_t)(p % GB_ST) * PB;
+            const uint32_t xb = cu_smem_u32(st);
+            const unsigned char *wsm = st + XB + (size_t)warp * NM * 576;
+#pragma unroll
+            for (int bi = 0; bi < GB_KP / 32; bi++) {
+                const int b = bi % RS;
+                if (bi >= RS) gw_wait<RS - 1>(); /* block bi - RS's wgmma (they read lv[b]) done */
+#pragma unroll
+                for (int k = 0; k < NM; k++) {
+                    const uint32_t w = live ? ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane] : 0u, dw = w ^ (w << 8);
+                    const unsigned char *sc = wsm + k * 576 + 512 + bi * 16;
+                    const __half2 s2 = live ? __floats2half2_rn(A[k] * lut[sc[g]], A[k] * lut[sc[g + 8]])
+                                            : __floats2half2_rn(0.f, 0.f);
+                    const __half2 sg = __low2half2(s2), sg8 = __high2half2(s2);
+#pragma unroll
+                    for (int hb = 0; hb < 2; hb++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) {
+                            const uint32_t raw = gb_level2(w, dw, 4 * hb + r, one2[k], dpair[k]);
+                            const __half2 v = __hmul2(*(const __half2 *)&raw, (r & 1) ? sg8 : sg);
+                            lv[b][k][hb][r] = *(const uint32_t *)&v;
+                        }
+                }
+                gw_fence();
+#pragma unroll
+                for (int hb = 0; hb < 2; hb++) {
+                    const uint64_t desc = gw_desc(xb + (uint32_t)(2 * bi + hb) * 256);
+#pragma unroll
+                    for (int k = 0; k < NM; k++) gw_mma<NN>(d[k], lv[b][k][hb], desc);
+                }
+                gw_commit();
+            }
+            gw_wait<0>();
+        }
+        gb_wait<0>();
+        if (!live) return;
+        const float pg = pw[0], pu = pw[NM - 1];
+#pragma unroll
+        for (int j = 0; j < NN / 8; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int slot = 8 * j + 2 * t + h;
+                if (slot >= nt) continue;
+                const float qv = __ldcg(qx + rowof[slot]);
+                const int64_t o = (int64_t)outof[slot] * R + ti * 16 + g;
+                const float g0 = d[0][4 * j + h] * pg * qv, g1 = d[0][4 * j + 2 + h] * pg * qv;
+                if (GU) {
+                    const float u0 = d[NM - 1][4 * j + h] * pu * qv, u1 = d[NM - 1][4 * j + 2 + h] * pu * qv;
+                    out[o] = g0 / (1.0f + expf(-g0)) * u0;
+                    out[o + 8] = g1 / (1.0f + expf(-g1)) * u1;
+                } else {
+                    out[o] = g0;
+                    out[o + 8] = g1;
+                }
+            }
     };
     switch (ntl) {
     case 1: loop(std::integral_constant<int, 8>{}); break;
@@ -664,27 +689,6 @@ k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     case 7: loop(std::integral_constant<int, 56>{}); break;
     default: loop(std::integral_constant<int, 64>{}); break;
     }
-    gb_wait<0>();
-    if (!live) return;
-    const float pg = pw[0], pu = pw[NM - 1];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int slot = 8 * j + 2 * t + h;
-            if (slot >= nt) continue;
-            const float qv = __ldcg(qx + rowof[slot]);
-            const int64_t o = (int64_t)outof[slot] * R + ti * 16 + g;
-            const float g0 = d[0][4 * j + h] * pg * qv, g1 = d[0][4 * j + 2 + h] * pg * qv;
-            if (GU) {
-                const float u0 = d[NM - 1][4 * j + h] * pu * qv, u1 = d[NM - 1][4 * j + 2 + h] * pu * qv;
-                out[o] = g0 / (1.0f + expf(-g0)) * u0;
-                out[o + 8] = g1 / (1.0f + expf(-g1)) * u1;
-            } else {
-                out[o] = g0;
-                out[o + 8] = g1;
-            }
-        }
 }
 
 /* ---- the FP4 delta: the NVFP4 residuals as a second pass over the same work list --------------------------------
@@ -923,8 +927,10 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
         if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c) || gb_attrs_x1<1>(c) || gb_attrs_x1<2>(c) ||
             gb_attrs_x1<4>(c) || gb_attrs_x1<8>(c) || gb_attrs_xs<1>(c) || gb_attrs_xs<2>(c) || gb_attrs_xs<4>(c) ||
             gb_attrs_xs<8>(c) ||
-            CU_CHECK(c, cudaFuncSetAttribute(k_gw_experts<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gw_smem<1>())) ||
-            CU_CHECK(c, cudaFuncSetAttribute(k_gw_experts<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gw_smem<0>())) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_gw_experts<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gw_smem<1>())) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_gw_experts<0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gw_smem<0>())) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_gw_experts<1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gw_smem<1>())) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_gw_experts<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gw_smem<0>())) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
             CU_CHECK(c, cudaFuncSetAttribute(k_gb_stage<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, big)) ||
@@ -939,19 +945,28 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
     /* MOET_MOE_AS=1 (opt-in, with x as one f16 and the level operand): the block scales folded into the operand */
     const int as = x1 && lv && ase && ase[0] == '1';
     /* MOET_MOE_WG=1 (opt-in, sm_90a): k_gw_experts, the numerics of AS on wgmma; every tile size (its chunks hold
-     * up to 64 slots), not with the delta */
+     * up to 64 slots), not with the delta; =2 its deeper rotation of A registers at small N (not yet run) */
     const char *wge = getenv("MOET_MOE_WG");
-    const int wg = wge && wge[0] == '1' && c->prop.major == 9 && x1 && lv && !dtab && tile <= 64;
+    const int wg = wge && (wge[0] == '1' || wge[0] == '2') && c->prop.major == 9 && x1 && lv && !dtab && tile <= 64,
+              deep = wg && wge[0] == '2';
     const dim3 block(GB_W * 32), ggu((unsigned)((F / 16 + GB_W - 1) / GB_W), n_chunks),
             gdn((unsigned)((H / 16 + GB_W - 1) / GB_W), n_chunks);
     if (wg) {
         if (gb_stage(c, xr, T, H, NULL, 0, NULL, 1, xg, qg, 0, 1)) return;
-        k_gw_experts<1><<<ggu, block, gw_smem<1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table, tab->type, count,
-                                                                 n_items, items, list, act);
+        if (deep)
+            k_gw_experts<1, 1><<<ggu, block, gw_smem<1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table, tab->type,
+                                                                        count, n_items, items, list, act);
+        else
+            k_gw_experts<1, 0><<<ggu, block, gw_smem<1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table, tab->type,
+                                                                        count, n_items, items, list, act);
         if (CU_LAUNCHED(c, "k_gw_experts gate/up")) return;
         if (gb_stage(c, act, T * K, F, tab->table, 2, topk_ids, 1, xd, qd, 0, 1)) return;
-        k_gw_experts<0><<<gdn, block, gw_smem<0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, tab->type, count,
-                                                                 n_items, items, list, ydn);
+        if (deep)
+            k_gw_experts<0, 1><<<gdn, block, gw_smem<0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, tab->type,
+                                                                        count, n_items, items, list, ydn);
+        else
+            k_gw_experts<0, 0><<<gdn, block, gw_smem<0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, tab->type,
+                                                                        count, n_items, items, list, ydn);
         CU_LAUNCHED(c, "k_gw_experts down");
         return;
     }

@@ -23,6 +23,14 @@ if [ "${SHARED:-0}" = 1 ]; then
 fi
 strip --strip-unneeded .carry/bin/* .carry/lib/*  # host symbols only; the device code (.nv_fatbin) stays
 rm -rf .carry/node_modules
+# QPACK=FILE: a W2 pack (e.g. moe-mini-c's, from `moet quantize`) xz'd, and the first 400 KB of ../shared/data/dev.txt,
+# for tools/gpu_prefill.sh's perplexity and KLD on the GPU (../shared does not travel)
+rm -rf .carry/q
+if [ -n "${QPACK:-}" ]; then
+  mkdir -p .carry/q
+  xz -T2 -6 -c "$QPACK" > .carry/q/pack.gguf.xz
+  head -c 400000 ../shared/data/dev.txt > .carry/q/text.txt
+fi
 # seven statically linked binaries are ~140 MB, past the device call's 64 MiB working tree: ship them xz'd;
 # gpu_check.sh unpacks them
 # -9e: a 64 MiB dictionary spans the binaries, which share their ~18 MB of device code (16 MB at -6, 2.8 MB here)

@@ -141,6 +141,52 @@ __device__ __forceinline__ uint32_t gb_level2(uint32_t w, uint32_t d, int x, uin
     return (one2 ^ (mask & dpair)) | ((w << x) & 0x80008000u);
 }
 
+/* A chunk's slots into shared memory (every thread): outof[i] the slot (output row), rowof[i] its staged input row
+ * (the token for gate/up, the slot for down), -1 past the chunk's nt */
+template <int TB, int GU>
+__device__ __forceinline__ void gb_slots(int32_t *rowof, int32_t *outof, const int32_t *list, int64_t T, int32_t e,
+                                         int32_t c0, int nt, int32_t K) {
+    for (int i = threadIdx.x; i < TB; i += blockDim.x) {
+        const int32_t s = i < nt ? list[(int64_t)e * T + c0 + i] : -1;
+        outof[i] = s;
+        rowof[i] = s < 0 ? -1 : GU ? s / K : s;
+    }
+}
+
+/* The level operand's constants of a matrix (gb_level2): its two magnitudes (exact in f16: checked at upload) */
+__device__ __forceinline__ void gb_level_consts(int32_t type, float beta, uint32_t *one2, uint32_t *dpair) {
+    const uint32_t ms = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 1.5f : 1.0f));
+    const uint32_t md = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 0.5f : beta));
+    *one2 = ms | ms << 16;
+    *dpair = *one2 ^ (md | md << 16);
+}
+
+/* The scaled-A forms (X1 = 2, k_gw_experts): the matrix scale a into [2^14, 2^15) so that a block's scale (lut <=
+ * 1) times it is a normal f16; *pw undoes it on the sums */
+__device__ __forceinline__ void gb_scale_pow(float *a, float *pw) {
+    if (*a != 0.f) {
+        const int E = ilogbf(*a);
+        *a = ldexpf(*a, 14 - E);
+        *pw = ldexpf(1.f, E - 14);
+    }
+}
+
+/* A lane's k32 block of one matrix as scaled level operands (the AS forms, X1 = 2): out[hb][r] = f16(level x the
+ * row's scale), s2 the scales of rows g (registers 0 and 2 of a half-block) and g + 8 (1 and 3) */
+__device__ __forceinline__ void gb_levels_scaled(uint32_t w, __half2 s2, uint32_t one2, uint32_t dpair,
+                                                 uint32_t out[2][4]) {
+    const uint32_t d = w ^ (w << 8);
+    const __half2 sg = __low2half2(s2), sg8 = __high2half2(s2);
+#pragma unroll
+    for (int hb = 0; hb < 2; hb++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const uint32_t raw = gb_level2(w, d, 4 * hb + r, one2, dpair);
+            const __half2 v = __hmul2(*(const __half2 *)&raw, (r & 1) ? sg8 : sg);
+            out[hb][r] = *(const uint32_t *)&v;
+        }
+}
+
 /* GU = 1: gate and up (rows F of hidden H), act[slot][F] = SwiGLU; GU = 0: down (rows H of F), ydn[slot][H]. xs /
  * qx: the staged input rows (tokens for gate/up, slots for down). LV = 1: the level operand (gb_level2): one mma a
  * half-block and n-tile instead of two, one FMA an accumulator instead of two. PRE (GU = 1, with the delta): the
@@ -173,11 +219,7 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     const int32_t e = items[2 * blockIdx.y], c0 = items[2 * blockIdx.y + 1];
     const int nt = count[e] - c0 < TB ? count[e] - c0 : TB;
     tc_lut_fill(lut);
-    for (int i = threadIdx.x; i < TB; i += blockDim.x) {
-        const int32_t s = i < nt ? list[(int64_t)e * T + c0 + i] : -1;
-        outof[i] = s;
-        rowof[i] = s < 0 ? -1 : GU ? s / K : s;
-    }
+    gb_slots<TB, GU>(rowof, outof, list, T, e, c0, nt, K);
     __syncthreads();
     const int64_t ti = (int64_t)blockIdx.x * GB_W + warp, NB = C / 32;
     const int live = ti < R / 16, np = (int)(C / GB_KP);
@@ -189,18 +231,11 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
         mt[k] = table[(int64_t)e * 3 + (GU ? k : 2)];
         tc_ab(type, mt[k].qbeta, &A[k], &B[k]);
         pw[k] = 1.f;
-        if (LV) { /* the levels' two magnitudes (exact in f16: checked at upload), the scale alone in A */
-            const uint32_t ms = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 1.5f : 1.0f));
-            const uint32_t md = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 0.5f : mt[k].qbeta));
-            one2[k] = ms | ms << 16;
-            dpair[k] = one2[k] ^ (md | md << 16);
+        if (LV) { /* the levels' two magnitudes, the scale alone in A */
+            gb_level_consts(type, mt[k].qbeta, &one2[k], &dpair[k]);
             A[k] = mt[k].qscale;
             B[k] = 0.f;
-            if (XS && A[k] != 0.f) { /* A in [2^14, 2^15): a block's scale (lut <= 1) x 2^(14 - E); pw undoes it */
-                const int E = ilogbf(A[k]);
-                A[k] = ldexpf(A[k], 14 - E);
-                pw[k] = ldexpf(1.f, E - 14);
-            }
+            if (XS) gb_scale_pow(&A[k], &pw[k]);
         } else {
             one2[k] = dpair[k] = 0;
             A[k] *= mt[k].qscale;
@@ -249,19 +284,10 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
                 uint32_t lv[NM][2][4];
 #pragma unroll
                 for (int k = 0; k < NM; k++) {
-                    const uint32_t w = ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane], d = w ^ (w << 8);
+                    const uint32_t w = ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane];
                     const unsigned char *sc = wsm + k * 576 + 512 + bi * 16;
-                    /* rows g (registers 0 and 2 of a half-block) and g + 8 (1 and 3) */
-                    const __half2 s2 = __floats2half2_rn(A[k] * lut[sc[g]], A[k] * lut[sc[g + 8]]);
-                    const __half2 sg = __low2half2(s2), sg8 = __high2half2(s2);
-#pragma unroll
-                    for (int hb = 0; hb < 2; hb++)
-#pragma unroll
-                        for (int r = 0; r < 4; r++) {
-                            const uint32_t raw = gb_level2(w, d, 4 * hb + r, one2[k], dpair[k]);
-                            const __half2 v = __hmul2(*(const __half2 *)&raw, (r & 1) ? sg8 : sg);
-                            lv[k][hb][r] = *(const uint32_t *)&v;
-                        }
+                    gb_levels_scaled(w, __floats2half2_rn(A[k] * lut[sc[g]], A[k] * lut[sc[g + 8]]), one2[k],
+                                     dpair[k], lv[k]);
                 }
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
@@ -412,94 +438,40 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
  * mma.m16n8k16's A-fragment order), B (16 x N, K-major) from shared memory by descriptor; N = 8 .. 64 (the operand
  * lists are mechanical). Compiled only for sm_90a (a trap elsewhere, where the host never launches it). */
 template <int N> __device__ __forceinline__ void gw_mma(float *d, const uint32_t a[4], uint64_t desc);
-template <> __device__ __forceinline__ void gw_mma<8>(float *d, const uint32_t a[4], uint64_t desc) {
+/* GW_MMA(N, D, A, DESC, ONE, outputs): the specialisation for N; D and A the asm operand numbers of the N / 2
+ * accumulators and the 4 A registers, DESC and ONE those of the descriptor and of the scale-d predicate's source */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-    (void)d; (void)a; (void)desc;
-    __trap();
+#define GW_MMA(N, D, A, DESC, ONE, ...)                                                                              \
+    template <> __device__ __forceinline__ void gw_mma<N>(float *d, const uint32_t a[4], uint64_t desc) {             \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " ONE ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N            \
+                     "k16.f32.f16.f16 {" D "}, {" A "}, " DESC ", p, 1, 1, 0;\n}\n"                                    \
+                     : __VA_ARGS__                                                                                   \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));                              \
+    }
+#else /* never launched off sm_90a: the host takes k_gw_experts only on sm_90 */
+#define GW_MMA(N, D, A, DESC, ONE, ...)                                                                              \
+    template <> __device__ __forceinline__ void gw_mma<N>(float *d, const uint32_t a[4], uint64_t desc) {             \
+        (void)d; (void)a; (void)desc;                                                                                \
+        __trap();                                                                                                    \
+    }
 #endif
-}
-template <> __device__ __forceinline__ void gw_mma<16>(float *d, const uint32_t a[4], uint64_t desc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-    (void)d; (void)a; (void)desc;
-    __trap();
-#endif
-}
-template <> __device__ __forceinline__ void gw_mma<24>(float *d, const uint32_t a[4], uint64_t desc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %17, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11}, {%12,%13,%14,%15}, %16, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-    (void)d; (void)a; (void)desc;
-    __trap();
-#endif
-}
-template <> __device__ __forceinline__ void gw_mma<32>(float *d, const uint32_t a[4], uint64_t desc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-    (void)d; (void)a; (void)desc;
-    __trap();
-#endif
-}
-template <> __device__ __forceinline__ void gw_mma<40>(float *d, const uint32_t a[4], uint64_t desc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %25, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n40k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19}, {%20,%21,%22,%23}, %24, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-    (void)d; (void)a; (void)desc;
-    __trap();
-#endif
-}
-template <> __device__ __forceinline__ void gw_mma<48>(float *d, const uint32_t a[4], uint64_t desc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}, {%24,%25,%26,%27}, %28, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-    (void)d; (void)a; (void)desc;
-    __trap();
-#endif
-}
-template <> __device__ __forceinline__ void gw_mma<56>(float *d, const uint32_t a[4], uint64_t desc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %33, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n56k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27}, {%28,%29,%30,%31}, %32, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-    (void)d; (void)a; (void)desc;
-    __trap();
-#endif
-}
-template <> __device__ __forceinline__ void gw_mma<64>(float *d, const uint32_t a[4], uint64_t desc) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-#else
-    (void)d; (void)a; (void)desc;
-    __trap();
-#endif
-}
+GW_MMA(8, "%0,%1,%2,%3", "%4,%5,%6,%7", "%8", "%9",
+       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]))
+GW_MMA(16, "%0,%1,%2,%3,%4,%5,%6,%7", "%8,%9,%10,%11", "%12", "%13",
+       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]))
+GW_MMA(24, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11", "%12,%13,%14,%15", "%16", "%17",
+       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]))
+GW_MMA(32, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15", "%16,%17,%18,%19", "%20", "%21",
+       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]))
+GW_MMA(40, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19", "%20,%21,%22,%23", "%24", "%25",
+       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]))
+GW_MMA(48, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23", "%24,%25,%26,%27", "%28", "%29",
+       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]))
+GW_MMA(56, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27", "%28,%29,%30,%31", "%32", "%33",
+       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]))
+GW_MMA(64, "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31", "%32,%33,%34,%35", "%36", "%37",
+       "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]))
+#undef GW_MMA
 
 __device__ __forceinline__ void gw_fence(void) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -554,11 +526,7 @@ k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     const int32_t e = items[2 * blockIdx.y], c0 = items[2 * blockIdx.y + 1];
     const int nt = count[e] - c0 < TB ? count[e] - c0 : TB;
     tc_lut_fill(lut);
-    for (int i = threadIdx.x; i < TB; i += blockDim.x) {
-        const int32_t s = i < nt ? list[(int64_t)e * T + c0 + i] : -1;
-        outof[i] = s;
-        rowof[i] = s < 0 ? -1 : GU ? s / K : s;
-    }
+    gb_slots<TB, GU>(rowof, outof, list, T, e, c0, nt, K);
     __syncthreads();
     const int64_t ti = (int64_t)blockIdx.x * GB_W + warp, NB = C / 32;
     const int live = ti < R / 16, np = (int)(C / GB_KP), ntl = (nt + 7) >> 3;
@@ -568,17 +536,10 @@ k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
 #pragma unroll
     for (int k = 0; k < NM; k++) {
         mt[k] = table[(int64_t)e * 3 + (GU ? k : 2)];
-        const uint32_t ms = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 1.5f : 1.0f));
-        const uint32_t md = __half_as_ushort(__float2half_rn(type == MOET_TYPE_SYM2 ? 0.5f : mt[k].qbeta));
-        one2[k] = ms | ms << 16;
-        dpair[k] = one2[k] ^ (md | md << 16);
+        gb_level_consts(type, mt[k].qbeta, &one2[k], &dpair[k]);
         A[k] = mt[k].qscale;
         pw[k] = 1.f;
-        if (A[k] != 0.f) {
-            const int E = ilogbf(A[k]);
-            A[k] = ldexpf(A[k], 14 - E);
-            pw[k] = ldexpf(1.f, E - 14);
-        }
+        gb_scale_pow(&A[k], &pw[k]);
     }
     auto issue = [&](int p) {
         unsigned char *st = pieces + (size_t)(p % GB_ST) * PB;
@@ -631,20 +592,12 @@ k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
                 const int b = bi % RS;
                 if (bi >= RS) gw_wait<RS - 1>(); /* block bi - RS's wgmma (they read lv[b]) done */
 #pragma unroll
-                for (int k = 0; k < NM; k++) {
-                    const uint32_t w = live ? ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane] : 0u, dw = w ^ (w << 8);
+                for (int k = 0; k < NM; k++) { /* a dead warp's rows: zero operands (the wgmma are the group's) */
+                    const uint32_t w = live ? ((const uint32_t *)(wsm + k * 576))[bi * 32 + lane] : 0u;
                     const unsigned char *sc = wsm + k * 576 + 512 + bi * 16;
-                    const __half2 s2 = live ? __floats2half2_rn(A[k] * lut[sc[g]], A[k] * lut[sc[g + 8]])
-                                            : __floats2half2_rn(0.f, 0.f);
-                    const __half2 sg = __low2half2(s2), sg8 = __high2half2(s2);
-#pragma unroll
-                    for (int hb = 0; hb < 2; hb++)
-#pragma unroll
-                        for (int r = 0; r < 4; r++) {
-                            const uint32_t raw = gb_level2(w, dw, 4 * hb + r, one2[k], dpair[k]);
-                            const __half2 v = __hmul2(*(const __half2 *)&raw, (r & 1) ? sg8 : sg);
-                            lv[b][k][hb][r] = *(const uint32_t *)&v;
-                        }
+                    gb_levels_scaled(w, live ? __floats2half2_rn(A[k] * lut[sc[g]], A[k] * lut[sc[g + 8]])
+                                             : __floats2half2_rn(0.f, 0.f),
+                                     one2[k], dpair[k], lv[b][k]);
                 }
                 gw_fence();
 #pragma unroll

@@ -76,6 +76,11 @@ if [ -f "$SHARED/data/dev.txt" ]; then
   "$MOET" perplexity -m "$MODEL" -f "$SHARED/data/dev.txt" --ctx 64 --chunks 2 --kld-base "$tmp/short.kld" >/dev/null 2>&1 \
     && bad "truncated base accepted" || ok "truncated kld base refused"
 fi
+# bench's JSON records the MOET_* settings it ran under, escaped (and not MOET_COMMIT, which is its "commit")
+MOET_BENCH_TAG='a"b\c' MOET_COMMIT=abc123 "$MOET" bench --synthetic mini -p 4 -n 2 --reps 1 -t 1 --json "$tmp/b.json" \
+  >/dev/null 2>&1 || bad "bench --json"
+grep -qF '"env": {' "$tmp/b.json" && grep -qF '"MOET_BENCH_TAG": "a\"b\\c"' "$tmp/b.json" && ! grep -q '"MOET_COMMIT"' "$tmp/b.json" \
+  && grep -qF '"commit": "abc123"' "$tmp/b.json" && ok "bench --json: env recorded, escaped" || bad "bench --json env: $(grep env "$tmp/b.json")"
 # Delta gate: tau = 0 is the base alone and tau = 1 is base + delta everywhere, bit for bit (saved logits equal).
 if [ -f "$SHARED/data/dev.txt" ]; then
   for cfg in "off 0" "gate 0" "on 0" "gate 1"; do

@@ -20,6 +20,8 @@
  * confidence gate (moet_session_eval_gated): base experts, then base + delta again where the top-1 probability is
  * below TAU; the JSON counts the corrected steps. A tiny TAU times the gate's own cost (its confidence from the
  * candidates' lz, or with --candidates 0 from the whole row).
+ * The JSON's "env" records the MOET_* settings of the run (kernel options such as MOET_MOE_X1 change what is timed),
+ * so an A/B's files say what each measured without their names having to.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +36,41 @@
 #include "quant/matq.h"
 #include "quant/types.h"
 #include "runtime/session_int.h"
+
+extern char **environ;
+
+/* The MOET_* environment (but MOET_COMMIT, the JSON's "commit") as a JSON object into buf: names and values escaped
+ * as JSON strings; a setting that would not fit is left out, never cut. */
+static void bench_env_json(char *buf, size_t cap) {
+    size_t n = 0;
+    int first = 1;
+    buf[n++] = '{';
+    for (char **e = environ; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (strncmp(*e, "MOET_", 5) || !strncmp(*e, "MOET_COMMIT=", 12) || !eq) continue;
+        char item[640];
+        size_t k = 0;
+        int ok = 1;
+        if (!first) item[k++] = ',';
+        item[k++] = '"';
+        for (const char *c = *e; *c; c++) {
+            if (k + 8 >= sizeof item) { ok = 0; break; }
+            const unsigned char u = (unsigned char)*c;
+            if (c == eq) { memcpy(item + k, "\": \"", 4); k += 4; }
+            else if (u == '"' || u == '\\') { item[k++] = '\\'; item[k++] = (char)u; }
+            else if (u < 0x20 || u >= 0x7f) k += (size_t)snprintf(item + k, sizeof item - k, "\\u%04x", u);
+            else item[k++] = (char)u;
+        }
+        if (!ok) continue;
+        item[k++] = '"';
+        if (n + k + 2 >= cap) continue;
+        memcpy(buf + n, item, k);
+        n += k;
+        first = 0;
+    }
+    buf[n++] = '}';
+    buf[n] = 0;
+}
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -326,12 +363,14 @@ int cmd_bench(int argc, char **argv) {
     if (json_path) {
         FILE *f = fopen(json_path, "w");
         if (!f) { fprintf(stderr, "moet: cannot write %s\n", json_path); return 1; }
+        char envj[4096];
+        bench_env_json(envj, sizeof envj);
         fprintf(f, "{\n  \"tool\": \"moet bench\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
                    "  \"machine\": {\"cpu\": \"%s\", \"cores\": %ld, \"os\": \"%s %s\", \"arch\": \"%s\", \"gpu\": \"%s\"},\n"
-                   "  \"model\": \"%s\",\n  \"reps\": %ld,\n  \"candidates\": %ld,\n  \"peak_rss_bytes\": %llu,\n"
-                   "  \"results\": [%s\n  ]\n}\n",
+                   "  \"model\": \"%s\",\n  \"reps\": %ld,\n  \"candidates\": %ld,\n  \"env\": %s,\n"
+                   "  \"peak_rss_bytes\": %llu,\n  \"results\": [%s\n  ]\n}\n",
                 cli_git_commit(), date, cpu, sysconf(_SC_NPROCESSORS_ONLN), un.sysname, un.release, un.machine, gpu,
-                model_path, reps, cands, (unsigned long long)moet_peak_rss_bytes(), results);
+                model_path, reps, cands, envj, (unsigned long long)moet_peak_rss_bytes(), results);
         fclose(f);
         fprintf(stderr, "moet: wrote %s\n", json_path);
     }

@@ -196,7 +196,7 @@ __device__ __forceinline__ void gb_levels_scaled(uint32_t w, __half2 s2, uint32_
  * same weight decode. Not fp32-exact: each x value carries a relative rounding of up to 2^-12 (bf16 activations, as
  * other engines run them, carry 2^-9); test_ops checks it against the reference at NMSE 1e-6 instead of 1e-10, and
  * docs/design.md decision 9 has what it costs end to end (moe-mini-c W2: KLD 2e-6 against the exact path, 1e-5 of
- * the perplexity) and buys (H100: the 30b MoE op at 512 tokens 1.42x, pp512 1.25x at 30b, 1.40x at 235b). */
+ * the perplexity) and buys (H100: the 30b MoE op at 512 tokens 1.42x, pp512 1.25x at 30b, 1.39x at 235b). */
 /* X1 = 2 (LV only; MOET_MOE_AS=1, opt-in for A/B): x as with X1 = 1, and each block's scale folded into the level
  * operand: A = f16(level x f16(scale x 2^(14 - E))) (E the matrix scale's exponent, so every product is a normal f16
  * at most 1.5 x 2^15), one HMUL2 a register, so the mma accumulate straight into the sums across blocks: no product
@@ -801,7 +801,7 @@ static int gb_x1(void) {
 
 /* slots a chunk of the work list takes for T tokens of K picks over E experts (4 NT; 8 NT with X1). With X1 = 2 and
  * no delta, 64 from 24 an expert on average: an expert past 32 slots then decodes its weights once, not twice (the
- * residuals' pass has no 64-slot form). H100, 30b experts at 512 tokens (stop 40): 411 -> 390 us. */
+ * residuals' pass has no 64-slot form). H100, 30b experts at 512 tokens (stop 40): 1.05x chunks of 32. */
 extern "C" int cu_moe_gb_tile(int64_t T, int32_t E, int32_t K, int delta) {
     const int64_t avg = T * K / (E > 0 ? E : 1);
     if (avg >= 24 && !delta && gb_x1() == 2) return 64;

@@ -141,16 +141,22 @@ __device__ __forceinline__ uint32_t gb_level2(uint32_t w, uint32_t d, int x, uin
     return (one2 ^ (mask & dpair)) | ((w << x) & 0x80008000u);
 }
 
-/* A chunk's slots into shared memory (every thread): outof[i] the slot (output row), rowof[i] its staged input row
- * (the token for gate/up, the slot for down), -1 past the chunk's nt */
+/* The CTA's work item (blockIdx.y: an expert e and its chunk from slot c0, tc_lut_fill's table, the chunk's slots
+ * into shared memory (every thread): outof[i] the slot (output row), rowof[i] its staged input row (the token for
+ * gate/up, the slot for down), -1 past the chunk; returns the chunk's slot count (at most TB). The caller syncs. */
 template <int TB, int GU>
-__device__ __forceinline__ void gb_slots(int32_t *rowof, int32_t *outof, const int32_t *list, int64_t T, int32_t e,
-                                         int32_t c0, int nt, int32_t K) {
+__device__ __forceinline__ int gb_chunk(const int32_t *items, const int32_t *count, const int32_t *list, int64_t T,
+                                        int32_t K, float *lut, int32_t *rowof, int32_t *outof, int32_t *e_out) {
+    const int32_t e = items[2 * blockIdx.y], c0 = items[2 * blockIdx.y + 1];
+    const int nt = count[e] - c0 < TB ? count[e] - c0 : TB;
+    tc_lut_fill(lut);
     for (int i = threadIdx.x; i < TB; i += blockDim.x) {
         const int32_t s = i < nt ? list[(int64_t)e * T + c0 + i] : -1;
         outof[i] = s;
         rowof[i] = s < 0 ? -1 : GU ? s / K : s;
     }
+    *e_out = e;
+    return nt;
 }
 
 /* The level operand's constants of a matrix (gb_level2): its two magnitudes (exact in f16: checked at upload) */
@@ -216,10 +222,8 @@ k_gb_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     int32_t *rowof = (int32_t *)(lut + 256);          /* [TB]: the staged row of each slot, -1 past the chunk */
     int32_t *outof = rowof + TB;                      /* [TB]: the slot (output row) */
     unsigned char *pieces = (unsigned char *)(outof + TB);
-    const int32_t e = items[2 * blockIdx.y], c0 = items[2 * blockIdx.y + 1];
-    const int nt = count[e] - c0 < TB ? count[e] - c0 : TB;
-    tc_lut_fill(lut);
-    gb_slots<TB, GU>(rowof, outof, list, T, e, c0, nt, K);
+    int32_t e;
+    const int nt = gb_chunk<TB, GU>(items, count, list, T, K, lut, rowof, outof, &e);
     __syncthreads();
     const int64_t ti = (int64_t)blockIdx.x * GB_W + warp, NB = C / 32;
     const int live = ti < R / 16, np = (int)(C / GB_KP);
@@ -523,10 +527,8 @@ k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     int32_t *rowof = (int32_t *)(lut + 256); /* [TB] */
     int32_t *outof = rowof + TB;             /* [TB] */
     unsigned char *pieces = smem + 1536;
-    const int32_t e = items[2 * blockIdx.y], c0 = items[2 * blockIdx.y + 1];
-    const int nt = count[e] - c0 < TB ? count[e] - c0 : TB;
-    tc_lut_fill(lut);
-    gb_slots<TB, GU>(rowof, outof, list, T, e, c0, nt, K);
+    int32_t e;
+    const int nt = gb_chunk<TB, GU>(items, count, list, T, K, lut, rowof, outof, &e);
     __syncthreads();
     const int64_t ti = (int64_t)blockIdx.x * GB_W + warp, NB = C / 32;
     const int live = ti < R / 16, np = (int)(C / GB_KP), ntl = (nt + 7) >> 3;

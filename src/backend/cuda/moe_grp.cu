@@ -141,9 +141,10 @@ __device__ __forceinline__ uint32_t gb_level2(uint32_t w, uint32_t d, int x, uin
     return (one2 ^ (mask & dpair)) | ((w << x) & 0x80008000u);
 }
 
-/* The CTA's work item (blockIdx.y: an expert e and its chunk from slot c0, tc_lut_fill's table, the chunk's slots
- * into shared memory (every thread): outof[i] the slot (output row), rowof[i] its staged input row (the token for
- * gate/up, the slot for down), -1 past the chunk; returns the chunk's slot count (at most TB). The caller syncs. */
+/* The CTA's work item (blockIdx.y: an expert e and its chunk from slot c0), tc_lut_fill's table, and the chunk's
+ * slots into shared memory (every thread): outof[i] the slot (output row), rowof[i] its staged input row (the token
+ * for gate/up, the slot for down), -1 past the chunk; returns the chunk's slot count (at most TB). The caller
+ * syncs. */
 template <int TB, int GU>
 __device__ __forceinline__ int gb_chunk(const int32_t *items, const int32_t *count, const int32_t *list, int64_t T,
                                         int32_t K, float *lut, int32_t *rowof, int32_t *outof, int32_t *e_out) {

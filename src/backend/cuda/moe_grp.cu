@@ -909,20 +909,13 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
             gdn((unsigned)((H / 16 + GB_W - 1) / GB_W), n_chunks);
     if (wg) {
         if (gb_stage(c, xr, T, H, NULL, 0, NULL, 1, xg, qg, 0, 1)) return;
-        if (deep)
-            k_gw_experts<1, 1><<<ggu, block, gw_smem<1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table, tab->type,
-                                                                        count, n_items, items, list, act);
-        else
-            k_gw_experts<1, 0><<<ggu, block, gw_smem<1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table, tab->type,
-                                                                        count, n_items, items, list, act);
+        auto *gu = deep ? k_gw_experts<1, 1> : k_gw_experts<1, 0>, *dn = deep ? k_gw_experts<0, 1> : k_gw_experts<0, 0>;
+        gu<<<ggu, block, gw_smem<1>(), c->stream>>>(xg, qg, T, F, H, K, tab->table, tab->type, count, n_items, items,
+                                                    list, act);
         if (CU_LAUNCHED(c, "k_gw_experts gate/up")) return;
         if (gb_stage(c, act, T * K, F, tab->table, 2, topk_ids, 1, xd, qd, 0, 1)) return;
-        if (deep)
-            k_gw_experts<0, 1><<<gdn, block, gw_smem<0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, tab->type,
-                                                                        count, n_items, items, list, ydn);
-        else
-            k_gw_experts<0, 0><<<gdn, block, gw_smem<0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, tab->type,
-                                                                        count, n_items, items, list, ydn);
+        dn<<<gdn, block, gw_smem<0>(), c->stream>>>(xd, qd, T, H, F, K, tab->table, tab->type, count, n_items, items,
+                                                    list, ydn);
         CU_LAUNCHED(c, "k_gw_experts down");
         return;
     }

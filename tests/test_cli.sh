@@ -81,6 +81,11 @@ MOET_BENCH_TAG='a"b\c' MOET_COMMIT=abc123 "$MOET" bench --synthetic mini -p 4 -n
   >/dev/null 2>&1 || bad "bench --json"
 grep -qF '"env": {' "$tmp/b.json" && grep -qF '"MOET_BENCH_TAG": "a\"b\\c"' "$tmp/b.json" && ! grep -q '"MOET_COMMIT"' "$tmp/b.json" \
   && grep -qF '"commit": "abc123"' "$tmp/b.json" && ok "bench --json: env recorded, escaped" || bad "bench --json env: $(grep env "$tmp/b.json")"
+# -d: the tests at a depth (that many tokens in the cache first), in the table's test column and the JSON
+out=$("$MOET" bench --synthetic mini -p 4 -n 2 -d 24 --reps 1 -t 1 --json "$tmp/bd.json" 2>/dev/null)
+grep -q "| pp4 @ d24 |" <<<"$out" && grep -q "| tg2 @ d24 |" <<<"$out" && grep -qF '"depth": 24,' "$tmp/bd.json" \
+  && ok "bench -d: depth in the table and JSON" || bad "bench -d: $out $(cat "$tmp/bd.json")"
+"$MOET" bench --synthetic mini -d -1 >/dev/null 2>&1 && bad "bench -d -1 accepted" || ok "bench -d -1 refused"
 # Delta gate: tau = 0 is the base alone and tau = 1 is base + delta everywhere, bit for bit (saved logits equal).
 if [ -f "$SHARED/data/dev.txt" ]; then
   for cfg in "off 0" "gate 0" "on 0" "gate 1"; do

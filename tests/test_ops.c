@@ -2011,6 +2011,73 @@ int perf_main(moet_backend *be) {
         op->release(be, cc.a);
         op->release(be, cc.b);
     }
+    const int attn_only = getenv("MOET_PERF_ONLY") && !strcmp(getenv("MOET_PERF_ONLY"), "attn");
+    if (op->attn_fused && (!getenv("MOET_PERF_ONLY") || attn_only)) {
+        /* Decode attention (attn_fused: one token's q/k norm-free prep, rotation, cache write and attention over keys
+         * 0..P) at growing positions, the 30b and 235b head shapes. A decode step reads the layer's cache after
+         * ~50-200 MB of other weights, so the caches here are cold: launches cycle over enough cache sets to
+         * pass ~200 MB (one set from 24k keys on). Bytes: the keys' K and V rows, (P + 1) x n_kv x head_dim x 8. */
+        static const struct { const char *name; int nh, nkv; } as[] = {{"30b 32/4x128", 32, 4}, {"235b 64/4x128", 64, 4}};
+        static const int32_t ctxs[] = {128, 1024, 4096, 16384, 32768};
+        const int hd = 128;
+        printf("%-28s %8s %10s %10s %9s %9s\n", "decode attention (fused)", "pos", "us/op", "MB/op", "GB/s", "of copy");
+        for (size_t si = 0; si < sizeof as / sizeof as[0]; si++) {
+            const int nh = as[si].nh, nkv = as[si].nkv;
+            const int64_t Dq = (int64_t)nh * hd, Dk = (int64_t)nkv * hd;
+            float *q = dev(NULL, sizeof(float) * Dq), *k = dev(NULL, sizeof(float) * Dk), *v = dev(NULL, sizeof(float) * Dk),
+                  *o = dev(NULL, sizeof(float) * Dq);
+            op->fill_random(be, q, MOET_TYPE_F32, 1, Dq, 1.0f, 31);
+            op->fill_random(be, k, MOET_TYPE_F32, 1, Dk, 1.0f, 32);
+            op->fill_random(be, v, MOET_TYPE_F32, 1, Dk, 1.0f, 33);
+            const moet_rope rp = test_rope(hd, 1e6, 0, 1);
+            for (size_t ci = 0; ci < sizeof ctxs / sizeof ctxs[0]; ci++) {
+                const int32_t P = ctxs[ci], ctx = P + 1;
+                const double bytes = (double)ctx * (double)Dk * 8.0;
+                int nset = (int)(200e6 / bytes) + 1;
+                if (nset > 16) nset = 16;
+                const int64_t nb = (ctx + 31) / 32, rows = nb * 32;
+                int32_t *blk = malloc(sizeof(int32_t) * (size_t)nb);
+                for (int64_t b = 0; b < nb; b++) blk[b] = (int32_t)b; /* 32-token blocks in order */
+                int32_t *blk_d = dev(blk, sizeof(int32_t) * (size_t)nb), *pd = dev(&P, sizeof P);
+                float *kc[16], *vc[16];
+                int ok = 1;
+                for (int s = 0; s < nset; s++) {
+                    kc[s] = op->alloc(be, sizeof(float) * (size_t)(rows * Dk));
+                    vc[s] = op->alloc(be, sizeof(float) * (size_t)(rows * Dk));
+                    ok = ok && kc[s] && vc[s];
+                    if (kc[s]) op->fill_random(be, kc[s], MOET_TYPE_F32, rows, Dk, 1.0f, 40 + (uint64_t)s);
+                    if (vc[s]) op->fill_random(be, vc[s], MOET_TYPE_F32, rows, Dk, 1.0f, 60 + (uint64_t)s);
+                }
+                void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
+                REQUIRE(ok && scr, "perf decode attention caches");
+                enum { AREPS = 16 };
+                double best = 1e30;
+                float probe;
+                for (int it = 0; it < 6; it++) {
+                    const double t0 = now_s();
+                    for (int r = 0; r < AREPS; r++) {
+                        const moet_kv_ref kr = {kc[r % nset], vc[r % nset], blk_d, 5, 0};
+                        moet_attn_args aa = {.q = q, .kv = kr, .pos = pd, .n_tok = 1, .n_heads = nh, .n_kv = nkv,
+                                             .head_dim = hd, .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = o,
+                                             .scratch = scr};
+                        op->attn_fused(be, q, k, v, NULL, NULL, 1e-6f, &rp, &aa);
+                    }
+                    op->download(be, &probe, o, sizeof probe);
+                    const double d = (now_s() - t0) / AREPS;
+                    if (it >= 1 && d < best) best = d;
+                }
+                char name[64];
+                snprintf(name, sizeof name, "  %s", as[si].name);
+                printf("%-28s %8d %10.2f %10.2f %9.0f %8.1f%%\n", name, P, best * 1e6, bytes / 1e6, bytes / best / 1e9,
+                       100.0 * bytes / best / g_copy_bw);
+                for (int s = 0; s < nset; s++) { op->release(be, kc[s]); op->release(be, vc[s]); }
+                op->release(be, scr);
+                drop(blk_d); drop(pd); free(blk);
+            }
+            drop(q); drop(k); drop(v); drop(o);
+        }
+        if (attn_only) return 0;
+    }
     if (!moe_only) { /* one token through BF16 and Q8_0 matrices of 2048 columns and growing rows (decode's
        * dense GEMVs: o_proj is 8 MB per 2048 rows of 4096, QKV 21 MB, lm_head 622 MB, in BF16): time per call =
        * fixed cost + bytes / bandwidth. Q8_0 takes the q8t copy CUDA makes at first use (quant/blocks.h), 8.5 bits a weight. */

@@ -3,6 +3,9 @@
  * stdout and as JSON (commit, machine, date, peak RSS) to --json FILE.
  *
  * pp N: one eval of N prompt tokens from an empty cache. tg N: N single-token evals after a short prompt.
+ * -d D (llama-bench's depth): both start with D tokens already in the cache (evaluated first, not timed), so a
+ * test shows what a long conversation costs: the attention's reads grow with the context (the table's test column
+ * says "pp512 @ d4096", the JSON has "depth").
  * Each figure is the median of --reps runs. Token ids are a fixed pseudo-random sequence (speed does not depend
  * on which ids, only routing does, and real routing is measured by perplexity runs).
  * --synthetic SHAPE builds a model of a real shape with random weights in backend memory (model/synthetic.c);
@@ -110,7 +113,7 @@ static int32_t bench_greedy(const moet_session *s, const moet_batch *b, int32_t 
 
 int cmd_bench(int argc, char **argv) {
     cli_common c = {0};
-    long pp = 512, tg = 128, reps = 3, cands = 64;
+    long pp = 512, tg = 128, reps = 3, cands = 64, depth = 0;
     double gate = -1; /* --gate TAU: decode through the confidence gate (< 0: off) */
     int32_t picked = 0; /* the greedy picks, folded so they are not optimised away (logged at the end) */
     const char *threads = "1,2", *json_path = NULL, *synthetic = NULL, *experts = "w2", *batches = NULL;
@@ -123,6 +126,7 @@ int cmd_bench(int argc, char **argv) {
 #define VAL() do { if (!(v = cli_value(argc, argv, &i))) return 2; } while (0)
         if (!strcmp(a, "-p")) { VAL(); if (cli_parse_int(v, 0, 1 << 20, &pp)) return 2; }
         else if (!strcmp(a, "-n")) { VAL(); if (cli_parse_int(v, 0, 1 << 20, &tg)) return 2; }
+        else if (!strcmp(a, "-d") || !strcmp(a, "--depth")) { VAL(); if (cli_parse_int(v, 0, 1 << 20, &depth)) return 2; }
         else if (!strcmp(a, "--reps")) { VAL(); if (cli_parse_int(v, 1, 100, &reps)) return 2; }
         else if (!strcmp(a, "--threads-list") || !strcmp(a, "-T")) { VAL(); threads = v; }
         else if (!strcmp(a, "--json")) { VAL(); json_path = v; }
@@ -218,37 +222,39 @@ int cmd_bench(int argc, char **argv) {
             } else {
                 tok_bytes += (double)L->gate.row_bytes * L->gate.rows * 2 + (double)L->down.row_bytes * L->down.rows;
             }
-            tok_bytes += 2.0 * (double)(4 + tg / 2) * hp->n_kv_heads * hp->head_dim * 4;
+            tok_bytes += 2.0 * (double)(depth + 4 + tg / 2) * hp->n_kv_heads * hp->head_dim * 4;
         }
         moet_session_options so = moet_session_default_options();
         so.n_candidates = (int32_t)cands;
-        so.n_ctx = (int32_t)(pp + tg + 8);
+        so.n_ctx = (int32_t)(depth + pp + tg + 8);
         so.n_batch = pp > 0 ? (int32_t)(pp < 512 ? pp : 512) : 256;
         moet_session *s;
         if (moet_session_create(m, &so, &s, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); return 1; }
         if (synthetic && qf == MOET_QF_W2_NVFP4 && gate < 0) moet_session_use_delta(s, 1); /* every step base + delta */
         long corrected = 0; /* --gate: steps of the last rep redone on base + delta */
-        int32_t *ids = malloc((size_t)(pp + tg + 8) * sizeof(int32_t));
-        for (long i = 0; i < pp + tg + 8; i++) ids[i] = (int32_t)((i * 7919 + 13) % info.vocab_size);
+        const long nid = depth + pp + tg + 8;
+        int32_t *ids = malloc((size_t)nid * sizeof(int32_t));
+        for (long i = 0; i < nid; i++) ids[i] = (int32_t)((i * 7919 + 13) % info.vocab_size);
         double tpp[100], ttg[100];
         int64_t ec0[5] = {0}, ec1[5] = {0}; /* expert cache counts around the last rep's tg steps (+ uses, misses) */
         for (long r = 0; r < reps; r++) {
             moet_session_truncate(s, 0, NULL, 0);
-            double t0 = moet_time_s();
             int erc = 0;
-            if (pp > 0) erc |= moet_session_eval(s, ids, (int32_t)pp, MOET_LOGITS_LAST, err, sizeof err);
+            if (depth > 0 && pp > 0) erc |= moet_session_eval(s, ids, (int32_t)depth, MOET_LOGITS_LAST, err, sizeof err);
+            double t0 = moet_time_s();
+            if (pp > 0 && !erc) erc |= moet_session_eval(s, ids + depth, (int32_t)pp, MOET_LOGITS_LAST, err, sizeof err);
             double t1 = moet_time_s();
             tpp[r] = pp > 0 ? (double)pp / (t1 - t0) : 0;
             moet_session_truncate(s, 0, NULL, 0);
-            erc |= moet_session_eval(s, ids, 4, MOET_LOGITS_LAST, err, sizeof err);
+            if (!erc) erc |= moet_session_eval(s, ids, (int32_t)(depth + 4), MOET_LOGITS_LAST, err, sizeof err);
             moet_model_expert_cache_stats(m, &ec0[0], &ec0[1], &ec0[2]);
             moet_model_expert_cache_uses(m, &ec0[3], &ec0[4]);
             t0 = moet_time_s();
             corrected = 0;
             for (long i = 0; i < tg && !erc; i++) {
                 int corr = 0;
-                if (gate >= 0) erc |= moet_session_eval_gated(s, ids[4 + i], (float)gate, &corr, err, sizeof err);
-                else erc |= moet_session_eval(s, ids + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
+                if (gate >= 0) erc |= moet_session_eval_gated(s, ids[depth + 4 + i], (float)gate, &corr, err, sizeof err);
+                else erc |= moet_session_eval(s, ids + depth + 4 + i, 1, MOET_LOGITS_LAST, err, sizeof err);
                 corrected += corr;
                 if (!erc) picked ^= bench_greedy(s, NULL, 0, info.vocab_size);
             }
@@ -288,19 +294,22 @@ int cmd_bench(int argc, char **argv) {
         }
         char size[32];
         if (mib >= 1024) snprintf(size, sizeof size, "%.2f GiB", mib / 1024); else snprintf(size, sizeof size, "%.1f MiB", mib);
-        if (pp > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | pp%ld | %.1f | |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, pp, mpp);
-        char tgl[48];
-        if (gate >= 0) snprintf(tgl, sizeof tgl, "tg%ld gate %g", tg, gate); else snprintf(tgl, sizeof tgl, "tg%ld", tg);
+        char dl[32] = ""; /* " @ d4096": the tests' depth */
+        if (depth > 0) snprintf(dl, sizeof dl, " @ d%ld", depth);
+        if (pp > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | pp%ld%s | %.1f | |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, pp, dl, mpp);
+        char tgl[64];
+        if (gate >= 0) snprintf(tgl, sizeof tgl, "tg%ld%s gate %g", tg, dl, gate); else snprintf(tgl, sizeof tgl, "tg%ld%s", tg, dl);
         if (tg > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | %s | %.1f | %.0f |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, tgl, mtg, tok_bytes * mtg / 1e9);
         fflush(stdout);
         ro += (size_t)snprintf(results + ro, sizeof results - ro,
                                "%s\n    {\"backend\": \"%s\", \"device\": \"%s\", \"experts\": \"%s\", \"threads\": %ld, "
-                               "\"pp\": %ld, \"pp_tps\": %.2f, \"tg\": %ld, \"tg_tps\": %.2f, \"tg_bytes_per_token\": %.0f, "
+                               "\"depth\": %ld, \"pp\": %ld, \"pp_tps\": %.2f, \"tg\": %ld, \"tg_tps\": %.2f, "
+                               "\"tg_bytes_per_token\": %.0f, "
                                "\"tg_gbps\": %.1f, \"weight_bytes\": %lld, \"n_params\": %lld, \"expert_slots\": %ld, "
                                "\"expert_home\": \"%s\", \"tg_experts_fetched\": %lld, \"tg_steps_replayed\": %lld, "
                                "\"tg_expert_uses\": %lld, \"tg_expert_misses\": %lld, \"tg_gate_tau\": %g, "
                                "\"tg_gate_corrected\": %ld}",
-                               first ? "" : ",", info.backend, info.device, ex, nt, pp, mpp, tg, mtg, tok_bytes,
+                               first ? "" : ",", info.backend, info.device, ex, nt, depth, pp, mpp, tg, mtg, tok_bytes,
                                tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params,
                                slots, c.expert_pinned ? "pinned" : "mapped", (long long)(ec1[0] - ec0[0]),
                                (long long)(ec1[2] - ec0[2]), (long long)(ec1[3] - ec0[3]), (long long)(ec1[4] - ec0[4]),

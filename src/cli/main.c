@@ -20,7 +20,7 @@ void cli_usage(FILE *f) {
             "  tokenize    print token ids: moet tokenize [-m DIR] TEXT\n"
             "  perplexity  PPL / KLD:       moet perplexity [-m DIR] -f FILE [--ctx 512] [--chunks N]\n"
             "                               [--save-logits F | --kld-base F] [--json]\n"
-            "  bench       speed:           moet bench [-m DIR | --synthetic SHAPE] [-p 512] [-n 128] [-t 1,2]\n"
+            "  bench       speed:           moet bench [-m DIR | --synthetic SHAPE] [-p 512] [-n 128] [-d 0] [-t 1,2]\n"
             "                               [--experts w2] [--gate TAU] [--json FILE]   (SHAPE: qwen3-30b-a3b,\n"
             "                               qwen3-235b-a22b, glm-4.5-air)\n"
             "  inspect     model summary:   moet inspect [-m DIR]\n"

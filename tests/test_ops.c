@@ -420,6 +420,155 @@ static void moe_ref_sig(const float *xr, const float *rw, float *dq[3][8], int E
 
 int perf_main(moet_backend *be);
 
+/* Attention over long contexts (CUDA with MOET_ATTN_SPLITK=1: attn_split.cu, a kv head's query heads in a CTA and the
+ * keys over up to 32 CTAs; other backends: their own kernels). Two sequences, one token each (positions P and P / 3,
+ * own caches in shuffled blocks), at positions whose keys take 1, 2, 9 and 32 splits (256 keys a split at least),
+ * G = 1..16 query heads a kv head, head_dim 64 / 128 / 256, q/k norms, and gpt-oss's sinks with a 700-key window:
+ * attn_prep + attention row by row against the float64 softmax over the rows it wrote; attn_fused and attn_rows
+ * (where a backend has them) against that composition bit for bit (out, q, the cache rows written), every output
+ * poisoned first. */
+static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
+    static const struct { int nh, nkv, hd, sinks, window; } sh[] = {
+        {8, 2, 128, 0, 0}, {32, 4, 128, 0, 0}, {16, 1, 64, 0, 0}, {2, 2, 256, 0, 0}, {8, 1, 64, 1, 700}};
+    static const int32_t pss[] = {3, 300, 2100, 9000};
+    setenv("MOET_ATTN_SPLITK", "1", 1);
+    for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++)
+        for (size_t pi = 0; pi < sizeof pss / sizeof pss[0]; pi++) {
+            const int nh = sh[si].nh, nkv = sh[si].nkv, hd = sh[si].hd, G = nh / nkv, NR = 2;
+            const int32_t ps[2] = {pss[pi], pss[pi] / 3}, ctx = pss[pi] + 1;
+            if (pss[pi] > 2100 && hd == 256) continue; /* (the 32-split case at head_dim 128 and 64 is enough) */
+            const int64_t Dq = (int64_t)nh * hd, Dk = (int64_t)nkv * hd;
+            const moet_rope rp = test_rope(hd, 1e6, 0, 1);
+            float *qa = malloc(sizeof(float) * NR * Dq), *ka = malloc(sizeof(float) * NR * Dk),
+                  *va = malloc(sizeof(float) * NR * Dk), *qn = malloc(sizeof(float) * hd), *kn = malloc(sizeof(float) * hd), sinks[32];
+            for (int i = 0; i < NR * Dq; i++) qa[i] = gauss() * 2;
+            for (int i = 0; i < NR * Dk; i++) { ka[i] = gauss() * 2; va[i] = gauss(); }
+            for (int i = 0; i < hd; i++) { qn[i] = 1 + 0.3f * gauss(); kn[i] = 1 + 0.3f * gauss(); }
+            for (int h = 0; h < nh; h++) sinks[h] = 2.0f * gauss();
+            int32_t *pd = dev(ps, sizeof ps);
+            void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
+            test_kv kl[2];
+            float *kh[2], *vh[2]; /* the caches' logical rows (host) */
+            float *qd[3], *kd[3], *vd[3], *od[3], *kcd[3][2], *vcd[3][2];
+            for (int r = 0; r < NR; r++) {
+                kl[r] = test_kv_make(ctx, r ? 3 : 5);
+                kh[r] = malloc(sizeof(float) * (size_t)(ctx * Dk));
+                vh[r] = malloc(sizeof(float) * (size_t)(ctx * Dk));
+                for (int64_t i = 0; i < ctx * Dk; i++) { kh[r][i] = gauss(); vh[r][i] = gauss(); }
+            }
+            const int nf = 1 + (op->attn_fused != NULL) + (op->attn_rows != NULL);
+            for (int f = 0; f < nf; f++) {
+                qd[f] = dev(qa, sizeof(float) * NR * Dq); kd[f] = dev(ka, sizeof(float) * NR * Dk);
+                vd[f] = dev(va, sizeof(float) * NR * Dk); od[f] = dev_poisoned((size_t)(NR * Dq));
+                for (int r = 0; r < NR; r++) {
+                    kcd[f][r] = test_kv_pool(&kl[r], kh[r], ctx, Dk);
+                    vcd[f][r] = test_kv_pool(&kl[r], vh[r], ctx, Dk);
+                }
+            }
+            const float *snk = sh[si].sinks ? sinks : NULL;
+            /* f = 0: attn_prep + attention a row at a time; 1: attn_fused a row at a time; 2: attn_rows */
+            int fi = 0;
+            for (int f = 0; f < 3; f++) {
+                if ((f == 1 && !op->attn_fused) || (f == 2 && !op->attn_rows)) continue;
+                if (f < 2) {
+                    for (int r = 0; r < NR; r++) {
+                        const moet_kv_ref kr = test_kv_ref(&kl[r], kcd[fi][r], vcd[fi][r]);
+                        moet_attn_args aa = {.q = qd[fi] + r * Dq, .kv = kr, .pos = pd + r, .n_tok = 1, .n_heads = nh,
+                                             .n_kv = nkv, .head_dim = hd, .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd),
+                                             .sinks = snk, .window = sh[si].window, .out = od[fi] + r * Dq,
+                                             .scratch = scr};
+                        if (f == 0) {
+                            op->attn_prep(be, qd[fi] + r * Dq, kd[fi] + r * Dk, vd[fi] + r * Dk, 1, nh, nkv, hd, qn, kn,
+                                          1e-6f, &rp, pd + r, &kr);
+                            op->attention(be, &aa);
+                        } else {
+                            op->attn_fused(be, qd[fi] + r * Dq, kd[fi] + r * Dk, vd[fi] + r * Dk, qn, kn, 1e-6f, &rp, &aa);
+                        }
+                    }
+                } else {
+                    moet_kv_ref tab[2];
+                    for (int r = 0; r < NR; r++) tab[r] = test_kv_ref(&kl[r], kcd[fi][r], vcd[fi][r]);
+                    moet_kv_ref *tabd = dev(tab, sizeof tab);
+                    moet_attn_args ab = {.q = qd[fi], .pos = pd, .n_tok = NR, .n_heads = nh, .n_kv = nkv, .head_dim = hd,
+                                         .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .sinks = snk,
+                                         .window = sh[si].window, .out = od[fi], .scratch = scr};
+                    if (op->attn_rows(be, qd[fi], kd[fi], vd[fi], qn, kn, 1e-6f, &rp, tabd, &ab)) {
+                        for (int r = 0; r < NR; r++) { /* declined: the caller composes */
+                            const moet_kv_ref kr = tab[r];
+                            moet_attn_args aa = ab;
+                            aa.q = qd[fi] + r * Dq; aa.kv = kr; aa.pos = pd + r; aa.n_tok = 1; aa.out = od[fi] + r * Dq;
+                            op->attn_prep(be, qd[fi] + r * Dq, kd[fi] + r * Dk, vd[fi] + r * Dk, 1, nh, nkv, hd, qn, kn,
+                                          1e-6f, &rp, pd + r, &kr);
+                            op->attention(be, &aa);
+                        }
+                    }
+                    drop(tabd);
+                }
+                fi++;
+            }
+            /* the reference from the composition's own q and cache rows: float64 softmax over the window's keys */
+            float *o0 = malloc(sizeof(float) * NR * Dq), *q0 = malloc(sizeof(float) * NR * Dq), *o1 = malloc(sizeof(float) * NR * Dq);
+            float *kr0 = malloc(sizeof(float) * (size_t)(ctx * Dk)), *vr0 = malloc(sizeof(float) * (size_t)(ctx * Dk));
+            float *kr1 = malloc(sizeof(float) * (size_t)(ctx * Dk));
+            double *ref = malloc(sizeof(double) * NR * Dq), *sc = malloc(sizeof(double) * (size_t)ctx);
+            pull(o0, od[0], (size_t)(NR * Dq));
+            pull(q0, qd[0], (size_t)(NR * Dq));
+            for (int r = 0; r < NR; r++) {
+                test_kv_pull(kr0, kcd[0][r], &kl[r], ctx, Dk);
+                test_kv_pull(vr0, vcd[0][r], &kl[r], ctx, Dk);
+                const int32_t p = ps[r], j0 = sh[si].window && p + 1 > sh[si].window ? p + 1 - sh[si].window : 0;
+                for (int h = 0; h < nh; h++) {
+                    const int kvh = h / G;
+                    double mx = snk ? sinks[h] : -1e300;
+                    for (int32_t j = j0; j <= p; j++) {
+                        double d = 0;
+                        for (int e = 0; e < hd; e++) d += (double)q0[r * Dq + h * hd + e] * kr0[j * Dk + kvh * hd + e];
+                        sc[j] = d / sqrt((double)hd);
+                        mx = fmax(mx, sc[j]);
+                    }
+                    double sum = snk ? exp(sinks[h] - mx) : 0;
+                    for (int32_t j = j0; j <= p; j++) { sc[j] = exp(sc[j] - mx); sum += sc[j]; }
+                    for (int e = 0; e < hd; e++) {
+                        double acc = 0;
+                        for (int32_t j = j0; j <= p; j++) acc += sc[j] * vr0[j * Dk + kvh * hd + e];
+                        ref[r * Dq + h * hd + e] = acc / sum;
+                    }
+                }
+            }
+            char vname[64];
+            snprintf(vname, sizeof vname, "%d/%dx%d%s pos %d", nh, nkv, hd, snk ? " sinks w700" : "", ps[0]);
+            report("attn long", vname, nmse(o0, ref, (size_t)(NR * Dq)), 1e-11);
+            /* the other paths bit for bit: out, q, each row's written cache row (key and value) */
+            for (int f = 1; f < fi; f++) {
+                pull(o1, od[f], (size_t)(NR * Dq));
+                CHECK(!memcmp(o0, o1, sizeof(float) * NR * Dq), "attn long %s: %s out not bit-identical to the composition",
+                      vname, f == 1 && op->attn_fused ? "attn_fused" : "attn_rows");
+                pull(o1, qd[f], (size_t)(NR * Dq));
+                CHECK(!memcmp(q0, o1, sizeof(float) * NR * Dq), "attn long %s: path %d q differs", vname, f);
+                for (int r = 0; r < NR; r++)
+                    for (int kv = 0; kv < 2; kv++) {
+                        test_kv_pull(kr0, kv ? vcd[0][r] : kcd[0][r], &kl[r], ctx, Dk);
+                        test_kv_pull(kr1, kv ? vcd[f][r] : kcd[f][r], &kl[r], ctx, Dk);
+                        CHECK(!memcmp(kr0 + ps[r] * Dk, kr1 + ps[r] * Dk, sizeof(float) * Dk),
+                              "attn long %s: path %d row %d cache %c row differs", vname, f, r, kv ? 'v' : 'k');
+                    }
+            }
+            for (int f = 0; f < fi; f++) {
+                drop(qd[f]); drop(kd[f]); drop(vd[f]); drop(od[f]);
+                for (int r = 0; r < NR; r++) { drop(kcd[f][r]); drop(vcd[f][r]); }
+            }
+            for (int r = 0; r < NR; r++) { test_kv_drop(&kl[r]); free(kh[r]); free(vh[r]); }
+            drop(pd);
+            op->release(be, scr);
+            op->forget(be, qn);
+            op->forget(be, kn);
+            if (snk) op->forget(be, sinks);
+            free(qa); free(ka); free(va); free(qn); free(kn);
+            free(o0); free(q0); free(o1); free(kr0); free(vr0); free(kr1); free(ref); free(sc);
+        }
+    unsetenv("MOET_ATTN_SPLITK");
+}
+
 int main(int argc, char **argv) {
     /* a new seed each run, printed; MOET_TEST_SEED replays one */
     const char *seed_env = getenv("MOET_TEST_SEED");
@@ -1494,6 +1643,7 @@ int main(int argc, char **argv) {
         op->forget(be, kn);
         free(qa); free(ka); free(va); free(c0); free(qn); free(kn); free(r1); free(r2); free(rd);
     }
+    check_attn_long(op, be);
     /* moe: route (softmax, top-k, renormalise) + SwiGLU experts + weighted combine, on W2 experts */
     /* (hidden, ffn, tokens): 5 and 3 blocks a row in the second; 40 tokens put 15 on an expert on average, more
      * than one chunk of the CUDA grouped path; the last two: rotation chunks of 256 / 128 / 64 (the CUDA

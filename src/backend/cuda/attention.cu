@@ -135,6 +135,8 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
     const float *sk = NULL; /* gpt-oss's sinks, mirrored */
     if (a->sinks && !(sk = (const float *)cu_weight(c, a->sinks, (size_t)a->n_heads * sizeof(float)))) return;
     if (!sk && !a->window && !cu_attn_tc(c, a)) return; /* prefill on tensor cores (attn_tc.cu) where it applies */
+    /* decode-sized: a kv head's query heads together, the keys split over CTAs (attn_split.cu) where it applies */
+    if (cu_attn_split(c, (float *)a->q, NULL, NULL, NULL, NULL, 0.f, NULL, NULL, a, 0, sk)) return;
     dim3 grid((unsigned)a->n_heads, (unsigned)a->n_tok);
     cu_launch_pdl(c, k_attention, grid, dim3(AT_WARPS * 32), 0, a->q, a->kv, a->pos, a->n_heads,
                   a->n_kv, a->head_dim, a->scale, sk, a->window, a->out);
@@ -290,6 +292,7 @@ extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v
     const float *qn, *kn, *sk = NULL;
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return 0;
     if (a->sinks && !(sk = (const float *)cu_weight(c, a->sinks, (size_t)a->n_heads * sizeof(float)))) return 0;
+    if (cu_attn_split(c, q, k, v, qn, kn, eps, rp, rows, a, 1, sk)) return 0; /* (attn_split.cu, where it applies) */
     const moet_kv_ref none = {NULL, NULL, NULL, 0, 0};
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads, (unsigned)a->n_tok), dim3(AT_WARPS * 32), 0, q, k, v,
                   a->n_heads, a->n_kv, hd, qn, kn, eps, *rp, a->pos, none, rows, a->scale, sk, a->window, a->out,
@@ -312,6 +315,7 @@ extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float 
     const float *qn, *kn, *sk = NULL;
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return;
     if (a->sinks && !(sk = (const float *)cu_weight(c, a->sinks, (size_t)a->n_heads * sizeof(float)))) return;
+    if (cu_attn_split(c, q, k, v, qn, kn, eps, rp, NULL, a, 1, sk)) return; /* (attn_split.cu, where it applies) */
     cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv,
                   hd, qn, kn, eps, *rp, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, sk, a->window, a->out,
                   at_pre());

@@ -513,6 +513,8 @@ static void cu_destroy(moet_backend *be) {
     cudaFree(c->fsync);
     cudaFree(c->dn_tickets);
     cudaFree(c->attn_part);
+    cudaFree(c->attn_split);
+    for (int i = 0; i < c->n_attn_retired; i++) cudaFree(c->attn_retired[i]);
     cu_gemm_release(c);
     cudaStreamDestroy(c->stream);
     free(c);

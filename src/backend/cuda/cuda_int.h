@@ -90,6 +90,8 @@ typedef struct {
 
 #define CU_MAX_GRAPHS 64
 
+#define CU_ATTN_RETIRED 8 /* attn_split.cu: scratch buffers replaced by a larger one, kept until the backend goes */
+
 typedef struct {
     moet_backend base;
     int device;
@@ -120,6 +122,11 @@ typedef struct {
     void *gemm_wbuf;       /* Q8_0 rows as f16 hi | lo (device): GEMM_WSCRATCH bytes, made at the first Q8_0 GEMM */
     void *attn_part;       /* attn_tc.cu: split row tiles' tickets (0 between launches) and partial results; made
                               at the first split, sized for any shape, never moved */
+    void *attn_split;      /* attn_split.cu: key splits' tickets (0 between launches) and partials, attn_split_cap
+                              bytes; grown only by an eager launch, the buffers it replaces kept (recorded steps) */
+    size_t attn_split_cap;
+    void *attn_retired[CU_ATTN_RETIRED];
+    int n_attn_retired;
     cu_ecache ecache;      /* the expert cache (n_slots 0: off) */
 } cu_backend;
 
@@ -194,6 +201,8 @@ void cu_swiglu(cu_backend *c, float *g, const float *u, int64_t n);
 void cu_fill_random(moet_backend *be, void *p, int32_t type, int64_t rows, int64_t cols, float scale, uint64_t seed);
 void cu_attention(moet_backend *be, const moet_attn_args *a);
 int cu_attn_tc(cu_backend *c, const moet_attn_args *a);
+int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, const float *q_norm, const float *k_norm, float eps,
+                  const moet_rope *rp, const moet_kv_ref *rows, const moet_attn_args *a, int prep, const float *sinks);
 void cu_topk(moet_backend *be, const float *x, int64_t n, int64_t vocab, int32_t k, void *scratch, int32_t *ids,
              float *vals, float *lz);
 size_t cu_topk_scratch_bytes(moet_backend *be, int64_t n, int64_t vocab, int32_t k);

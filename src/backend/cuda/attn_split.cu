@@ -1,0 +1,435 @@
+/*
+ * attn_split.cu — decode attention over long contexts: a kv head's query heads together, its keys split over CTAs
+ * (flash-decoding), partial results merged by the last CTA in a fixed order.
+ *
+ * Why: attention.cu's kernels run a CTA per (query head, token), whose warps walk the keys four at a time with a
+ * memory round trip each step: 32 CTAs at qwen3-30b-a3b's 32 heads, each reading its kv head's whole cache (the 8
+ * heads of a group read the same rows 8 times), so a decode step's attention grows with the context at the speed
+ * of one SM's dependent loads, not of the GPU's memory. Here a CTA takes one kv head's G query heads and a range of
+ * its keys: every K and V row is read once a token, and the keys of a long context are spread over up to AS_SMAX
+ * CTAs a kv head (n_kv x AS_SMAX CTAs: 128 at the Qwen3 shapes, one an SM).
+ *
+ * A warp takes AS_CHUNK = 32 keys at a time: for q . k a lane a key (its K row straight from the cache into
+ * registers, the G query heads from shared memory by broadcast: no cross-lane sums), then the online-softmax update
+ * per head over the warp's 32 scores, then for p . v a lane 4 dims of every head (each V row read once by the warp,
+ * coalesced; the 32 keys' probabilities from shared memory by broadcast). Each warp keeps its own running max, sum and
+ * output; the CTA merges its warps in warp order, and where a token's keys span several CTAs each writes its
+ * partial (o, m, l per head) to scratch and takes a ticket; the last merges them in split order and resets the
+ * ticket. The result does not depend on timing; bit for bit the same in every path that takes it (attention,
+ * attn_fused, attn_rows: tests/test_ops.c), since the splits depend only on the number of keys.
+ *
+ * Splits: S = ceil(keys / AS_KMIN) up to AS_SMAX, the keys cut in whole chunks (no split is empty: see as_range).
+ * The grid has as_splits(n_ctx) CTAs a kv head; those past S for this token's position return at once, so one
+ * recorded decode step serves every position.
+ *
+ * With prep (attn_fused, attn_rows) the CTA first norms and rotates its G q heads and the k head with
+ * k_attn_prep's arithmetic (the same per-warp partial sums in the same order: bit-identical), split 0 writes the q
+ * rows back and the k and v rows to the cache row pos, and key pos itself is read from shared memory by every split
+ * (no split reads that cache row in the launch that writes it).
+ * Bytes a token: (keys) x n_kv x head_dim x 8 (K and V rows, once) + the partials (S x n_heads x (head_dim + 2) x 4,
+ * written and read once); FLOPs 4 x keys x n_heads x head_dim.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_int.h"
+
+#define AS_WARPS 8
+#define AS_CHUNK 32                      /* keys a warp takes at once (a lane a key) */
+#define AS_KMIN (AS_WARPS * AS_CHUNK)    /* keys a split at least */
+#define AS_SMAX 32                       /* splits a kv head at most */
+#define AS_GMAX 16                       /* query heads a kv head at most */
+#define AS_MAX_ROWS 65535
+
+/* Splits of a token with `span` keys (the same function on the host, for the grid, and on the device). */
+__host__ __device__ __forceinline__ int32_t as_nsplit(int32_t span) {
+    const int32_t s = (span + AS_KMIN - 1) / AS_KMIN;
+    return s < 1 ? 1 : s > AS_SMAX ? AS_SMAX : s;
+}
+
+/* Keys [*ka, *kb) of split s of S over [k0, k0 + span): whole chunks, per = ceil(chunks / S) a split. Never empty:
+ * S = ceil(span / 256) gives chunks >= 8 (S - 1) + 1 > (S - 1) per when S is not capped, and when it is (32),
+ * chunks >= 249 > 31 x 8. */
+__device__ __forceinline__ void as_range(int32_t k0, int32_t span, int32_t S, int32_t s, int32_t *ka, int32_t *kb) {
+    const int32_t chunks = (span + AS_CHUNK - 1) / AS_CHUNK, per = (chunks + S - 1) / S;
+    const int32_t a = s * per * AS_CHUNK, b = (s + 1) * per * AS_CHUNK;
+    *ka = k0 + (a < span ? a : span);
+    *kb = k0 + (b < span ? b : span);
+}
+
+template <int HD, int GT> struct as_dims {
+    static constexpr int NV = (HD + 127) / 128; /* float4 of a head a lane holds in p . v */
+    /* dynamic shared memory, floats: q [GT][HD] | p [W][32][GT] | o [W][GT][HD] | m, l [W][GT] | k, v [HD] | cs [HD] */
+    static constexpr size_t floats = (size_t)GT * HD + (size_t)AS_WARPS * 32 * GT + (size_t)AS_WARPS * GT * HD +
+                                     2 * (size_t)AS_WARPS * GT + 3 * (size_t)HD;
+    static constexpr size_t smem = floats * sizeof(float);
+};
+
+/* The CTA's rows normed and rotated as k_attn_prep does (elementwise.cu): rows r < G are query heads kvh G + r of
+ * qrow, r = G the k head kvh of krow; results into sq[r] / sk. cs: the position's cos / sin (rot_dim / 2 each). Every
+ * thread calls it (barriers). */
+template <int HD>
+__device__ __forceinline__ void as_prep(const float *qrow, const float *krow, int G, int kvh, const float *q_norm,
+                                        const float *k_norm, float eps, int rot_dim, const float *cs, float *sq, float *sk,
+                                        double *part) {
+    const int half = HD / 2, T = ((half + 31) / 32) * 32, slots = AS_WARPS * 32 / T, nhw = T / 32;
+    const int slot = threadIdx.x / T, i = threadIdx.x % T, rh = rot_dim / 2, partial = rot_dim != HD;
+    for (int r0 = 0; r0 <= G; r0 += slots) { /* every thread runs every pass (the barriers) */
+        const int r = r0 + slot, live = slot < slots && r <= G, is_q = r < G;
+        const float *row = !live ? NULL : is_q ? qrow + (int64_t)(kvh * G + r) * HD : krow + (int64_t)kvh * HD;
+        float *dst = !live ? NULL : is_q ? sq + r * HD : sk;
+        const float *nw = is_q ? q_norm : k_norm;
+        float a = live && i < half ? row[i] : 0.f, b = live && i < half ? row[i + half] : 0.f;
+        if (q_norm || k_norm) {
+            double ss = (double)a * a + (double)b * b;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (slot < slots && (i & 31) == 0) part[slot * nhw + (i >> 5)] = ss;
+            __syncthreads();
+            double tot = 0;
+            for (int w = 0; w < nhw; w++) tot += part[(slot < slots ? slot : 0) * nhw + w];
+            __syncthreads();
+            const float inv = (float)(1.0 / sqrt(tot / (double)HD + (double)eps));
+            if (live && nw && i < half) {
+                a = nw[i] * (a * inv);
+                b = nw[i + half] * (b * inv);
+            }
+        }
+        if (partial) { /* rotate-half within the first rot_dim elements, the rest pass (k_attn_prep's partial path) */
+            if (live && i < half) { dst[i] = a; dst[i + half] = b; }
+            __syncthreads();
+            if (live && i < rh) {
+                const float x0 = dst[i], x1 = dst[i + rh], co = cs[i], si = cs[half + i];
+                dst[i] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
+                dst[i + rh] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si));
+            }
+        } else if (live && i < half) { /* no FMA contraction: k_attn_prep's floats */
+            const float co = cs[i], si = cs[half + i];
+            dst[i] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si));
+            dst[i + half] = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
+        }
+        __syncthreads();
+    }
+}
+
+/* grid (n_kv, splits, rows). Row z: query row z of q / out (a token of a chunk, or with `rows` a sequence's own
+ * token and cache), position pos[z]. prep: q, k, v are the raw projections (attn_fused / attn_rows), else q is
+ * ready and the cache holds key pos (attention). part / tickets: as_scratch's layout for rows x n_kv x splits. */
+template <int HD, int GT>
+__global__ void __launch_bounds__(AS_WARPS * 32, 1)
+k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, const float *__restrict__ q_norm,
+             const float *__restrict__ k_norm, float eps, const __grid_constant__ moet_rope rp, const int32_t *pos,
+             moet_kv_ref kv, const moet_kv_ref *rows, float scale, const float *__restrict__ sinks, int32_t window,
+             float *__restrict__ out, int32_t prep, float *part, int32_t *tickets) {
+    CU_TRACE(CU_TK_ATTN_DECODE << 8 | 1);
+    constexpr int NV = as_dims<HD, GT>::NV;
+    extern __shared__ __align__(16) float as_sm[];
+    float *sq = as_sm, *sp = sq + GT * HD, *so = sp + AS_WARPS * 32 * GT, *smx = so + AS_WARPS * GT * HD,
+          *sl = smx + AS_WARPS * GT, *sk = sl + AS_WARPS * GT, *sv = sk + HD, *cs = sv + HD;
+    __shared__ double dpart[AS_WARPS];
+    __shared__ int s_last;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int G = n_heads / n_kv, kvh = blockIdx.x, s = blockIdx.y, S_grid = gridDim.y;
+    const int64_t z = blockIdx.z, dq = (int64_t)n_heads * HD, dk = (int64_t)n_kv * HD;
+    cu_pdl_trigger();
+    const int32_t p = pos[z]; /* uploaded before the step's first kernel */
+    const int32_t k0 = window > 0 && p + 1 > window ? p + 1 - window : 0, span = p + 1 - k0;
+    const int32_t S = min(as_nsplit(span), S_grid);
+    if (s >= S) return;
+    int32_t ka, kb;
+    as_range(k0, span, S, s, &ka, &kb);
+    q += z * dq;
+    out += z * dq;
+    if (prep) { k += z * dk; v += z * dk; }
+    if (rows) kv = rows[z];
+    const int rot_dim = rp.dim;
+    if (prep)
+        for (int i = tid; i < rot_dim / 2; i += blockDim.x) cu_rope_cs(rp, i, p, &cs[i], &cs[HD / 2 + i]);
+    cu_pdl_wait();
+    CU_TRACE_WAITED();
+    const int32_t cur = prep ? p : -1;
+    const int64_t kvd = dk;
+    if (prep) {
+        for (int j = tid; j < HD; j += blockDim.x) sv[j] = v[(int64_t)kvh * HD + j];
+        __syncthreads(); /* cs */
+        as_prep<HD>(q, k, G, kvh, q_norm, k_norm, eps, rot_dim, cs, sq, sk, dpart);
+        if (s == 0) { /* the q rows back (attn_prep's contract), k and v into the cache row pos */
+            const int64_t prow = moet_kv_row(kv.blocks, kv.shift, p);
+            for (int j = tid; j < G * HD; j += blockDim.x) q[(int64_t)kvh * G * HD + j] = sq[j];
+            for (int j = tid; j < HD; j += blockDim.x) {
+                kv.k[prow * kvd + (int64_t)kvh * HD + j] = sk[j];
+                kv.v[prow * kvd + (int64_t)kvh * HD + j] = sv[j];
+            }
+        }
+    } else {
+        for (int j = tid; j < G * HD; j += blockDim.x) sq[j] = q[(int64_t)kvh * G * HD + j];
+        __syncthreads();
+    }
+    const float *kb0 = kv.k + (int64_t)kvh * HD, *vb0 = kv.v + (int64_t)kvh * HD;
+    float m[GT], l[GT], o[GT][NV][4];
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.f;
+#pragma unroll
+        for (int n = 0; n < NV; n++) o[h][n][0] = o[h][n][1] = o[h][n][2] = o[h][n][3] = 0.f;
+    }
+    float *wp = sp + warp * 32 * GT; /* the warp's probabilities [32 keys][GT] */
+    for (int32_t j0 = ka + warp * AS_CHUNK; j0 < kb; j0 += AS_WARPS * AS_CHUNK) {
+        const int32_t j = j0 + lane, valid = j < kb;
+        /* q . k, a lane its key: the K row from the cache (key cur: from shared memory, below) */
+        float acc[GT];
+#pragma unroll
+        for (int h = 0; h < GT; h++) acc[h] = 0.f;
+        {
+            const float4 *kr = (const float4 *)(kb0 + moet_kv_row(kv.blocks, kv.shift, valid && j != cur ? j : ka) * kvd);
+#pragma unroll 2
+            for (int d4 = 0; d4 < HD / 4; d4++) {
+                const float4 kk = __ldg(kr + d4);
+#pragma unroll
+                for (int h = 0; h < GT; h++) {
+                    if (h < G) {
+                        const float4 qq = *(const float4 *)(sq + h * HD + 4 * d4);
+                        acc[h] = fmaf(qq.x, kk.x, acc[h]);
+                        acc[h] = fmaf(qq.y, kk.y, acc[h]);
+                        acc[h] = fmaf(qq.z, kk.z, acc[h]);
+                        acc[h] = fmaf(qq.w, kk.w, acc[h]);
+                    }
+                }
+            }
+        }
+        if (j == cur) { /* this launch's own key: the same sums over the shared copy */
+#pragma unroll
+            for (int h = 0; h < GT; h++) acc[h] = 0.f;
+            for (int d4 = 0; d4 < HD / 4; d4++) {
+                const float4 kk = *(const float4 *)(sk + 4 * d4);
+#pragma unroll
+                for (int h = 0; h < GT; h++) {
+                    if (h < G) {
+                        const float4 qq = *(const float4 *)(sq + h * HD + 4 * d4);
+                        acc[h] = fmaf(qq.x, kk.x, acc[h]);
+                        acc[h] = fmaf(qq.y, kk.y, acc[h]);
+                        acc[h] = fmaf(qq.z, kk.z, acc[h]);
+                        acc[h] = fmaf(qq.w, kk.w, acc[h]);
+                    }
+                }
+            }
+        }
+        /* the online softmax over the warp's 32 scores, a head at a time (the warp's own running m, l, o) */
+#pragma unroll
+        for (int h = 0; h < GT; h++) {
+            if (h < G) {
+                const float sc = valid ? acc[h] * scale : -INFINITY;
+                float mx = sc;
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                const float mn = fmaxf(m[h], mx), corr = expf(m[h] - mn), pr = expf(sc - mn);
+                l[h] = l[h] * corr + pr; /* a lane's share: summed over the lanes at the end */
+#pragma unroll
+                for (int n = 0; n < NV; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[h][n][e] *= corr;
+                m[h] = mn;
+                wp[lane * GT + h] = pr;
+            }
+        }
+        __syncwarp();
+        /* p . v: a lane 4 dims (and 4 more a further 128) of every head, the chunk's keys in order */
+        const int32_t nk = kb - j0 < AS_CHUNK ? kb - j0 : AS_CHUNK;
+        for (int32_t c = 0; c < nk; c++) {
+            const int32_t jj = j0 + c;
+            float4 vv[NV];
+            if (jj == cur) {
+#pragma unroll
+                for (int n = 0; n < NV; n++) {
+                    const int d = 128 * n + 4 * lane;
+                    vv[n] = d < HD ? *(const float4 *)(sv + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            } else {
+                const float *vr = vb0 + moet_kv_row(kv.blocks, kv.shift, jj) * kvd;
+#pragma unroll
+                for (int n = 0; n < NV; n++) {
+                    const int d = 128 * n + 4 * lane;
+                    vv[n] = d < HD ? __ldg((const float4 *)(vr + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < GT; h++) {
+                if (h < G) {
+                    const float pr = wp[c * GT + h];
+#pragma unroll
+                    for (int n = 0; n < NV; n++) {
+                        o[h][n][0] = fmaf(pr, vv[n].x, o[h][n][0]);
+                        o[h][n][1] = fmaf(pr, vv[n].y, o[h][n][1]);
+                        o[h][n][2] = fmaf(pr, vv[n].z, o[h][n][2]);
+                        o[h][n][3] = fmaf(pr, vv[n].w, o[h][n][3]);
+                    }
+                }
+            }
+        }
+        __syncwarp(); /* wp is rewritten by the next chunk */
+    }
+    /* the warp's partials to shared memory: l summed over its lanes (a fixed tree), m, o as they are */
+#pragma unroll
+    for (int h = 0; h < GT; h++) {
+        if (h < G) {
+            float lt = l[h];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) lt += __shfl_xor_sync(0xffffffffu, lt, off);
+            if (lane == 0) { smx[warp * GT + h] = m[h]; sl[warp * GT + h] = lt; }
+#pragma unroll
+            for (int n = 0; n < NV; n++) {
+                const int d = 128 * n + 4 * lane;
+                if (d < HD) *(float4 *)(so + (warp * GT + h) * HD + d) = make_float4(o[h][n][0], o[h][n][1], o[h][n][2], o[h][n][3]);
+            }
+        }
+    }
+    __syncthreads();
+    /* the CTA's partial per head over its warps in warp order (a warp that saw no key has m = -inf): into so[0]
+     * (o), smx[0], sl[0] */
+    for (int e = tid; e < G * HD; e += blockDim.x) {
+        const int h = e / HD, d = e % HD;
+        float M = -INFINITY;
+        for (int w = 0; w < AS_WARPS; w++) M = fmaxf(M, smx[w * GT + h]);
+        float L = 0.f, acc = 0.f;
+        for (int w = 0; w < AS_WARPS; w++) {
+            const float mw = smx[w * GT + h];
+            if (mw == -INFINITY) continue;
+            const float f = expf(mw - M);
+            L += sl[w * GT + h] * f;
+            acc += so[(w * GT + h) * HD + d] * f;
+        }
+        so[h * HD + d] = acc; /* row h of warp 0's block: only this thread reads or writes it from here */
+        if (d == HD - 1) { sp[h] = M; sp[GT + h] = L; } /* sp is free now */
+    }
+    __syncthreads();
+    const int64_t slot0 = (z * n_kv + kvh) * (int64_t)S_grid;
+    const int64_t PS = (int64_t)G * (HD + 2); /* floats of a split's partial */
+    if (S > 1) { /* the partial to scratch, then a ticket; the last CTA of the token's kv head merges */
+        float *mine = part + (slot0 + s) * PS;
+        for (int e = tid; e < G * HD; e += blockDim.x) mine[e] = so[e];
+        for (int h = tid; h < G; h += blockDim.x) { mine[G * HD + h] = sp[h]; mine[G * HD + G + h] = sp[GT + h]; }
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) s_last = atomicAdd(&tickets[z * n_kv + kvh], 1) == S - 1;
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+    }
+    /* the final merge (splits in order; sink: one more logit with no value, gpt-oss) and the normalised rows */
+    for (int e = tid; e < G * HD; e += blockDim.x) {
+        const int h = e / HD, d = e % HD, head = kvh * G + h;
+        const float sink = sinks ? sinks[head] : -INFINITY;
+        float M = sink;
+        if (S == 1) {
+            M = fmaxf(M, sp[h]);
+        } else {
+            for (int t = 0; t < S; t++) M = fmaxf(M, __ldcg(part + (slot0 + t) * PS + G * HD + h));
+        }
+        float L = sink == -INFINITY ? 0.f : expf(sink - M), acc = 0.f;
+        if (S == 1) {
+            if (sp[h] != -INFINITY) {
+                const float f = expf(sp[h] - M);
+                L += sp[GT + h] * f;
+                acc += so[h * HD + d] * f;
+            }
+        } else {
+            for (int t = 0; t < S; t++) {
+                const float *pt = part + (slot0 + t) * PS;
+                const float mt = __ldcg(pt + G * HD + h);
+                if (mt == -INFINITY) continue;
+                const float f = expf(mt - M);
+                L += __ldcg(pt + G * HD + G + h) * f;
+                acc += __ldcg(pt + h * HD + d) * f;
+            }
+        }
+        out[(int64_t)head * HD + d] = acc * (1.0f / L);
+    }
+    if (S > 1 && tid == 0) tickets[z * n_kv + kvh] = 0; /* for the next launch */
+}
+
+/* ---- host ----------------------------------------------------------------------------------------------------- */
+
+/* MOET_ATTN_SPLITK=1: decode-sized attention (<= AS_TOK tokens a launch where attn_tc declines, and every
+ * attn_fused / attn_rows) by key splits; unset or 0 (the default until measured): attention.cu's kernels. Read at
+ * every launch (test_ops switches it; a getenv a layer is nothing beside the step). */
+#define AS_TOK 64
+static int as_enabled(void) {
+    const char *e = getenv("MOET_ATTN_SPLITK");
+    return e && e[0] == '1';
+}
+
+static int32_t as_grid_splits(int32_t n_ctx) { return as_nsplit(n_ctx > 0 ? n_ctx : 1); }
+
+/* The kernel for a head shape (NULL: not taken here). */
+typedef void (*as_kernel_fn)(float *, float *, const float *, int32_t, int32_t, const float *, const float *, float,
+                             const moet_rope, const int32_t *, moet_kv_ref, const moet_kv_ref *, float, const float *,
+                             int32_t, float *, int32_t, float *, int32_t *);
+template <int HD> static as_kernel_fn as_pick_g(int G, size_t *smem) {
+#define AS_G(GT) if (G <= GT) { *smem = as_dims<HD, GT>::smem; return k_attn_split<HD, GT>; }
+    AS_G(1) AS_G(2) AS_G(4) AS_G(8) AS_G(16)
+#undef AS_G
+    return NULL;
+}
+static as_kernel_fn as_pick(int hd, int G, size_t *smem) {
+    switch (hd) {
+    case 64: return as_pick_g<64>(G, smem);
+    case 128: return as_pick_g<128>(G, smem);
+    case 256: return as_pick_g<256>(G, smem);
+    default: return NULL;
+    }
+}
+
+/* Scratch: [tickets: rows x n_kv int32, 256-byte aligned][partials: rows x n_kv x splits x G x (hd + 2) floats].
+ * Grown only outside a recording (graph_run runs a shape eagerly before it records it); a buffer a recorded step
+ * may use is never freed before the backend (retired ones are kept; tickets are zero between launches). */
+static int as_scratch(cu_backend *c, int64_t rows, int32_t n_kv, int32_t splits, int32_t n_heads, int hd, float **part,
+                      int32_t **tickets) {
+    const size_t tb = (((size_t)rows * (size_t)n_kv * sizeof(int32_t)) + 255) & ~(size_t)255;
+    const size_t need = tb + (size_t)rows * (size_t)splits * (size_t)n_heads * (size_t)(hd + 2) * sizeof(float);
+    if (need > c->attn_split_cap) {
+        if (c->attn_split && c->n_attn_retired < CU_ATTN_RETIRED) c->attn_retired[c->n_attn_retired++] = c->attn_split;
+        else if (c->attn_split) cudaFree(c->attn_split); /* (never reached in practice: 8 growths of 1.5x) */
+        c->attn_split = NULL;
+        c->attn_split_cap = 0;
+        const size_t cap = need + need / 2;
+        if (CU_CHECK(c, cudaMalloc(&c->attn_split, cap)) || CU_CHECK(c, cudaMemsetAsync(c->attn_split, 0, cap, c->stream)))
+            return 0;
+        c->attn_split_cap = cap;
+    }
+    *tickets = (int32_t *)c->attn_split;
+    *part = (float *)((char *)c->attn_split + tb);
+    return 1;
+}
+
+/* Launches k_attn_split for `rows` query rows when it takes this shape; 1 if it did (or recorded an error), 0 if the
+ * caller should run attention.cu's kernels. */
+extern "C" int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
+                             float eps, const moet_rope *rp, const moet_kv_ref *rows, const moet_attn_args *a, int prep,
+                             const float *sinks) {
+    if (!as_enabled() || a->n_kv <= 0 || a->n_heads % a->n_kv || a->n_tok < 1 || a->n_tok > AS_MAX_ROWS) return 0;
+    if (!prep && a->n_tok > AS_TOK) return 0;
+    const int hd = a->head_dim, G = a->n_heads / a->n_kv;
+    if (prep && (rp->dim < 2 || rp->dim > hd || rp->dim % 2)) return 0;
+    size_t smem = 0;
+    as_kernel_fn fn = as_pick(hd, G, &smem);
+    if (!fn) return 0;
+    if (c->err[0]) return 1;
+    static int attr_dev[3][5] = {{-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}};
+    const int hi = hd == 64 ? 0 : hd == 128 ? 1 : 2, gi = G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;
+    if (attr_dev[hi][gi] != c->device) { /* (per device: the attribute belongs to the current context) */
+        if (CU_CHECK(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return 1;
+        attr_dev[hi][gi] = c->device;
+    }
+    const int32_t splits = as_grid_splits(a->n_ctx);
+    float *part;
+    int32_t *tickets;
+    if (!as_scratch(c, a->n_tok, a->n_kv, splits, a->n_heads, hd, &part, &tickets)) return 1;
+    const moet_rope none_rp = {0};
+    cu_launch_pdl(c, fn, dim3((unsigned)a->n_kv, (unsigned)splits, (unsigned)a->n_tok), dim3(AS_WARPS * 32), smem, q, k,
+                  v, a->n_heads, a->n_kv, q_norm, k_norm, eps, prep ? *rp : none_rp, a->pos, a->kv, rows, a->scale,
+                  sinks, a->window, a->out, (int32_t)prep, part, tickets);
+    CU_LAUNCHED(c, "k_attn_split");
+    return 1;
+}

@@ -414,7 +414,7 @@ extern "C" int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, 
     if (prep && (rp->dim < 2 || rp->dim > hd || rp->dim % 2)) return 0;
     size_t smem = 0;
     as_kernel_fn fn = as_pick(hd, G, &smem);
-    if (!fn) return 0;
+    if (!fn || smem > c->prop.sharedMemPerBlockOptin) return 0; /* (head_dim 256 x 16 heads: 168 KB, past sm_80's 163) */
     if (c->err[0]) return 1;
     static int attr_dev[3][5] = {{-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}};
     const int hi = hd == 64 ? 0 : hd == 128 ? 1 : 2, gi = G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;

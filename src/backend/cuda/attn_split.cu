@@ -9,10 +9,11 @@
  * its keys: every K and V row is read once a token, and the keys of a long context are spread over up to AS_SMAX
  * CTAs a kv head (n_kv x AS_SMAX CTAs: 128 at the Qwen3 shapes, one an SM).
  *
- * A warp takes AS_CHUNK = 32 keys at a time: for q . k a lane a key (its K row straight from the cache into
- * registers, the G query heads from shared memory by broadcast: no cross-lane sums), then the online-softmax update
- * per head over the warp's 32 scores, then for p . v a lane 4 dims of every head (each V row read once by the warp,
- * coalesced; the 32 keys' probabilities from shared memory by broadcast). Each warp keeps its own running max, sum and
+ * A warp takes AS_CHUNK = 32 keys at a time: their V rows go to the warp's staging by cp.async first; for q . k a
+ * lane a key (its whole K row requested at once into registers, the G query heads from shared memory by broadcast:
+ * no cross-lane sums), then the online-softmax update per head over the warp's 32 scores, then for p . v a lane 4
+ * dims of every head (head_dim <= 128) from the staged rows, the 32 keys' probabilities by broadcast. Decode
+ * attention is bound by memory latency, so every load a lane makes in a chunk is in flight at once. Each warp keeps its own running max, sum and
  * output; the CTA merges its warps in warp order, and where a token's keys span several CTAs each writes its
  * partial (o, m, l per head) to scratch and takes a ticket; the last merges them in split order and resets the
  * ticket. The result does not depend on timing; bit for bit the same in every path that takes it (attention,
@@ -58,10 +59,16 @@ __device__ __forceinline__ void as_range(int32_t k0, int32_t span, int32_t S, in
     *kb = k0 + (b < span ? b : span);
 }
 
+__device__ __forceinline__ void as_cp16(float *dst, const float *src, int valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(cu_smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
 template <int HD, int GT> struct as_dims {
-    static constexpr int NV = (HD + 127) / 128; /* float4 of a head a lane holds in p . v */
-    /* dynamic shared memory, floats: q [GT][HD] | p [W][32][GT] | o [W][GT][HD] | m, l [W][GT] | k, v [HD] | cs [HD] */
-    static constexpr size_t floats = (size_t)GT * HD + (size_t)AS_WARPS * 32 * GT + (size_t)AS_WARPS * GT * HD +
+    static_assert(HD <= 128 && GT <= AS_CHUNK, "a lane holds 4 dims of a head in p . v; o over the V staging");
+    /* dynamic shared memory, floats: q [GT][HD] | p [W][32][GT] | V staging [W][32][HD] (then o [W][GT][HD]) |
+     * m, l [W][GT] | k, v [HD] | cs [HD] */
+    static constexpr size_t floats = (size_t)GT * HD + (size_t)AS_WARPS * 32 * GT + (size_t)AS_WARPS * AS_CHUNK * HD +
                                      2 * (size_t)AS_WARPS * GT + 3 * (size_t)HD;
     static constexpr size_t smem = floats * sizeof(float);
 };
@@ -123,10 +130,10 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
              moet_kv_ref kv, const moet_kv_ref *rows, float scale, const float *__restrict__ sinks, int32_t window,
              float *__restrict__ out, int32_t prep, float *part, int32_t *tickets) {
     CU_TRACE(CU_TK_ATTN_DECODE << 8 | 1);
-    constexpr int NV = as_dims<HD, GT>::NV;
     extern __shared__ __align__(16) float as_sm[];
-    float *sq = as_sm, *sp = sq + GT * HD, *so = sp + AS_WARPS * 32 * GT, *smx = so + AS_WARPS * GT * HD,
+    float *sq = as_sm, *sp = sq + GT * HD, *stg = sp + AS_WARPS * 32 * GT, *smx = stg + AS_WARPS * AS_CHUNK * HD,
           *sl = smx + AS_WARPS * GT, *sk = sl + AS_WARPS * GT, *sv = sk + HD, *cs = sv + HD;
+    float *so = stg; /* the warps' outputs [W][GT][HD] after the loop, over the V staging (GT <= AS_CHUNK) */
     __shared__ double dpart[AS_WARPS];
     __shared__ int s_last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -167,53 +174,57 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         __syncthreads();
     }
     const float *kb0 = kv.k + (int64_t)kvh * HD, *vb0 = kv.v + (int64_t)kvh * HD;
-    float m[GT], l[GT], o[GT][NV][4];
+    float m[GT], l[GT], o[GT][4];
 #pragma unroll
     for (int h = 0; h < GT; h++) {
         m[h] = -INFINITY;
         l[h] = 0.f;
-#pragma unroll
-        for (int n = 0; n < NV; n++) o[h][n][0] = o[h][n][1] = o[h][n][2] = o[h][n][3] = 0.f;
+        o[h][0] = o[h][1] = o[h][2] = o[h][3] = 0.f;
     }
-    float *wp = sp + warp * 32 * GT; /* the warp's probabilities [32 keys][GT] */
+    float *wp = sp + warp * 32 * GT;                  /* the warp's probabilities [32 keys][GT] */
+    float *wv = stg + (size_t)warp * AS_CHUNK * HD;   /* the warp's chunk of V rows [32][HD] */
     for (int32_t j0 = ka + warp * AS_CHUNK; j0 < kb; j0 += AS_WARPS * AS_CHUNK) {
+        const int32_t nk = kb - j0 < AS_CHUNK ? kb - j0 : AS_CHUNK;
+        /* the chunk's V rows into the warp's staging by cp.async (16 bytes a lane a step, rows whole; past the
+         * last key zero-filled), in flight while q . k runs: what bounds a decode attention is memory latency */
+        for (int i = lane; i < AS_CHUNK * (HD / 4); i += 32) {
+            const int r = i / (HD / 4), c4 = i % (HD / 4);
+            const int32_t jj = r < nk ? j0 + r : ka;
+            as_cp16(wv + r * HD + 4 * c4, vb0 + moet_kv_row(kv.blocks, kv.shift, jj) * kvd + 4 * c4, r < nk);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        /* q . k, a lane its key: the whole K row requested at once (HD / 4 loads in flight a lane), then the sums;
+         * key cur (this launch's own) from its shared copy, the same sums */
         const int32_t j = j0 + lane, valid = j < kb;
-        /* q . k, a lane its key: the K row from the cache (key cur: from shared memory, below) */
         float acc[GT];
 #pragma unroll
         for (int h = 0; h < GT; h++) acc[h] = 0.f;
         {
-            const float4 *kr = (const float4 *)(kb0 + moet_kv_row(kv.blocks, kv.shift, valid && j != cur ? j : ka) * kvd);
-#pragma unroll 2
-            for (int d4 = 0; d4 < HD / 4; d4++) {
-                const float4 kk = __ldg(kr + d4);
+            const float4 *kr = j == cur ? (const float4 *)sk
+                                        : (const float4 *)(kb0 + moet_kv_row(kv.blocks, kv.shift, valid ? j : ka) * kvd);
+            constexpr int KP = HD / 4 > 16 && GT >= 16 ? 16 : HD / 4; /* float4 a piece: 32 at most (128 registers) */
 #pragma unroll
-                for (int h = 0; h < GT; h++) {
-                    if (h < G) {
-                        const float4 qq = *(const float4 *)(sq + h * HD + 4 * d4);
-                        acc[h] = fmaf(qq.x, kk.x, acc[h]);
-                        acc[h] = fmaf(qq.y, kk.y, acc[h]);
-                        acc[h] = fmaf(qq.z, kk.z, acc[h]);
-                        acc[h] = fmaf(qq.w, kk.w, acc[h]);
-                    }
+            for (int pc = 0; pc < HD / 4; pc += KP) {
+                float4 kk[KP];
+                if (j == cur) {
+#pragma unroll
+                    for (int u = 0; u < KP; u++) kk[u] = kr[pc + u];
+                } else {
+#pragma unroll
+                    for (int u = 0; u < KP; u++) kk[u] = __ldg(kr + pc + u);
                 }
-            }
-        }
-        if (j == cur) { /* this launch's own key: the same sums over the shared copy */
 #pragma unroll
-            for (int h = 0; h < GT; h++) acc[h] = 0.f;
-            for (int d4 = 0; d4 < HD / 4; d4++) {
-                const float4 kk = *(const float4 *)(sk + 4 * d4);
+                for (int u = 0; u < KP; u++)
 #pragma unroll
-                for (int h = 0; h < GT; h++) {
-                    if (h < G) {
-                        const float4 qq = *(const float4 *)(sq + h * HD + 4 * d4);
-                        acc[h] = fmaf(qq.x, kk.x, acc[h]);
-                        acc[h] = fmaf(qq.y, kk.y, acc[h]);
-                        acc[h] = fmaf(qq.z, kk.z, acc[h]);
-                        acc[h] = fmaf(qq.w, kk.w, acc[h]);
+                    for (int h = 0; h < GT; h++) {
+                        if (h < G) {
+                            const float4 qq = *(const float4 *)(sq + h * HD + 4 * (pc + u));
+                            acc[h] = fmaf(qq.x, kk[u].x, acc[h]);
+                            acc[h] = fmaf(qq.y, kk[u].y, acc[h]);
+                            acc[h] = fmaf(qq.z, kk[u].z, acc[h]);
+                            acc[h] = fmaf(qq.w, kk[u].w, acc[h]);
+                        }
                     }
-                }
             }
         }
         /* the online softmax over the warp's 32 scores, a head at a time (the warp's own running m, l, o) */
@@ -227,49 +238,33 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
                 const float mn = fmaxf(m[h], mx), corr = expf(m[h] - mn), pr = expf(sc - mn);
                 l[h] = l[h] * corr + pr; /* a lane's share: summed over the lanes at the end */
 #pragma unroll
-                for (int n = 0; n < NV; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) o[h][n][e] *= corr;
+                for (int e = 0; e < 4; e++) o[h][e] *= corr;
                 m[h] = mn;
                 wp[lane * GT + h] = pr;
             }
         }
+        asm volatile("cp.async.wait_all;" ::: "memory");
         __syncwarp();
-        /* p . v: a lane 4 dims (and 4 more a further 128) of every head, the chunk's keys in order */
-        const int32_t nk = kb - j0 < AS_CHUNK ? kb - j0 : AS_CHUNK;
+        /* p . v: a lane 4 dims of every head (head_dim <= 128), the chunk's keys in order */
+        const int d = 4 * lane;
+#pragma unroll 4
         for (int32_t c = 0; c < nk; c++) {
-            const int32_t jj = j0 + c;
-            float4 vv[NV];
-            if (jj == cur) {
-#pragma unroll
-                for (int n = 0; n < NV; n++) {
-                    const int d = 128 * n + 4 * lane;
-                    vv[n] = d < HD ? *(const float4 *)(sv + d) : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-            } else {
-                const float *vr = vb0 + moet_kv_row(kv.blocks, kv.shift, jj) * kvd;
-#pragma unroll
-                for (int n = 0; n < NV; n++) {
-                    const int d = 128 * n + 4 * lane;
-                    vv[n] = d < HD ? __ldg((const float4 *)(vr + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-            }
+            const float *vr = j0 + c == cur ? sv : wv + c * HD;
+            const float4 vv = d < HD ? *(const float4 *)(vr + d) : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
             for (int h = 0; h < GT; h++) {
                 if (h < G) {
                     const float pr = wp[c * GT + h];
-#pragma unroll
-                    for (int n = 0; n < NV; n++) {
-                        o[h][n][0] = fmaf(pr, vv[n].x, o[h][n][0]);
-                        o[h][n][1] = fmaf(pr, vv[n].y, o[h][n][1]);
-                        o[h][n][2] = fmaf(pr, vv[n].z, o[h][n][2]);
-                        o[h][n][3] = fmaf(pr, vv[n].w, o[h][n][3]);
-                    }
+                    o[h][0] = fmaf(pr, vv.x, o[h][0]);
+                    o[h][1] = fmaf(pr, vv.y, o[h][1]);
+                    o[h][2] = fmaf(pr, vv.z, o[h][2]);
+                    o[h][3] = fmaf(pr, vv.w, o[h][3]);
                 }
             }
         }
-        __syncwarp(); /* wp is rewritten by the next chunk */
+        __syncwarp(); /* wp and wv are rewritten by the next chunk */
     }
+    __syncthreads(); /* the staging becomes the warps' outputs */
     /* the warp's partials to shared memory: l summed over its lanes (a fixed tree), m, o as they are */
 #pragma unroll
     for (int h = 0; h < GT; h++) {
@@ -278,11 +273,7 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1) lt += __shfl_xor_sync(0xffffffffu, lt, off);
             if (lane == 0) { smx[warp * GT + h] = m[h]; sl[warp * GT + h] = lt; }
-#pragma unroll
-            for (int n = 0; n < NV; n++) {
-                const int d = 128 * n + 4 * lane;
-                if (d < HD) *(float4 *)(so + (warp * GT + h) * HD + d) = make_float4(o[h][n][0], o[h][n][1], o[h][n][2], o[h][n][3]);
-            }
+            if (4 * lane < HD) *(float4 *)(so + (warp * GT + h) * HD + 4 * lane) = make_float4(o[h][0], o[h][1], o[h][2], o[h][3]);
         }
     }
     __syncthreads();
@@ -376,7 +367,6 @@ static as_kernel_fn as_pick(int hd, int G, size_t *smem) {
     switch (hd) {
     case 64: return as_pick_g<64>(G, smem);
     case 128: return as_pick_g<128>(G, smem);
-    case 256: return as_pick_g<256>(G, smem);
     default: return NULL;
     }
 }
@@ -414,7 +404,7 @@ extern "C" int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, 
     if (prep && (rp->dim < 2 || rp->dim > hd || rp->dim % 2)) return 0;
     size_t smem = 0;
     as_kernel_fn fn = as_pick(hd, G, &smem);
-    if (!fn || smem > c->prop.sharedMemPerBlockOptin) return 0; /* (head_dim 256 x 16 heads: 168 KB, past sm_80's 163) */
+    if (!fn || smem > c->prop.sharedMemPerBlockOptin) return 0; /* (158 KB at head_dim 128 x 16 heads) */
     if (c->err[0]) return 1;
     static int attr_dev[3][5] = {{-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}};
     const int hi = hd == 64 ? 0 : hd == 128 ? 1 : 2, gi = G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;

@@ -65,7 +65,7 @@ __device__ __forceinline__ void as_cp16(float *dst, const float *src, int valid)
 }
 
 template <int HD, int GT> struct as_dims {
-    static_assert(HD <= 128 && GT <= AS_CHUNK, "a lane holds 4 dims of a head in p . v; o over the V staging");
+    static_assert(HD <= 128 && 128 % HD == 0 && GT <= AS_CHUNK, "a lane holds 4 dims of a head in p . v; o over the V staging");
     /* dynamic shared memory, floats: q [GT][HD] | p [W][32][GT] | V staging [W][32][HD] (then o [W][GT][HD]) |
      * m, l [W][GT] | k, v [HD] | cs [HD] */
     static constexpr size_t floats = (size_t)GT * HD + (size_t)AS_WARPS * 32 * GT + (size_t)AS_WARPS * AS_CHUNK * HD +
@@ -73,19 +73,18 @@ template <int HD, int GT> struct as_dims {
     static constexpr size_t smem = floats * sizeof(float);
 };
 
-/* The CTA's rows normed and rotated as k_attn_prep does (elementwise.cu): rows r < G are query heads kvh G + r of
- * qrow, r = G the k head kvh of krow; results into sq[r] / sk. cs: the position's cos / sin (rot_dim / 2 each). Every
- * thread calls it (barriers). */
+/* The CTA's rows normed and rotated in place as k_attn_prep does (elementwise.cu): rows r < G the group's query
+ * heads (sq[r]), r = G its k head (sk). cs: the position's cos / sin (rot_dim / 2 each). A thread reads and writes the
+ * same elements of a row (the partial path: after a barrier), so in place is safe. Every thread calls it (barriers). */
 template <int HD>
-__device__ __forceinline__ void as_prep(const float *qrow, const float *krow, int G, int kvh, const float *q_norm,
-                                        const float *k_norm, float eps, int rot_dim, const float *cs, float *sq, float *sk,
-                                        double *part) {
+__device__ __forceinline__ void as_prep(float *sq, float *sk, int G, const float *q_norm, const float *k_norm, float eps,
+                                        int rot_dim, const float *cs, double *part) {
     const int half = HD / 2, T = ((half + 31) / 32) * 32, slots = AS_WARPS * 32 / T, nhw = T / 32;
     const int slot = threadIdx.x / T, i = threadIdx.x % T, rh = rot_dim / 2, partial = rot_dim != HD;
     for (int r0 = 0; r0 <= G; r0 += slots) { /* every thread runs every pass (the barriers) */
         const int r = r0 + slot, live = slot < slots && r <= G, is_q = r < G;
-        const float *row = !live ? NULL : is_q ? qrow + (int64_t)(kvh * G + r) * HD : krow + (int64_t)kvh * HD;
-        float *dst = !live ? NULL : is_q ? sq + r * HD : sk;
+        float *dst = !live ? NULL : is_q ? sq + r * HD : sk; /* the raw row, normed and rotated in place */
+        const float *row = dst;
         const float *nw = is_q ? q_norm : k_norm;
         float a = live && i < half ? row[i] : 0.f, b = live && i < half ? row[i + half] : 0.f;
         if (q_norm || k_norm) {
@@ -157,13 +156,17 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
     CU_TRACE_WAITED();
     const int32_t cur = prep ? p : -1;
     const int64_t kvd = dk;
-    if (prep) {
-        for (int j = tid; j < HD; j += blockDim.x) sv[j] = v[(int64_t)kvh * HD + j];
-        __syncthreads(); /* cs */
-        as_prep<HD>(q, k, G, kvh, q_norm, k_norm, eps, rot_dim, cs, sq, sk, dpart);
-        if (s == 0) { /* the q rows back (attn_prep's contract), k and v into the cache row pos */
+    if (prep) { /* the raw rows into shared memory in one round trip, then normed and rotated there */
+        for (int j = tid; j < G * HD; j += blockDim.x) sq[j] = q[(int64_t)kvh * G * HD + j];
+        for (int j = tid; j < HD; j += blockDim.x) {
+            sk[j] = k[(int64_t)kvh * HD + j];
+            sv[j] = v[(int64_t)kvh * HD + j];
+        }
+        __syncthreads();
+        as_prep<HD>(sq, sk, G, q_norm, k_norm, eps, rot_dim, cs, dpart);
+        if (s == 0) { /* k and v into the cache row pos (no split reads that row: key cur comes from sk / sv); the q
+                       * rows go back at the end, by the CTA that merges (other splits still read the raw q here) */
             const int64_t prow = moet_kv_row(kv.blocks, kv.shift, p);
-            for (int j = tid; j < G * HD; j += blockDim.x) q[(int64_t)kvh * G * HD + j] = sq[j];
             for (int j = tid; j < HD; j += blockDim.x) {
                 kv.k[prow * kvd + (int64_t)kvh * HD + j] = sk[j];
                 kv.v[prow * kvd + (int64_t)kvh * HD + j] = sv[j];
@@ -185,23 +188,27 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
     float *wv = stg + (size_t)warp * AS_CHUNK * HD;   /* the warp's chunk of V rows [32][HD] */
     for (int32_t j0 = ka + warp * AS_CHUNK; j0 < kb; j0 += AS_WARPS * AS_CHUNK) {
         const int32_t nk = kb - j0 < AS_CHUNK ? kb - j0 : AS_CHUNK;
+        const int32_t j = j0 + lane, valid = j < kb;
+        /* the lane's key's row in the pools (one block-table load a lane; the staging below takes the others' by
+         * shuffle: a table load a row there was a dependent round trip each) */
+        const int64_t roff = moet_kv_row(kv.blocks, kv.shift, valid ? j : ka) * kvd;
         /* the chunk's V rows into the warp's staging by cp.async (16 bytes a lane a step, rows whole; past the
          * last key zero-filled), in flight while q . k runs: what bounds a decode attention is memory latency */
-        for (int i = lane; i < AS_CHUNK * (HD / 4); i += 32) {
-            const int r = i / (HD / 4), c4 = i % (HD / 4);
-            const int32_t jj = r < nk ? j0 + r : ka;
-            as_cp16(wv + r * HD + 4 * c4, vb0 + moet_kv_row(kv.blocks, kv.shift, jj) * kvd + 4 * c4, r < nk);
+        constexpr int RPI = 128 / HD, C4 = HD / 4; /* rows a step (32 lanes x 16 bytes), float4 a row */
+#pragma unroll
+        for (int it = 0; it < AS_CHUNK / RPI; it++) {
+            const int r = it * RPI + lane / C4, c4 = lane % C4;
+            const int64_t ro = __shfl_sync(0xffffffffu, roff, r);
+            as_cp16(wv + r * HD + 4 * c4, vb0 + ro + 4 * c4, r < nk);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
         /* q . k, a lane its key: the whole K row requested at once (HD / 4 loads in flight a lane), then the sums;
          * key cur (this launch's own) from its shared copy, the same sums */
-        const int32_t j = j0 + lane, valid = j < kb;
         float acc[GT];
 #pragma unroll
         for (int h = 0; h < GT; h++) acc[h] = 0.f;
         {
-            const float4 *kr = j == cur ? (const float4 *)sk
-                                        : (const float4 *)(kb0 + moet_kv_row(kv.blocks, kv.shift, valid ? j : ka) * kvd);
+            const float4 *kr = j == cur ? (const float4 *)sk : (const float4 *)(kb0 + roff);
             constexpr int KP = HD / 4 > 16 && GT >= 16 ? 16 : HD / 4; /* float4 a piece: 32 at most (128 registers) */
 #pragma unroll
             for (int pc = 0; pc < HD / 4; pc += KP) {
@@ -336,6 +343,8 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
             }
         }
         out[(int64_t)head * HD + d] = acc * (1.0f / L);
+        if (prep) q[(int64_t)head * HD + d] = sq[e]; /* the normed, rotated q (attn_prep's contract): every split has
+                                                        read the raw rows by now (they took their tickets after) */
     }
     if (S > 1 && tid == 0) tickets[z * n_kv + kvh] = 0; /* for the next launch */
 }

@@ -19,7 +19,9 @@
  * ticket. The result does not depend on timing; bit for bit the same in every path that takes it (attention,
  * attn_fused, attn_rows: tests/test_ops.c), since the splits depend only on the number of keys.
  *
- * Splits: S = ceil(keys / AS_KMIN) up to AS_SMAX, the keys cut in whole chunks (no split is empty: see as_range).
+ * Splits: S = ceil(keys / kmin) up to AS_SMAX, the keys cut in whole chunks (kmin = AS_KMIN = 256: no split is
+ * empty, see as_range; MOET_ATTN_SPLITK_KMIN=N, a multiple of 32, tries others, where an empty split's partial is
+ * m = -inf and drops out of the merge).
  * The grid has as_splits(n_ctx) CTAs a kv head; those past S for this token's position return at once, so one
  * recorded decode step serves every position.
  *
@@ -38,14 +40,14 @@
 
 #define AS_WARPS 8
 #define AS_CHUNK 32                      /* keys a warp takes at once (a lane a key) */
-#define AS_KMIN (AS_WARPS * AS_CHUNK)    /* keys a split at least */
+#define AS_KMIN (AS_WARPS * AS_CHUNK)    /* keys a split at least (the default) */
 #define AS_SMAX 32                       /* splits a kv head at most */
 #define AS_GMAX 16                       /* query heads a kv head at most */
 #define AS_MAX_ROWS 65535
 
 /* Splits of a token with `span` keys (the same function on the host, for the grid, and on the device). */
-__host__ __device__ __forceinline__ int32_t as_nsplit(int32_t span) {
-    const int32_t s = (span + AS_KMIN - 1) / AS_KMIN;
+__host__ __device__ __forceinline__ int32_t as_nsplit(int32_t span, int32_t kmin) {
+    const int32_t s = (span + kmin - 1) / kmin;
     return s < 1 ? 1 : s > AS_SMAX ? AS_SMAX : s;
 }
 
@@ -127,7 +129,7 @@ __global__ void __launch_bounds__(AS_WARPS * 32, 1)
 k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, const float *__restrict__ q_norm,
              const float *__restrict__ k_norm, float eps, const __grid_constant__ moet_rope rp, const int32_t *pos,
              moet_kv_ref kv, const moet_kv_ref *rows, float scale, const float *__restrict__ sinks, int32_t window,
-             float *__restrict__ out, int32_t prep, float *part, int32_t *tickets) {
+             float *__restrict__ out, int32_t prep, float *part, int32_t *tickets, int32_t kmin) {
     CU_TRACE(CU_TK_ATTN_DECODE << 8 | 1);
     extern __shared__ __align__(16) float as_sm[];
     float *sq = as_sm, *sp = sq + GT * HD, *stg = sp + AS_WARPS * 32 * GT, *smx = stg + AS_WARPS * AS_CHUNK * HD,
@@ -141,7 +143,7 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
     cu_pdl_trigger();
     const int32_t p = pos[z]; /* uploaded before the step's first kernel */
     const int32_t k0 = window > 0 && p + 1 > window ? p + 1 - window : 0, span = p + 1 - k0;
-    const int32_t S = min(as_nsplit(span), S_grid);
+    const int32_t S = min(as_nsplit(span, kmin), S_grid);
     if (s >= S) return;
     int32_t ka, kb;
     as_range(k0, span, S, s, &ka, &kb);
@@ -152,10 +154,41 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
     const int rot_dim = rp.dim;
     if (prep)
         for (int i = tid; i < rot_dim / 2; i += blockDim.x) cu_rope_cs(rp, i, p, &cs[i], &cs[HD / 2 + i]);
-    cu_pdl_wait();
-    CU_TRACE_WAITED();
     const int32_t cur = prep ? p : -1;
     const int64_t kvd = dk;
+    const float *kb0 = kv.k + (int64_t)kvh * HD, *vb0 = kv.v + (int64_t)kvh * HD;
+    float *wv = stg + (size_t)warp * AS_CHUNK * HD; /* the warp's chunk of V rows [32][HD] */
+    constexpr int KP = HD / 4 > 16 && GT >= 16 ? 16 : HD / 4; /* float4 of a K row a piece: 32 at most (128 registers) */
+    /* The chunk's V rows from j0 (nk of them; roff: each lane's key's row offset) into the warp's staging by
+     * cp.async (16 bytes a lane a step, rows whole; past the last key zero-filled), one group: in flight while q . k
+     * runs (what bounds a decode attention is memory latency). The rows' offsets by shuffle: a block-table load a
+     * row was a dependent round trip each (25 us at 128 keys, the first run). */
+    auto stage = [&](int32_t nk, int64_t roff) {
+        constexpr int RPI = 128 / HD, C4 = HD / 4; /* rows a step (32 lanes x 16 bytes), float4 a row */
+#pragma unroll
+        for (int it = 0; it < AS_CHUNK / RPI; it++) {
+            const int r = it * RPI + lane / C4, c4 = lane % C4;
+            const int64_t ro = __shfl_sync(0xffffffffu, roff, r);
+            as_cp16(wv + r * HD + 4 * c4, vb0 + ro + 4 * c4, r < nk);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+    /* With prep (one token a row: every cache row but pos was written by earlier steps, before this step's first
+     * kernel) the warp's first chunk is requested before the wait: its V rows staged, each lane's K row fetched
+     * into L2 (held in registers it took 128 more and spilled). At a short context that is all of the attention's
+     * memory traffic, off the critical path, as k_attn_decode's first group (stop 31). */
+    const int32_t j0f = ka + warp * AS_CHUNK;
+    const int pre = prep && j0f < kb;
+    int64_t roff_pre = 0;
+    if (pre) {
+        const int32_t j = j0f + lane;
+        roff_pre = moet_kv_row(kv.blocks, kv.shift, j < kb ? j : ka) * kvd;
+        stage(kb - j0f < AS_CHUNK ? kb - j0f : AS_CHUNK, roff_pre);
+        if (j != cur && j < kb)
+            for (int b = 0; b < HD * 4; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)(kb0 + roff_pre) + b));
+    }
+    cu_pdl_wait();
+    CU_TRACE_WAITED();
     if (prep) { /* the raw rows into shared memory in one round trip, then normed and rotated there */
         for (int j = tid; j < G * HD; j += blockDim.x) sq[j] = q[(int64_t)kvh * G * HD + j];
         for (int j = tid; j < HD; j += blockDim.x) {
@@ -176,7 +209,6 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         for (int j = tid; j < G * HD; j += blockDim.x) sq[j] = q[(int64_t)kvh * G * HD + j];
         __syncthreads();
     }
-    const float *kb0 = kv.k + (int64_t)kvh * HD, *vb0 = kv.v + (int64_t)kvh * HD;
     float m[GT], l[GT], o[GT][4];
 #pragma unroll
     for (int h = 0; h < GT; h++) {
@@ -184,24 +216,14 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         l[h] = 0.f;
         o[h][0] = o[h][1] = o[h][2] = o[h][3] = 0.f;
     }
-    float *wp = sp + warp * 32 * GT;                  /* the warp's probabilities [32 keys][GT] */
-    float *wv = stg + (size_t)warp * AS_CHUNK * HD;   /* the warp's chunk of V rows [32][HD] */
+    float *wp = sp + warp * 32 * GT; /* the warp's probabilities [32 keys][GT] */
     for (int32_t j0 = ka + warp * AS_CHUNK; j0 < kb; j0 += AS_WARPS * AS_CHUNK) {
         const int32_t nk = kb - j0 < AS_CHUNK ? kb - j0 : AS_CHUNK;
         const int32_t j = j0 + lane, valid = j < kb;
-        /* the lane's key's row in the pools (one block-table load a lane; the staging below takes the others' by
-         * shuffle: a table load a row there was a dependent round trip each) */
-        const int64_t roff = moet_kv_row(kv.blocks, kv.shift, valid ? j : ka) * kvd;
-        /* the chunk's V rows into the warp's staging by cp.async (16 bytes a lane a step, rows whole; past the
-         * last key zero-filled), in flight while q . k runs: what bounds a decode attention is memory latency */
-        constexpr int RPI = 128 / HD, C4 = HD / 4; /* rows a step (32 lanes x 16 bytes), float4 a row */
-#pragma unroll
-        for (int it = 0; it < AS_CHUNK / RPI; it++) {
-            const int r = it * RPI + lane / C4, c4 = lane % C4;
-            const int64_t ro = __shfl_sync(0xffffffffu, roff, r);
-            as_cp16(wv + r * HD + 4 * c4, vb0 + ro + 4 * c4, r < nk);
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        const int first = pre && j0 == j0f; /* requested before the wait */
+        /* the lane's key's row in the pools (one block-table load a lane) */
+        const int64_t roff = first ? roff_pre : moet_kv_row(kv.blocks, kv.shift, valid ? j : ka) * kvd;
+        if (!first) stage(nk, roff);
         /* q . k, a lane its key: the whole K row requested at once (HD / 4 loads in flight a lane), then the sums;
          * key cur (this launch's own) from its shared copy, the same sums */
         float acc[GT];
@@ -209,7 +231,6 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         for (int h = 0; h < GT; h++) acc[h] = 0.f;
         {
             const float4 *kr = j == cur ? (const float4 *)sk : (const float4 *)(kb0 + roff);
-            constexpr int KP = HD / 4 > 16 && GT >= 16 ? 16 : HD / 4; /* float4 a piece: 32 at most (128 registers) */
 #pragma unroll
             for (int pc = 0; pc < HD / 4; pc += KP) {
                 float4 kk[KP];
@@ -360,12 +381,16 @@ static int as_enabled(void) {
     return e && e[0] == '1';
 }
 
-static int32_t as_grid_splits(int32_t n_ctx) { return as_nsplit(n_ctx > 0 ? n_ctx : 1); }
+static int32_t as_kmin(void) {
+    const char *e = getenv("MOET_ATTN_SPLITK_KMIN");
+    const long v = e ? strtol(e, NULL, 10) : 0;
+    return v >= AS_CHUNK && v <= 65536 && v % AS_CHUNK == 0 ? (int32_t)v : AS_KMIN;
+}
 
 /* The kernel for a head shape (NULL: not taken here). */
 typedef void (*as_kernel_fn)(float *, float *, const float *, int32_t, int32_t, const float *, const float *, float,
                              const moet_rope, const int32_t *, moet_kv_ref, const moet_kv_ref *, float, const float *,
-                             int32_t, float *, int32_t, float *, int32_t *);
+                             int32_t, float *, int32_t, float *, int32_t *, int32_t);
 template <int HD> static as_kernel_fn as_pick_g(int G, size_t *smem) {
 #define AS_G(GT) if (G <= GT) { *smem = as_dims<HD, GT>::smem; return k_attn_split<HD, GT>; }
     AS_G(1) AS_G(2) AS_G(4) AS_G(8) AS_G(16)
@@ -421,14 +446,14 @@ extern "C" int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, 
         if (CU_CHECK(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return 1;
         attr_dev[hi][gi] = c->device;
     }
-    const int32_t splits = as_grid_splits(a->n_ctx);
+    const int32_t kmin = as_kmin(), splits = as_nsplit(a->n_ctx > 0 ? a->n_ctx : 1, kmin);
     float *part;
     int32_t *tickets;
     if (!as_scratch(c, a->n_tok, a->n_kv, splits, a->n_heads, hd, &part, &tickets)) return 1;
     const moet_rope none_rp = {0};
     cu_launch_pdl(c, fn, dim3((unsigned)a->n_kv, (unsigned)splits, (unsigned)a->n_tok), dim3(AS_WARPS * 32), smem, q, k,
                   v, a->n_heads, a->n_kv, q_norm, k_norm, eps, prep ? *rp : none_rp, a->pos, a->kv, rows, a->scale,
-                  sinks, a->window, a->out, (int32_t)prep, part, tickets);
+                  sinks, a->window, a->out, (int32_t)prep, part, tickets, kmin);
     CU_LAUNCHED(c, "k_attn_split");
     return 1;
 }

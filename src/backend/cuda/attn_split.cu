@@ -90,15 +90,7 @@ __device__ __forceinline__ void as_prep(float *sq, float *sk, int G, const float
         const float *nw = is_q ? q_norm : k_norm;
         float a = live && i < half ? row[i] : 0.f, b = live && i < half ? row[i + half] : 0.f;
         if (q_norm || k_norm) {
-            double ss = (double)a * a + (double)b * b;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (slot < slots && (i & 31) == 0) part[slot * nhw + (i >> 5)] = ss;
-            __syncthreads();
-            double tot = 0;
-            for (int w = 0; w < nhw; w++) tot += part[(slot < slots ? slot : 0) * nhw + w];
-            __syncthreads();
-            const float inv = (float)(1.0 / sqrt(tot / (double)HD + (double)eps));
+            const float inv = cu_head_rms_inv(a, b, slot, slots, i, nhw, part, HD, eps);
             if (live && nw && i < half) {
                 a = nw[i] * (a * inv);
                 b = nw[i + half] * (b * inv);

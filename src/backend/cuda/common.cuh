@@ -200,6 +200,23 @@ __device__ __forceinline__ void cu_prenorm_smem(float *xs, int nt, int cols, con
 /* RoPE's cos and sin for pair i at position p, as transformers computes them (backend.h, moet_rope): angle =
  * f32(p) * inv_freq[i] in f32, cos and sin of it rounded to f32, times attn_factor in f32. Kernels take the
  * moet_rope by value as a __grid_constant__ argument, so the table is read from the parameter bank. */
+/* The RMSNorm factor of a head held by a group of T threads (thread i: elements i and i + head_dim / 2 as a, b; 0 past
+ * the half): double squares summed by a warp xor tree, the group's warp partials (part[slot nhw + w], nhw = T / 32)
+ * added in warp order. k_attn_prep and attn_split.cu's prep both call it, so their heads round alike (bit for bit).
+ * Every thread of the CTA calls it (two barriers); slot >= slots: a thread in no group. */
+__device__ __forceinline__ float cu_head_rms_inv(float a, float b, int slot, int slots, int i, int nhw, double *part,
+                                                 int head_dim, float eps) {
+    double ss = (double)a * a + (double)b * b;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (slot < slots && (i & 31) == 0) part[slot * nhw + (i >> 5)] = ss;
+    __syncthreads();
+    double tot = 0;
+    for (int w = 0; w < nhw; w++) tot += part[(slot < slots ? slot : 0) * nhw + w];
+    __syncthreads(); /* part is rewritten by the next head */
+    return (float)(1.0 / sqrt(tot / (double)head_dim + (double)eps));
+}
+
 __device__ __forceinline__ void cu_rope_cs(const moet_rope &rp, int i, int32_t p, float *co, float *si) {
     const float ang = (float)p * rp.inv_freq[i];
     *co = (float)cos((double)ang) * rp.attn_factor;

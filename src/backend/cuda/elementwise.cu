@@ -149,15 +149,7 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
         float a = qk && i < half ? row[i] : 0.f, b = qk && i < half ? row[i + half] : 0.f;
         if (q_norm || k_norm) { /* the same per-warp partials, added in the same order, as one CTA a head; the
                                   * barriers uniform over the CTA (a pass may mix q, k and v heads) */
-            double ss = (double)a * a + (double)b * b;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (slot < slots && (i & 31) == 0) part[slot * nhw + (i >> 5)] = ss;
-            __syncthreads();
-            double tot = 0;
-            for (int w = 0; w < nhw; w++) tot += part[(slot < slots ? slot : 0) * nhw + w];
-            __syncthreads(); /* part is rewritten by the next pass */
-            const float inv = (float)(1.0 / sqrt(tot / (double)head_dim + (double)eps));
+            const float inv = cu_head_rms_inv(a, b, slot, slots, i, nhw, part, head_dim, eps);
             if (qk && nw && i < half) {
                 a = nw[i] * (a * inv);
                 b = nw[i + half] * (b * inv);

@@ -22,7 +22,7 @@
  * Splits: S = ceil(keys / kmin) up to AS_SMAX, the keys cut in whole chunks (kmin = AS_KMIN = 256: no split is
  * empty, see as_range; MOET_ATTN_SPLITK_KMIN=N, a multiple of 32, tries others, where an empty split's partial is
  * m = -inf and drops out of the merge).
- * The grid has as_splits(n_ctx) CTAs a kv head; those past S for this token's position return at once, so one
+ * The grid has as_nsplit(n_ctx) CTAs a kv head; those past S for this token's position return at once, so one
  * recorded decode step serves every position.
  *
  * With prep (attn_fused, attn_rows) the CTA first norms and rotates its G q heads and the k head with
@@ -42,7 +42,6 @@
 #define AS_CHUNK 32                      /* keys a warp takes at once (a lane a key) */
 #define AS_KMIN (AS_WARPS * AS_CHUNK)    /* keys a split at least (the default) */
 #define AS_SMAX 32                       /* splits a kv head at most */
-#define AS_GMAX 16                       /* query heads a kv head at most */
 #define AS_MAX_ROWS 65535
 
 /* Splits of a token with `span` keys (the same function on the host, for the grid, and on the device). */

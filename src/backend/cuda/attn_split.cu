@@ -404,11 +404,19 @@ static int as_scratch(cu_backend *c, int64_t rows, int32_t n_kv, int32_t splits,
     const size_t tb = (((size_t)rows * (size_t)n_kv * sizeof(int32_t)) + 255) & ~(size_t)255;
     const size_t need = tb + (size_t)rows * (size_t)splits * (size_t)n_heads * (size_t)(hd + 2) * sizeof(float);
     if (need > c->attn_split_cap) {
-        if (c->attn_split && c->n_attn_retired < CU_ATTN_RETIRED) c->attn_retired[c->n_attn_retired++] = c->attn_split;
-        else if (c->attn_split) cudaFree(c->attn_split); /* (never reached in practice: 8 growths of 1.5x) */
+        /* at least 4 MiB, at least twice the old: 8 retired buffers cover needs up to 1 GiB (64 rows x 32 splits x
+         * 128 heads at head_dim 128 is 136 MB). Freeing one could pull memory from under a recorded step. */
+        if (c->attn_split && c->n_attn_retired == CU_ATTN_RETIRED) {
+            cu_fail(c, cudaErrorMemoryAllocation, "attention split scratch: grown past its retired buffers", __FILE__,
+                    __LINE__);
+            return 0;
+        }
+        if (c->attn_split) c->attn_retired[c->n_attn_retired++] = c->attn_split;
+        size_t cap = need + need / 2;
+        if (cap < 2 * c->attn_split_cap) cap = 2 * c->attn_split_cap;
+        if (cap < ((size_t)4 << 20)) cap = (size_t)4 << 20;
         c->attn_split = NULL;
         c->attn_split_cap = 0;
-        const size_t cap = need + need / 2;
         if (CU_CHECK(c, cudaMalloc(&c->attn_split, cap)) || CU_CHECK(c, cudaMemsetAsync(c->attn_split, 0, cap, c->stream)))
             return 0;
         c->attn_split_cap = cap;

@@ -151,6 +151,12 @@ int32_t moet_tokenizer_token_id(const moet_tokenizer *t, const char *token);
  * MOET_ENOMEM before it computes anything. A pool and its sessions are used by one thread at a time. */
 typedef struct moet_kv moet_kv;
 
+/* The cache's element type. f16 (IEEE binary16) halves the cache's memory and the bytes a decode step's attention
+ * reads (most of a step's bytes at long contexts); each key and value is rounded to f16 once, when written (the
+ * quality cost: docs/quality.md). auto is f32 for now on every backend (the CPU reference's, and the GPU's until
+ * its f16 kernels have run on a GPU). */
+enum { MOET_KV_AUTO = 0, MOET_KV_F32 = 1, MOET_KV_F16 = 2 };
+
 typedef struct {
     int32_t n_tokens;     /* capacity in tokens (rounded up to whole blocks); <= 0: max_position_embeddings */
     int32_t block_tokens; /* tokens a block: a power of two in [1, 65536]; <= 0: 32 */
@@ -158,6 +164,7 @@ typedef struct {
                            * (MOET_LOGITS_LAST) whose leading full blocks were computed before, by any session of
                            * the pool, takes them instead of computing them; the same logits to float rounding
                            * (the KV may come from another path: a prefill chunk vs decode steps). 0 (default): off */
+    int32_t type;         /* MOET_KV_AUTO (default), MOET_KV_F32 or MOET_KV_F16 */
 } moet_kv_options;
 
 moet_kv_options moet_kv_default_options(void);
@@ -172,6 +179,8 @@ int32_t moet_kv_free_tokens(const moet_kv *kv);
 int32_t moet_kv_block_tokens(const moet_kv *kv);
 /* The pool's capacity in tokens (whole blocks). */
 int32_t moet_kv_tokens(const moet_kv *kv);
+/* The element type its pools hold: MOET_KV_F32 or MOET_KV_F16 (auto resolved). */
+int32_t moet_kv_type(const moet_kv *kv);
 /* Tokens evals have taken from the prefix cache instead of computing them, since the pool was made. */
 uint64_t moet_kv_hit_tokens(const moet_kv *kv);
 
@@ -188,6 +197,8 @@ typedef struct {
     moet_kv *kv;        /* NULL (default): a KV pool of the session's own, for n_ctx tokens; else blocks from kv
                          * (a pool of the same model; the session keeps a reference, so kv may be freed first) */
     int32_t kv_block;   /* tokens a block of the session's own pool (kv NULL); <= 0: 32 */
+    int32_t kv_type;    /* the element type of the session's own pool (kv NULL): MOET_KV_AUTO (default), MOET_KV_F32
+                         * or MOET_KV_F16; with kv given, the pool's */
 } moet_session_options;
 
 moet_session_options moet_session_default_options(void);
@@ -209,6 +220,8 @@ const float *moet_session_logits(const moet_session *s, int32_t *n_rows);
  * none (candidates off, MOET_LOGITS_ALL, or a backend without them). Valid until the next eval. */
 int32_t moet_session_candidates(const moet_session *s, const int32_t **ids, const float **vals);
 int32_t moet_session_pos(const moet_session *s);
+/* The element type of the session's KV cache: MOET_KV_F32 or MOET_KV_F16. */
+int32_t moet_session_kv_type(const moet_session *s);
 /* Takes the KV blocks the next n tokens will need now (an eval would take them itself): MOET_ENOMEM, with nothing
  * taken, when the pool has too few free; MOET_ERANGE past n_ctx. What a scheduler calls before it commits a
  * sequence to a step. */

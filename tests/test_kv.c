@@ -43,6 +43,10 @@ int main(int argc, char **argv) {
     CHECK(moet_kv_create(m, &ko, &kv, err, sizeof err) == MOET_EINVAL, "a block of 24 tokens was accepted");
     ko.block_tokens = 1 << 20;
     CHECK(moet_kv_create(m, &ko, &kv, err, sizeof err) == MOET_EINVAL, "a block of 2^20 tokens was accepted");
+    ko.block_tokens = 32;
+    ko.type = 7;
+    CHECK(moet_kv_create(m, &ko, &kv, err, sizeof err) == MOET_EINVAL, "a KV type of 7 was accepted");
+    ko.type = MOET_KV_AUTO;
 
     /* a pool of 64 one-token blocks shared by two sessions */
     ko.block_tokens = 1;
@@ -119,14 +123,19 @@ int main(int argc, char **argv) {
     moet_session_free(own);
     moet_session_free(paged); /* the pool's last reference: ASan sees it all freed */
 
-    /* the prefix cache: blocks of 8 shared between sessions by the hash of their whole prefix */
-    {
+    /* the prefix cache: blocks of 8 shared between sessions by the hash of their whole prefix; with f32 pools,
+     * then f16 (a block copied on write is 2 bytes an element there) */
+    for (int kt = 0; kt < 2; kt++) {
         moet_kv *pc;
         moet_kv_options pco = moet_kv_default_options();
         pco.n_tokens = 128;
         pco.block_tokens = 8;
         pco.prefix_cache = 1;
+        pco.type = kt ? MOET_KV_F16 : MOET_KV_F32;
+        so.kv_type = pco.type; /* R's own pool the same */
         REQUIRE(moet_kv_create(m, &pco, &pc, err, sizeof err) == 0, "%s", err);
+        CHECK(moet_kv_type(pc) == pco.type, "pool type %d, asked %d", moet_kv_type(pc), pco.type);
+        fprintf(stderr, "prefix cache, %s pool:\n", kt ? "f16" : "f32");
         moet_session_options sq = so;
         sq.kv = pc;
         sq.n_batch = 64;
@@ -135,6 +144,8 @@ int main(int argc, char **argv) {
         REQUIRE(moet_session_create(m, &sq, &A, err, sizeof err) == 0, "%s", err);
         REQUIRE(moet_session_create(m, &sq, &Bs, err, sizeof err) == 0, "%s", err);
         REQUIRE(moet_session_create(m, &so, &R, err, sizeof err) == 0, "%s", err); /* a pool of its own: computes all */
+        CHECK(moet_session_kv_type(A) == pco.type && moet_session_kv_type(R) == pco.type, "session KV types %d, %d",
+              moet_session_kv_type(A), moet_session_kv_type(R));
         int32_t t[48];
         for (int i = 0; i < 48; i++) t[i] = (int32_t)((i * 733 + 5) % V);
         REQUIRE(eval_last(A, t, 40, la, V) == 0, "A");        /* 5 full blocks, sealed */

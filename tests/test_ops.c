@@ -153,26 +153,43 @@ static test_kv test_kv_make(int64_t ctx, int32_t shift) {
     return k;
 }
 static void test_kv_drop(test_kv *k) { drop(k->tab_d); free(k->tab); }
-/* logical rows [ctx][dim] (NULL: none) into a new NaN pool of k's layout */
-static float *test_kv_pool(const test_kv *k, const float *rows, int64_t ctx, int64_t dim) {
-    float *h = malloc(sizeof(float) * (size_t)(k->rows * dim));
-    poison(h, (size_t)(k->rows * dim));
+/* The pools' element type for the checks that take it (MOET_KVE_F32 / F16, kv_page.h): the f16 runs store the same
+ * logical rows rounded to f16 and compare against references computed from the rows read back, so the tolerances
+ * hold for both (what f16 costs in quality is measured end to end: docs/quality.md). */
+static int32_t g_kvt = MOET_KVE_F32;
+/* logical rows [ctx][dim] (NULL: none) into a new NaN pool of k's layout, of g_kvt elements */
+static void *test_kv_pool(const test_kv *k, const float *rows, int64_t ctx, int64_t dim) {
+    const size_t n = (size_t)(k->rows * dim);
+    float *h = malloc(sizeof(float) * n);
+    poison(h, n);
     for (int64_t p = 0; rows && p < ctx; p++)
         memcpy(h + moet_kv_row(k->tab, k->shift, p) * dim, rows + p * dim, sizeof(float) * (size_t)dim);
-    float *d = dev(h, sizeof(float) * (size_t)(k->rows * dim));
+    if (g_kvt == MOET_KVE_F16) { /* in place: element i's f16 bits over the first 2 n bytes */
+        uint16_t *hh = (uint16_t *)h;
+        for (size_t i = 0; i < n; i++) hh[i] = moet_f32_to_f16(h[i]);
+    }
+    void *d = dev(h, (size_t)moet_kve_size(g_kvt) * n);
     free(h);
     return d;
 }
-/* the pool's logical rows [ctx][dim] back to the host */
-static void test_kv_pull(float *rows, const float *pool, const test_kv *k, int64_t ctx, int64_t dim) {
-    float *h = malloc(sizeof(float) * (size_t)(k->rows * dim));
-    pull(h, pool, (size_t)(k->rows * dim));
+/* the pool's logical rows [ctx][dim] back to the host, as floats */
+static void test_kv_pull(float *rows, const void *pool, const test_kv *k, int64_t ctx, int64_t dim) {
+    const size_t n = (size_t)(k->rows * dim);
+    float *h = malloc(sizeof(float) * n);
+    if (g_kvt == MOET_KVE_F16) {
+        uint16_t *hh = malloc(sizeof(uint16_t) * n);
+        g_be->ops->download(g_be, hh, pool, sizeof(uint16_t) * n);
+        for (size_t i = 0; i < n; i++) h[i] = moet_f16_to_f32(hh[i]);
+        free(hh);
+    } else {
+        pull(h, pool, n);
+    }
     for (int64_t p = 0; p < ctx; p++)
         memcpy(rows + p * dim, h + moet_kv_row(k->tab, k->shift, p) * dim, sizeof(float) * (size_t)dim);
     free(h);
 }
-static moet_kv_ref test_kv_ref(const test_kv *k, float *kp, float *vp) {
-    const moet_kv_ref r = {kp, vp, k->tab_d, k->shift, 0};
+static moet_kv_ref test_kv_ref(const test_kv *k, void *kp, void *vp) {
+    const moet_kv_ref r = {kp, vp, k->tab_d, k->shift, g_kvt};
     return r;
 }
 
@@ -432,8 +449,14 @@ static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
         {8, 2, 128, 0, 0}, {32, 4, 128, 0, 0}, {16, 1, 64, 0, 0}, {2, 2, 256, 0, 0}, {8, 1, 64, 1, 700}};
     static const int32_t pss[] = {3, 300, 2100, 9000};
     setenv("MOET_ATTN_SPLITK", "1", 1);
-    for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++)
+    /* sj past the shapes: f16 pools, at 32/4x128, 16/1x64 and the sinks (the other shapes take attention.cu's
+     * kernels, which the short f16 checks cover) */
+    const size_t nsh = sizeof sh / sizeof sh[0];
+    for (size_t sj = 0; sj < nsh + 3; sj++)
         for (size_t pi = 0; pi < sizeof pss / sizeof pss[0]; pi++) {
+            static const size_t f16_shapes[3] = {1, 2, 4};
+            const size_t si = sj < nsh ? sj : f16_shapes[sj - nsh];
+            g_kvt = sj < nsh ? MOET_KVE_F32 : MOET_KVE_F16;
             const int nh = sh[si].nh, nkv = sh[si].nkv, hd = sh[si].hd, G = nh / nkv, NR = 2;
             const int32_t ps[2] = {pss[pi], pss[pi] / 3}, ctx = pss[pi] + 1;
             if (pss[pi] > 2100 && hd == 256) continue; /* (the 32-split case at head_dim 128 and 64 is enough) */
@@ -489,7 +512,7 @@ static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
                     moet_kv_ref tab[2];
                     for (int r = 0; r < NR; r++) tab[r] = test_kv_ref(&kl[r], kcd[fi][r], vcd[fi][r]);
                     moet_kv_ref *tabd = dev(tab, sizeof tab);
-                    moet_attn_args ab = {.q = qd[fi], .pos = pd, .n_tok = NR, .n_heads = nh, .n_kv = nkv, .head_dim = hd,
+                    moet_attn_args ab = {.q = qd[fi], .kv = {.type = g_kvt}, .pos = pd, .n_tok = NR, .n_heads = nh, .n_kv = nkv, .head_dim = hd,
                                          .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .sinks = snk,
                                          .window = sh[si].window, .out = od[fi], .scratch = scr};
                     if (op->attn_rows(be, qd[fi], kd[fi], vd[fi], qn, kn, 1e-6f, &rp, tabd, &ab)) {
@@ -536,7 +559,8 @@ static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
                 }
             }
             char vname[64];
-            snprintf(vname, sizeof vname, "%d/%dx%d%s pos %d", nh, nkv, hd, snk ? " sinks w700" : "", ps[0]);
+            snprintf(vname, sizeof vname, "%d/%dx%d%s pos %d%s", nh, nkv, hd, snk ? " sinks w700" : "", ps[0],
+                     g_kvt == MOET_KVE_F16 ? " f16" : "");
             report("attn long", vname, nmse(o0, ref, (size_t)(NR * Dq)), 1e-11);
             /* the other paths bit for bit: out, q, each row's written cache row (key and value) */
             for (int f = 1; f < fi; f++) {
@@ -566,6 +590,7 @@ static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
             free(qa); free(ka); free(va); free(qn); free(kn);
             free(o0); free(q0); free(o1); free(kr0); free(vr0); free(kr1); free(ref); free(sc);
         }
+    g_kvt = MOET_KVE_F32;
     unsetenv("MOET_ATTN_SPLITK");
 }
 
@@ -833,11 +858,26 @@ int main(int argc, char **argv) {
         const int64_t Dk = nh * hd;
         test_kv kl = test_kv_make(1001, 3);
         float *cache = test_kv_pool(&kl, NULL, 1001, Dk);
-        op->kv_store(be, cache, kl.tab_d, kl.shift, ad, pd, T, Dk);
+        op->kv_store(be, cache, MOET_KVE_F32, kl.tab_d, kl.shift, ad, pd, T, Dk);
         float *back = malloc(sizeof(float) * 1001 * Dk);
         test_kv_pull(back, cache, &kl, 1001, Dk);
         for (int t = 0; t < T; t++) memcpy(o + t * Dk, back + (size_t)pos[t] * Dk, sizeof(float) * Dk);
         report("kv_store", "scattered paged", nmse(o, rr, (size_t)(T * Dk)), 1e-12);
+        { /* f16 pool: every element the nearest f16 (ties to even) of the row stored, bit for bit */
+            g_kvt = MOET_KVE_F16;
+            void *c16 = test_kv_pool(&kl, NULL, 1001, Dk);
+            op->kv_store(be, c16, MOET_KVE_F16, kl.tab_d, kl.shift, ad, pd, T, Dk);
+            test_kv_pull(back, c16, &kl, 1001, Dk);
+            size_t bad = 0;
+            for (int t = 0; t < T; t++)
+                for (int64_t i = 0; i < Dk; i++) {
+                    const float got = back[(size_t)pos[t] * Dk + i], want = moet_f16_round(o[t * Dk + i]);
+                    bad += memcmp(&got, &want, sizeof got) != 0;
+                }
+            report("kv_store", "f16 scattered paged (elements off)", (double)bad, 0);
+            drop(c16);
+            g_kvt = MOET_KVE_F32;
+        }
         drop(ad); drop(pd); drop(cache);
         test_kv_drop(&kl);
         free(a); free(o); free(rr); free(back);
@@ -1109,8 +1149,10 @@ int main(int argc, char **argv) {
         for (int i = 0; i < T * Dq; i++) qa[i] = gauss() * 2;
         for (int i = 0; i < T * Dk; i++) { ka[i] = gauss() * 2; va[i] = gauss(); rv[i] = va[i]; }
         for (int i = 0; i < hd; i++) { qn[i] = 1 + 0.3f * gauss(); kn[i] = 1 + 0.3f * gauss(); }
-        for (int var = 0; var < 4; var++) { /* with / without norms; the whole head rotated, then half (GLM-4.5) */
-            const int with_norm = var & 1, rd = var < 2 ? hd : hd / 2;
+        for (int var = 0; var < 6; var++) { /* with / without norms; the whole head rotated, then half (GLM-4.5); then
+                                              * qk-norm whole and half into f16 pools */
+            const int with_norm = var & 1 || var >= 4, rd = var < 2 || var == 4 ? hd : hd / 2;
+            g_kvt = var >= 4 ? MOET_KVE_F16 : MOET_KVE_F32;
             for (int qk = 0; qk < 2; qk++) {
                 const float *src = qk ? ka : qa, *nw = qk ? kn : qn;
                 double *dst = qk ? rk : rq;
@@ -1139,20 +1181,36 @@ int main(int argc, char **argv) {
             const moet_rope rp = test_rope(rd, theta, 0, 1);
             op->attn_prep(be, qd, kd, vd, T, nh, nkv, hd, with_norm ? qn : NULL, with_norm ? kn : NULL, 1e-6f, &rp,
                           pd, &kr);
-            const char *vn = var == 0 ? "no norm" : var == 1 ? "qk-norm" : var == 2 ? "no norm rot/2" : "qk-norm rot/2";
+            static const char *vns[] = {"no norm", "qk-norm", "no norm rot/2", "qk-norm rot/2", "qk-norm f16",
+                                        "qk-norm rot/2 f16"};
+            const char *vn = vns[var];
             pull(o, qd, (size_t)(T * Dq));
             char qv[48];
             snprintf(qv, sizeof qv, "q %s", vn);
             report("attn_prep", qv, nmse(o, rq, (size_t)(T * Dq)), 1e-12);
-            float *back = malloc(sizeof(float) * T * Dk);
+            float *back = malloc(sizeof(float) * T * Dk), *kout = malloc(sizeof(float) * T * Dk);
+            pull(kout, kd, (size_t)(T * Dk)); /* k as attn_prep leaves it: normed and rotated */
             for (int cache = 0; cache < 2; cache++) {
                 test_kv_pull(o, cache ? vc : kc, &kl, ctx, Dk);
                 for (int t = 0; t < T; t++) memcpy(back + t * Dk, o + (size_t)pos[t] * Dk, sizeof(float) * Dk);
                 char v[48];
                 snprintf(v, sizeof v, "%s cache %s", cache ? "v" : "k", vn);
-                report("attn_prep", v, nmse(back, cache ? rv : rk, (size_t)(T * Dk)), cache ? 0 : 1e-12);
+                /* f16: within its rounding of the float64 rows, and each element the f16 rounding of the row
+                 * attn_prep computed (k) or was given (v), bit for bit */
+                const int f16 = g_kvt == MOET_KVE_F16;
+                report("attn_prep", v, nmse(back, cache ? rv : rk, (size_t)(T * Dk)), f16 ? 3e-7 : cache ? 0 : 1e-12);
+                if (f16) {
+                    size_t bad = 0;
+                    for (int64_t i = 0; i < T * Dk; i++) {
+                        const float want = moet_f16_round(cache ? va[i] : kout[i]);
+                        bad += memcmp(&back[i], &want, sizeof want) != 0;
+                    }
+                    snprintf(v, sizeof v, "%s cache %s (off)", cache ? "v" : "k", vn);
+                    report("attn_prep", v, (double)bad, 0);
+                }
             }
-            free(back);
+            g_kvt = MOET_KVE_F32;
+            free(back); free(kout);
             drop(qd); drop(kd); drop(vd); drop(kc); drop(vc); drop(pd);
             test_kv_drop(&kl);
         }
@@ -1358,8 +1416,11 @@ int main(int argc, char **argv) {
         static const struct { int nh, nkv, hd, pos0, T, ctx; double amp; int shift; } sh[] = {
             {4, 2, 32, 9, 6, 32, 1.0, 2}, {8, 2, 64, 5, 70, 96, 3.0, 5}, {16, 2, 128, 40, 37, 96, 1.0, 4},
             {8, 1, 128, 0, 130, 160, 0.3, 0}, {4, 2, 64, 0, 33, 64, 1.0, 5}};
-        /* the last: moe-mini-a's heads, a 33-token prefill (one split row tile) */
-        for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
+        /* the last: moe-mini-a's heads, a 33-token prefill (one split row tile). Each shape with f32 pools, then
+         * f16 (the cache rows rounded to f16 first, the reference over the rounded rows) */
+        for (size_t sj = 0; sj < 2 * (sizeof sh / sizeof sh[0]); sj++) {
+            const size_t si = sj % (sizeof sh / sizeof sh[0]);
+            g_kvt = sj < sizeof sh / sizeof sh[0] ? MOET_KVE_F32 : MOET_KVE_F16;
             const int nh = sh[si].nh, nkv = sh[si].nkv, hd = sh[si].hd, pos0 = sh[si].pos0, T = sh[si].T, ctx = sh[si].ctx;
             float *q = malloc(sizeof(float) * T * nh * hd), *kc = malloc(sizeof(float) * ctx * nkv * hd),
                   *vc = malloc(sizeof(float) * ctx * nkv * hd), *o = malloc(sizeof(float) * T * nh * hd);
@@ -1368,6 +1429,8 @@ int main(int argc, char **argv) {
             int32_t *pos = malloc(sizeof(int32_t) * T);
             for (int i = 0; i < T * nh * hd; i++) q[i] = (float)(sh[si].amp * gauss());
             for (int i = 0; i < ctx * nkv * hd; i++) { kc[i] = gauss(); vc[i] = gauss(); }
+            if (g_kvt == MOET_KVE_F16)
+                for (int i = 0; i < ctx * nkv * hd; i++) { kc[i] = moet_f16_round(kc[i]); vc[i] = moet_f16_round(vc[i]); }
             for (int t = 0; t < T; t++)
                 for (int h = 0; h < nh; h++) {
                     int kh = h / (nh / nkv), nk = pos0 + t + 1;
@@ -1416,8 +1479,8 @@ int main(int argc, char **argv) {
                 unsetenv("MOET_ATTN_SPLIT");
                 pull(o, od, (size_t)(T * nh * hd));
                 char what[64];
-                snprintf(what, sizeof what, "gqa causal h%d/kv%d hd%d T%d b%d%s", nh, nkv, hd, T, 1 << sh[si].shift,
-                         split ? "" : " nosplit");
+                snprintf(what, sizeof what, "gqa causal h%d/kv%d hd%d T%d b%d%s%s", nh, nkv, hd, T, 1 << sh[si].shift,
+                         split ? "" : " nosplit", g_kvt == MOET_KVE_F16 ? " f16" : "");
                 report("attention", what, nmse(o, rr, (size_t)(T * nh * hd)), 1e-12);
                 const double mr = row_maxrel(o, rr, (size_t)(T * nh), (size_t)hd);
                 double mc = 0;
@@ -1440,6 +1503,7 @@ int main(int argc, char **argv) {
             op->release(be, scr);
             free(q); free(kc); free(vc); free(o); free(rr); free(sc); free(pos); free(cond);
         }
+        g_kvt = MOET_KVE_F32;
     }
     /* topk (sampling candidates) against a full sort of (value desc, index asc), bit for bit: rows with ties,
      * -0 beside +0, NaN and -inf, at the Qwen3 vocabulary (two passes on CUDA), a small one, k = 1 and k = 64 */
@@ -1502,8 +1566,10 @@ int main(int argc, char **argv) {
     if (op->attn_fused) {
         /* 4, 5: half the head rotated (GLM-4.5); 6, 7: MLA's shape (DeepSeek-V3: a 192-wide head, its first 64 dims
          * rotated, a head a kv head) with a YaRN table and attention factor */
-        for (int variant = 0; variant < 8; variant++) {
-            const int mla = variant >= 6, with_norm = variant & 1;
+        /* 8 .. 15: the same with f16 pools */
+        for (int vv = 0; vv < 16; vv++) {
+            const int variant = vv % 8, mla = variant >= 6, with_norm = variant & 1;
+            g_kvt = vv < 8 ? MOET_KVE_F32 : MOET_KVE_F16;
             const int hd = mla ? 192 : (variant & 2) && variant < 4 ? 64 : 128, nh = mla ? 4 : 8, nkv = mla ? 4 : 2, ctx = 80;
             const int rot = mla ? 64 : variant >= 4 ? hd / 2 : hd;
             const int32_t p = variant & 2 ? 0 : 57;
@@ -1551,8 +1617,8 @@ int main(int argc, char **argv) {
                 }
                 for (size_t i = 0; i < cmp[c].n; i++) rd[i] = r1[i];
                 char vname[48];
-                snprintf(vname, sizeof vname, "%s d%d%s %s", cmp[c].name, hd, mla ? " rot64 yarn" : rot < hd ? " rot/2" : "",
-                         with_norm ? "norm" : "-");
+                snprintf(vname, sizeof vname, "%s d%d%s %s%s", cmp[c].name, hd, mla ? " rot64 yarn" : rot < hd ? " rot/2" : "",
+                         with_norm ? "norm" : "-", g_kvt == MOET_KVE_F16 ? " f16" : "");
                 report("attn_fused", vname, nmse(r2, rd, cmp[c].n), 0);
                 CHECK(!memcmp(r1, r2, cmp[c].n * sizeof(float)), "attn_fused %s: not bit-identical to the composition",
                       vname);
@@ -1565,10 +1631,12 @@ int main(int argc, char **argv) {
             op->forget(be, kn);
             free(qa); free(ka); free(va); free(kc0); free(vc0); free(qn); free(kn); free(r1); free(r2); free(rd);
         }
+        g_kvt = MOET_KVE_F32;
     }
     /* attn_rows (batched decode): 3 rows, each one token of its own sequence (own caches, positions 0, 41, 79), with a
      * table of cache pointers in backend memory, against attn_prep + attention row by row, bit for bit */
-    if (op->attn_rows) {
+    for (int kvt = 0; kvt < 2 && op->attn_rows; kvt++) { /* f32 pools, then f16 */
+        g_kvt = kvt ? MOET_KVE_F16 : MOET_KVE_F32;
         const int nh = 8, nkv = 2, hd = 128, ctx = 80, NR = 3;
         const int64_t Dq = (int64_t)nh * hd, Dk = (int64_t)nkv * hd;
         const int32_t ps[3] = {0, 41, 79};
@@ -1595,8 +1663,8 @@ int main(int argc, char **argv) {
                 for (int i = 0; i < ctx * Dk; i++) c0[i] = gauss();
                 vcd[f][r] = test_kv_pool(&kl[r], c0, ctx, Dk);
                 if (f) { /* the same cache contents in both runs */
-                    op->copy(be, kcd[1][r], kcd[0][r], sizeof(float) * (size_t)(kl[r].rows * Dk));
-                    op->copy(be, vcd[1][r], vcd[0][r], sizeof(float) * (size_t)(kl[r].rows * Dk));
+                    op->copy(be, kcd[1][r], kcd[0][r], (size_t)moet_kve_size(g_kvt) * (size_t)(kl[r].rows * Dk));
+                    op->copy(be, vcd[1][r], vcd[0][r], (size_t)moet_kve_size(g_kvt) * (size_t)(kl[r].rows * Dk));
                 }
             }
         }
@@ -1611,7 +1679,7 @@ int main(int argc, char **argv) {
             tab[r] = test_kv_ref(&kl[r], kcd[1][r], vcd[1][r]);
         }
         moet_kv_ref *tabd = dev(tab, sizeof tab);
-        moet_attn_args ab = {.q = qd[1], .pos = pd, .n_tok = NR, .n_heads = nh, .n_kv = nkv, .head_dim = hd,
+        moet_attn_args ab = {.q = qd[1], .kv = {.type = g_kvt}, .pos = pd, .n_tok = NR, .n_heads = nh, .n_kv = nkv, .head_dim = hd,
                              .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = od[1], .scratch = scr};
         CHECK(op->attn_rows(be, qd[1], kd[1], vd[1], qn, kn, 1e-6f, &rp_rows, tabd, &ab) == 0,
               "attn_rows declined head_dim 128, 8 / 2 heads");
@@ -1628,7 +1696,8 @@ int main(int argc, char **argv) {
             }
             for (size_t i = 0; i < n; i++) rd[i] = r1[i];
             char vname[48];
-            snprintf(vname, sizeof vname, "%s", c == 0 ? "out" : c == 1 ? "q" : c % 2 ? "v cache" : "k cache");
+            snprintf(vname, sizeof vname, "%s%s", c == 0 ? "out" : c == 1 ? "q" : c % 2 ? "v cache" : "k cache",
+                     g_kvt == MOET_KVE_F16 ? " f16" : "");
             report("attn_rows", vname, nmse(r2, rd, n), 0);
             CHECK(!memcmp(r1, r2, n * sizeof(float)), "attn_rows %s (%d): not bit-identical to the rows composed", vname, c);
         }
@@ -1642,6 +1711,7 @@ int main(int argc, char **argv) {
         op->forget(be, qn);
         op->forget(be, kn);
         free(qa); free(ka); free(va); free(c0); free(qn); free(kn); free(r1); free(r2); free(rd);
+        g_kvt = MOET_KVE_F32;
     }
     check_attn_long(op, be);
     /* moe: route (softmax, top-k, renormalise) + SwiGLU experts + weighted combine, on W2 experts */

@@ -180,8 +180,9 @@ typedef struct {
      * (backend memory). */
     void (*rope)(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, const moet_rope *rp,
                  const int32_t *pos);
-    /* The KV cache write: pool row moet_kv_row(blocks, shift, pos[t]) = src row t, for n_tok rows of dim floats. */
-    void (*kv_store)(moet_backend *be, float *pool, const int32_t *blocks, int32_t shift, const float *src,
+    /* The KV cache write: pool row moet_kv_row(blocks, shift, pos[t]) = src row t, for n_tok rows of dim floats,
+     * stored as the pool's elements (type: MOET_KVE_*, kv_page.h; f16 rounded to nearest even). */
+    void (*kv_store)(moet_backend *be, void *pool, int32_t type, const int32_t *blocks, int32_t shift, const float *src,
                      const int32_t *pos, int64_t n_tok, int64_t dim);
     /* The attention inputs, fused: per-head rms_norm of q (q_norm) and k (k_norm; either NULL: none) over head_dim,
      * RoPE of both (rp, positions pos[t]), in place; then k and v row t go to position pos[t] of kv.
@@ -237,7 +238,8 @@ typedef struct {
                                 int32_t n_used);
     /* Batched decode's attention: n = a->n_tok rows, row r one token of its own sequence. Exactly, for each r,
      * attn_prep(q + r Dq, k + r Dkv, v + r Dkv, 1, ..., a->pos + r, &rows[r]) then attention over rows[r] into
-     * a->out + r Dq (Dq = n_heads head_dim, Dkv = n_kv head_dim); a->kv is not read, a->q == q. rows is backend
+     * a->out + r Dq (Dq = n_heads head_dim, Dkv = n_kv head_dim); of a->kv only its type is read: every row's
+     * pools hold elements of that type (the host picks the kernel by it); a->q == q. rows is backend
      * memory (n moet_kv_ref: each row's pools and block table): what differs between steps is in backend memory,
      * so one recorded step serves every set of n sequences. Returns 0 when done (errors: status), nonzero when it
      * declines the shape before doing anything (the caller then composes per row); whether it declines depends

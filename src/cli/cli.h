@@ -27,7 +27,11 @@ typedef struct {
     double expert_slots_gib; /* --expert-slots XG: as many as X GiB hold */
     double expert_reserve_gib; /* --expert-reserve G (with --expert-slots auto) */
     int expert_pinned;   /* --expert-home pinned (1) | mapped (0) */
+    int kv_type;         /* --kv-type f32|f16: MOET_KV_F32 / MOET_KV_F16 (0: MOET_KV_AUTO) */
 } cli_common;
+
+/* The name of a MOET_KV_* type as --kv-type spells it ("auto", "f32", "f16"). */
+const char *cli_kv_type_name(int type);
 
 /* Consumes argv[*i] (and its value) if it is a common option; returns 1 if consumed, 0 if not, -1 on error. */
 int cli_common_arg(cli_common *c, int argc, char **argv, int *i);

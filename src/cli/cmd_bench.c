@@ -222,14 +222,17 @@ int cmd_bench(int argc, char **argv) {
             } else {
                 tok_bytes += (double)L->gate.row_bytes * L->gate.rows * 2 + (double)L->down.row_bytes * L->down.rows;
             }
-            tok_bytes += 2.0 * (double)(depth + 4 + tg / 2) * hp->n_kv_heads * hp->head_dim * 4;
         }
         moet_session_options so = moet_session_default_options();
         so.n_candidates = (int32_t)cands;
+        so.kv_type = c.kv_type;
         so.n_ctx = (int32_t)(depth + pp + tg + 8);
         so.n_batch = pp > 0 ? (int32_t)(pp < 512 ? pp : 512) : 256;
         moet_session *s;
         if (moet_session_create(m, &so, &s, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); moet_model_free(m); return 1; }
+        const int32_t kvt = moet_session_kv_type(s); /* the cache's keys and values a layer, as the tg steps read them */
+        tok_bytes += (double)hp->n_layers * 2.0 * (double)(depth + 4 + tg / 2) * hp->n_kv_heads * hp->head_dim *
+                     (kvt == MOET_KV_F16 ? 2 : 4);
         if (synthetic && qf == MOET_QF_W2_NVFP4 && gate < 0) moet_session_use_delta(s, 1); /* every step base + delta */
         long corrected = 0; /* --gate: steps of the last rep redone on base + delta */
         const long nid = depth + pp + tg + 8;
@@ -296,6 +299,7 @@ int cmd_bench(int argc, char **argv) {
         if (mib >= 1024) snprintf(size, sizeof size, "%.2f GiB", mib / 1024); else snprintf(size, sizeof size, "%.1f MiB", mib);
         char dl[32] = ""; /* " @ d4096": the tests' depth */
         if (depth > 0) snprintf(dl, sizeof dl, " @ d%ld", depth);
+        if (kvt == MOET_KV_F16) snprintf(dl + strlen(dl), sizeof dl - strlen(dl), " kv f16");
         if (pp > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | pp%ld%s | %.1f | |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, pp, dl, mpp);
         char tgl[64];
         if (gate >= 0) snprintf(tgl, sizeof tgl, "tg%ld%s gate %g", tg, dl, gate); else snprintf(tgl, sizeof tgl, "tg%ld%s", tg, dl);
@@ -303,13 +307,13 @@ int cmd_bench(int argc, char **argv) {
         fflush(stdout);
         ro += (size_t)snprintf(results + ro, sizeof results - ro,
                                "%s\n    {\"backend\": \"%s\", \"device\": \"%s\", \"experts\": \"%s\", \"threads\": %ld, "
-                               "\"depth\": %ld, \"pp\": %ld, \"pp_tps\": %.2f, \"tg\": %ld, \"tg_tps\": %.2f, "
+                               "\"depth\": %ld, \"kv_type\": \"%s\", \"pp\": %ld, \"pp_tps\": %.2f, \"tg\": %ld, \"tg_tps\": %.2f, "
                                "\"tg_bytes_per_token\": %.0f, "
                                "\"tg_gbps\": %.1f, \"weight_bytes\": %lld, \"n_params\": %lld, \"expert_slots\": %ld, "
                                "\"expert_home\": \"%s\", \"tg_experts_fetched\": %lld, \"tg_steps_replayed\": %lld, "
                                "\"tg_expert_uses\": %lld, \"tg_expert_misses\": %lld, \"tg_gate_tau\": %g, "
                                "\"tg_gate_corrected\": %ld}",
-                               first ? "" : ",", info.backend, info.device, ex, nt, depth, pp, mpp, tg, mtg, tok_bytes,
+                               first ? "" : ",", info.backend, info.device, ex, nt, depth, cli_kv_type_name(kvt), pp, mpp, tg, mtg, tok_bytes,
                                tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params,
                                slots, c.expert_pinned ? "pinned" : "mapped", (long long)(ec1[0] - ec0[0]),
                                (long long)(ec1[2] - ec0[2]), (long long)(ec1[3] - ec0[3]), (long long)(ec1[4] - ec0[4]),
@@ -327,6 +331,7 @@ int cmd_bench(int argc, char **argv) {
             moet_batch *bt = NULL;
             moet_session_options bo = moet_session_default_options();
             bo.n_ctx = (int32_t)(tg + 16);
+            bo.kv_type = c.kv_type;
             int erc = !ss || !tok || moet_batch_create(m, (int32_t)B, bo.n_ctx, &bt, err, sizeof err);
             bo.n_candidates = (int32_t)cands;
             for (long i = 0; i < B && !erc; i++) {

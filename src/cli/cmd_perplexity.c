@@ -168,6 +168,7 @@ int cmd_perplexity(int argc, char **argv) {
     }
     moet_session_options so = moet_session_default_options();
     so.n_ctx = (int32_t)ctx;
+    so.kv_type = c.kv_type;
     so.n_batch = step ? (int32_t)(step < ctx ? step : ctx) : ctx < 512 ? (int32_t)ctx : 512;
     so.n_logits = (int32_t)ctx;
     if (moet_session_create(m, &so, &s, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }

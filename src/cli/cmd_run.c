@@ -105,6 +105,7 @@ int cmd_run(int argc, char **argv) {
     moet_model_info_get(m, &info);
     moet_session_options sopt = moet_session_default_options();
     sopt.n_candidates = 64; /* the step copies 64 candidates, the whole row only when the sampler needs it */
+    sopt.kv_type = c.kv_type;
     sopt.n_ctx = ctx ? (int32_t)ctx : (int32_t)(n_prompt + (size_t)n_gen < (size_t)info.max_positions
                                                     ? n_prompt + (size_t)n_gen : (size_t)info.max_positions);
     if (moet_session_create(m, &sopt, &s, err, sizeof err) ||

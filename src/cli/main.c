@@ -35,8 +35,14 @@ void cli_usage(FILE *f) {
             "                  10%% of the device, at least 2)\n"
             "                --expert-home pinned|mapped (with slots: the others in pinned host RAM, or where the\n"
             "                  model maps them: page cache or the pack file; default mapped)\n"
+            "                --kv-type f32|f16 (the KV cache's elements; f16: half the memory and attention bytes;\n"
+            "                  default f32)\n"
             "supported architectures: %s\n",
             MOET_DEFAULT_MODEL_DIR, moet_model_supported_architectures());
+}
+
+const char *cli_kv_type_name(int type) {
+    return type == MOET_KV_F16 ? "f16" : type == MOET_KV_F32 ? "f32" : "auto";
 }
 
 const char *cli_value(int argc, char **argv, int *i) {
@@ -123,6 +129,15 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
             fprintf(stderr, "moet: --expert-reserve needs a size in GiB > 0\n");
             return -1;
         }
+        return 1;
+    }
+    if (!strcmp(a, "--kv-type")) {
+        const char *v = cli_value(argc, argv, i);
+        if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) {
+            fprintf(stderr, "moet: --kv-type needs f32 or f16\n");
+            return -1;
+        }
+        c->kv_type = !strcmp(v, "f16") ? MOET_KV_F16 : MOET_KV_F32;
         return 1;
     }
     if (!strcmp(a, "--expert-home")) {

@@ -20,7 +20,7 @@
 #include "runtime/kv_int.h"
 
 moet_kv_options moet_kv_default_options(void) {
-    moet_kv_options o = {.n_tokens = 0, .block_tokens = 32, .prefix_cache = 0};
+    moet_kv_options o = {.n_tokens = 0, .block_tokens = 32, .prefix_cache = 0, .type = MOET_KV_AUTO};
     return o;
 }
 
@@ -44,9 +44,21 @@ static void kv_destroy(moet_kv *kv) {
     free(kv);
 }
 
+/* The pool element type of a public MOET_KV_* (auto: f32, the reference's; see moet.h), or -1. */
+static int32_t kv_elt(int32_t type) {
+    switch (type) {
+    case MOET_KV_AUTO: case MOET_KV_F32: return MOET_KVE_F32;
+    case MOET_KV_F16: return MOET_KVE_F16;
+    default: return -1;
+    }
+}
+
 int moet_kv_create_on(const moet_model *m, moet_backend *be, int32_t n_tokens, int32_t block_tokens, int prefix,
-                      moet_kv **out, char *err, size_t errlen) {
+                      int32_t type, moet_kv **out, char *err, size_t errlen) {
     *out = NULL;
+    const int32_t elt = kv_elt(type);
+    if (elt < 0) return moet_err(err, errlen, MOET_EINVAL, "KV cache type %d: f32 (%d) or f16 (%d) is needed", type,
+                                 MOET_KV_F32, MOET_KV_F16);
     const moet_hparams *hp = &m->hp;
     if (n_tokens <= 0) n_tokens = hp->max_pos;
     if (block_tokens <= 0) block_tokens = 32;
@@ -61,7 +73,7 @@ int moet_kv_create_on(const moet_model *m, moet_backend *be, int32_t n_tokens, i
     const size_t Dkv = latent ? (size_t)(hp->rope_dim + hp->kv_lora_rank) : (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
     size_t rows, bytes;
     if (n_blocks > INT32_MAX || !moet_mul_size((size_t)n_blocks, (size_t)block_tokens, &rows) ||
-        !moet_mul_size(rows, Dkv * sizeof(float), &bytes))
+        !moet_mul_size(rows, Dkv * (size_t)moet_kve_size(elt), &bytes))
         return moet_err(err, errlen, MOET_ERANGE, "KV pool of %d tokens is too large", n_tokens);
     moet_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return moet_err(err, errlen, MOET_ENOMEM, "out of memory");
@@ -72,8 +84,10 @@ int moet_kv_create_on(const moet_model *m, moet_backend *be, int32_t n_tokens, i
     kv->refs = 1;
     kv->kdim = Dkv;
     kv->vdim = latent ? 0 : Dkv;
-    kv->k = calloc((size_t)hp->n_layers, sizeof(float *));
-    kv->v = calloc((size_t)hp->n_layers, sizeof(float *));
+    kv->type = elt;
+    kv->esize = (size_t)moet_kve_size(elt);
+    kv->k = calloc((size_t)hp->n_layers, sizeof(void *));
+    kv->v = calloc((size_t)hp->n_layers, sizeof(void *));
     kv->free_ids = malloc((size_t)n_blocks * sizeof(int32_t));
     kv->ref = calloc((size_t)n_blocks, sizeof(int32_t));
     if (!kv->k || !kv->v || !kv->free_ids || !kv->ref) goto oom;
@@ -109,7 +123,7 @@ oom:
 
 int moet_kv_create(const moet_model *m, const moet_kv_options *opt, moet_kv **out, char *err, size_t errlen) {
     const moet_kv_options o = opt ? *opt : moet_kv_default_options();
-    return moet_kv_create_on(m, NULL, o.n_tokens, o.block_tokens, o.prefix_cache, out, err, errlen);
+    return moet_kv_create_on(m, NULL, o.n_tokens, o.block_tokens, o.prefix_cache, o.type, out, err, errlen);
 }
 
 void moet_kv_retain(moet_kv *kv) { kv->refs++; }
@@ -211,3 +225,5 @@ int32_t moet_kv_tokens(const moet_kv *kv) {
 }
 
 uint64_t moet_kv_hit_tokens(const moet_kv *kv) { return kv->hit_tokens; }
+
+int32_t moet_kv_type(const moet_kv *kv) { return kv->type == MOET_KVE_F16 ? MOET_KV_F16 : MOET_KV_F32; }

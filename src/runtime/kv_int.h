@@ -13,8 +13,10 @@ struct moet_kv {
     const moet_model *m;
     moet_backend *be;
     int32_t n_blocks, shift, n_free, refs;
-    float **k, **v;    /* [layer] pools: [n_blocks << shift][kdim] and [vdim] floats, backend memory (v NULL: vdim 0) */
-    size_t kdim, vdim; /* floats a token: n_kv * head_dim each, or MLA's latent row (moet_kv_mla_latent) and none */
+    void **k, **v;     /* [layer] pools: [n_blocks << shift][kdim] and [vdim] elements, backend memory (v NULL: vdim 0) */
+    size_t kdim, vdim; /* elements a token: n_kv * head_dim each, or MLA's latent row (moet_kv_mla_latent) and none */
+    int32_t type;      /* the elements: MOET_KVE_F32 or MOET_KVE_F16 (kv_page.h) */
+    size_t esize;      /* bytes an element */
     int32_t *free_ids; /* a stack of the free block ids: the lowest id on top at first (deterministic layouts) */
     int32_t *ref;      /* [n_blocks] sessions holding the block */
     /* prefix cache (prefix != 0): a sealed block holds the KV of a full block whose tokens (toks) and the hash of
@@ -32,7 +34,7 @@ struct moet_kv {
 
 /* A pool on `be` (the session's backend, which may differ from the model's). */
 int moet_kv_create_on(const moet_model *m, moet_backend *be, int32_t n_tokens, int32_t block_tokens, int prefix,
-                      moet_kv **out, char *err, size_t errlen);
+                      int32_t type, moet_kv **out, char *err, size_t errlen);
 /* Another reference (a session using the pool); moet_kv_free drops one. */
 void moet_kv_retain(moet_kv *kv);
 /* Blocks a take can return: free ones, and cached ones nobody holds (evicted, oldest first). */

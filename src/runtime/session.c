@@ -105,7 +105,7 @@ void moet_session_set_route_stats(moet_session *s, float *buf) { s->route_stats 
 
 moet_session_options moet_session_default_options(void) {
     moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0, .graphs = 1, .n_candidates = 0,
-                              .kv = NULL, .kv_block = 32};
+                              .kv = NULL, .kv_block = 32, .kv_type = MOET_KV_AUTO};
     return o;
 }
 
@@ -190,7 +190,7 @@ static int session_create(const moet_model *m, moet_backend *be, const moet_sess
             moet_kv_retain(o.kv);
             s->kv = o.kv;
         } else {
-            int rc = moet_kv_create_on(m, s->be, o.n_ctx, o.kv_block, 0, &s->kv, err, errlen);
+            int rc = moet_kv_create_on(m, s->be, o.n_ctx, o.kv_block, 0, o.kv_type, &s->kv, err, errlen);
             if (rc) { moet_session_free(s); return rc; }
         }
         s->blk_cap = kv_blocks(s->kv, o.n_ctx);
@@ -254,7 +254,7 @@ oom:
 
 /* Session s's cache as layer il's ops see it. */
 static moet_kv_ref session_kv_ref(const moet_session *s, int il) {
-    const moet_kv_ref r = {s->kv->k[il], s->kv->v[il], s->blk_dev, s->kv->shift, 0};
+    const moet_kv_ref r = {s->kv->k[il], s->kv->v[il], s->blk_dev, s->kv->shift, s->kv->type};
     return r;
 }
 
@@ -337,8 +337,11 @@ static void forward_chunk(void *vctx) {
              * rows runs eagerly (as when attn_rows declines) */
             if (ca->rows && ca->declined) *ca->declined = 1;
         }
-        if (!rows_done && ca->rows && ca->kvtab && op->attn_rows) {
-            moet_attn_args aa = {.q = s->q, .pos = s->pos_dev, .n_tok = n, .n_heads = (int32_t)nh,
+        int one_type = 1; /* attn_rows takes rows whose pools share an element type (backend.h) */
+        for (int32_t r = 1; ca->rows && r < n; r++) one_type &= ca->rows[r]->kv->type == ca->rows[0]->kv->type;
+        if (!rows_done && ca->rows && ca->kvtab && op->attn_rows && one_type) {
+            moet_attn_args aa = {.q = s->q, .kv = {.type = ca->rows[0]->kv->type}, .pos = s->pos_dev, .n_tok = n,
+                                 .n_heads = (int32_t)nh,
                                  .n_kv = (int32_t)nkv, .head_dim = (int32_t)hd, .n_ctx = s->n_ctx,
                                  .scale = ascale, .sinks = L->sinks, .window = L->window, .out = s->att,
                                  .scratch = s->att_scr};
@@ -346,6 +349,7 @@ static void forward_chunk(void *vctx) {
                                       ca->kvtab + (size_t)il * (size_t)ca->kv_stride, &aa) == 0;
             if (!rows_done && ca->declined) *ca->declined = 1;
         }
+        if (!rows_done && ca->rows && !one_type && ca->declined) *ca->declined = 1; /* row by row, eagerly */
         for (int32_t r = 0; !rows_done && r < (ca->rows ? n : 1); r++) {
             const moet_session *o = ca->rows ? ca->rows[r] : s;
             const int32_t nr = ca->rows ? 1 : n;
@@ -495,13 +499,11 @@ static void session_writable(moet_session *s) {
     if (kv->ref[b] > 1) {
         const int32_t nb = moet_kv_take(kv);
         const moet_hparams *hp = &s->m->hp;
-        const size_t rows = (size_t)1 << kv->shift, kd = kv->kdim, vd = kv->vdim;
+        /* bytes a block of each pool */
+        const size_t rows = (size_t)1 << kv->shift, kb = rows * kv->kdim * kv->esize, vb = rows * kv->vdim * kv->esize;
         for (int32_t l = 0; l < hp->n_layers; l++) {
-            s->be->ops->copy(s->be, kv->k[l] + (size_t)nb * rows * kd, kv->k[l] + (size_t)b * rows * kd,
-                             rows * kd * sizeof(float));
-            if (vd)
-                s->be->ops->copy(s->be, kv->v[l] + (size_t)nb * rows * vd, kv->v[l] + (size_t)b * rows * vd,
-                                 rows * vd * sizeof(float));
+            s->be->ops->copy(s->be, (char *)kv->k[l] + (size_t)nb * kb, (char *)kv->k[l] + (size_t)b * kb, kb);
+            if (vb) s->be->ops->copy(s->be, (char *)kv->v[l] + (size_t)nb * vb, (char *)kv->v[l] + (size_t)b * vb, vb);
         }
         moet_kv_give(kv, b);
         s->blk_host[i] = nb;
@@ -678,6 +680,8 @@ static float session_top1(const moet_session *s, int32_t r) {
         return expf(-((const float *)s->cand)[2 * (size_t)s->cand_rows * (size_t)s->n_cand + (size_t)r]);
     return moet_gate_top1(session_rows(s) + (size_t)r * (size_t)s->m->hp.vocab, s->m->hp.vocab);
 }
+
+int32_t moet_session_kv_type(const moet_session *s) { return moet_kv_type(s->kv); }
 
 int32_t moet_session_pos(const moet_session *s) { return s->pos; }
 

@@ -981,6 +981,7 @@ int sched_create(const moet_model *m, const sched_options *o, metrics *mx, sched
     const int64_t all = (int64_t)o->max_seqs * o->n_ctx;
     ko.n_tokens = o->kv_tokens > 0 ? o->kv_tokens : all > INT32_MAX ? INT32_MAX : (int32_t)all;
     if (o->kv_block > 0) ko.block_tokens = o->kv_block;
+    ko.type = o->kv_type;
     ko.prefix_cache = !o->no_prefix_cache;
     int krc = moet_kv_create(m, &ko, &s->kv, err, errlen);
     if (krc) {

@@ -58,6 +58,7 @@ typedef struct {
     float tau;               /* gate: a decode step whose top-1 probability is below tau is redone with the delta */
     int32_t kv_tokens;       /* the sessions' shared paged KV pool in tokens; <= 0: max_seqs x n_ctx */
     int32_t kv_block;        /* tokens a KV block; <= 0: 32 */
+    int32_t kv_type;         /* MOET_KV_AUTO (0), MOET_KV_F32 or MOET_KV_F16 */
     int no_prefix_cache;     /* 1: sequences do not share the KV blocks of equal prompt prefixes */
 } sched_options;
 

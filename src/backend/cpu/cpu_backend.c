@@ -282,12 +282,36 @@ static void cpu_fill_random(moet_backend *be, void *p, int32_t type, int64_t row
     for (size_t k = 0; k < total / (size_t)tt->type_size; k++) moet_synth_fix_block(type, b + k * (size_t)tt->type_size, q8d);
 }
 
-static void cpu_kv_store(moet_backend *be, float *pool, const int32_t *blocks, int32_t shift, const float *src,
-                         const int32_t *pos, int64_t n_tok, int64_t dim) {
+/* f16 bits to float: the normal numbers by shifts (the cache's common case), the rest by moet_f16_to_f32. */
+static inline float kv_h2f(uint16_t h) {
+    const uint32_t e = (h >> 10) & 0x1f;
+    if (e == 0 || e == 31) return moet_f16_to_f32(h);
+    union { uint32_t u; float f; } v = {.u = ((uint32_t)(h & 0x8000) << 16) | ((e + 112) << 23) | ((uint32_t)(h & 0x3ff) << 13)};
+    return v.f;
+}
+
+/* n elements of a pool row (type MOET_KVE_*) from element off of pool row `row` of `stride` elements, as floats:
+ * the row itself (f32) or tmp, widened (f16; n <= KV_TMP). */
+#define KV_TMP 256
+static const float *kv_floats(const void *pool, int32_t type, size_t row, size_t stride, size_t off, size_t n,
+                              float *tmp) {
+    if (type != MOET_KVE_F16) return (const float *)pool + row * stride + off;
+    const uint16_t *h = (const uint16_t *)pool + row * stride + off;
+    for (size_t i = 0; i < n; i++) tmp[i] = kv_h2f(h[i]);
+    return tmp;
+}
+
+static void cpu_kv_store(moet_backend *be, void *pool, int32_t type, const int32_t *blocks, int32_t shift,
+                         const float *src, const int32_t *pos, int64_t n_tok, int64_t dim) {
     (void)be;
-    for (int64_t t = 0; t < n_tok; t++)
-        memcpy(pool + (size_t)moet_kv_row(blocks, shift, pos[t]) * (size_t)dim, src + (size_t)t * (size_t)dim,
-               (size_t)dim * sizeof(float));
+    for (int64_t t = 0; t < n_tok; t++) {
+        const size_t row = (size_t)moet_kv_row(blocks, shift, pos[t]) * (size_t)dim;
+        const float *x = src + (size_t)t * (size_t)dim;
+        if (type == MOET_KVE_F16)
+            for (int64_t i = 0; i < dim; i++) ((uint16_t *)pool)[row + (size_t)i] = moet_f32_to_f16(x[i]);
+        else
+            memcpy((float *)pool + row, x, (size_t)dim * sizeof(float));
+    }
 }
 
 static void cpu_get_rows(moet_backend *be, const moet_weight *w, const int32_t *ids, int64_t n, float *y) {
@@ -356,8 +380,8 @@ static void cpu_attn_prep(moet_backend *be, float *q, float *k, const float *v, 
     if (k_norm) cpu_rms_norm(be, k, k_norm, n_tok * n_kv, head_dim, eps, k);
     cpu_rope(be, q, n_tok, n_heads, head_dim, rp, pos);
     cpu_rope(be, k, n_tok, n_kv, head_dim, rp, pos);
-    cpu_kv_store(be, kv->k, kv->blocks, kv->shift, k, pos, n_tok, (int64_t)n_kv * head_dim);
-    cpu_kv_store(be, kv->v, kv->blocks, kv->shift, v, pos, n_tok, (int64_t)n_kv * head_dim);
+    cpu_kv_store(be, kv->k, kv->type, kv->blocks, kv->shift, k, pos, n_tok, (int64_t)n_kv * head_dim);
+    cpu_kv_store(be, kv->v, kv->type, kv->blocks, kv->shift, v, pos, n_tok, (int64_t)n_kv * head_dim);
 }
 
 /* MLA's inputs as attn_prep takes them (backend.h): per token and head, q's rope dims moved first (de-interleaved
@@ -403,6 +427,27 @@ typedef struct {
     size_t per;
 } mla_ctx;
 
+/* q . latent row `row` (rd elements), and o += w c of the row (kvlr elements from `rope`): dot1 / axpy over the
+ * row as stored (f32), or widened in chunks of KV_TMP (f16). */
+static float mla_dot(const float *q, const moet_kv_ref *kv, size_t row, size_t rd) {
+    if (kv->type != MOET_KVE_F16) return dot1(q, (const float *)kv->k + row * rd, (int64_t)rd);
+    float tmp[KV_TMP], s = 0.f;
+    for (size_t c = 0; c < rd; c += KV_TMP) {
+        const size_t n = rd - c < KV_TMP ? rd - c : KV_TMP;
+        s += dot1(q + c, kv_floats(kv->k, kv->type, row, rd, c, n, tmp), (int64_t)n);
+    }
+    return s;
+}
+
+static void mla_axpy(float *o, const moet_kv_ref *kv, size_t row, size_t rd, size_t off, float w, int32_t kvlr) {
+    if (kv->type != MOET_KVE_F16) { axpy(o, (const float *)kv->k + row * rd + off, w, kvlr); return; }
+    float tmp[KV_TMP];
+    for (int32_t c = 0; c < kvlr; c += KV_TMP) {
+        const int32_t n = kvlr - c < KV_TMP ? kvlr - c : KV_TMP;
+        axpy(o + c, kv_floats(kv->k, kv->type, row, rd, off + (size_t)c, (size_t)n, tmp), w, n);
+    }
+}
+
 /* One (token, head) of mla_attn: the head's kv_b rows widened, q absorbed, attention over the latent rows, the output
  * through W_UV. */
 static void mla_task(void *vctx, int64_t b, int64_t e, int tid) {
@@ -421,8 +466,7 @@ static void mla_task(void *vctx, int64_t b, int64_t e, int tid) {
         for (int32_t i = 0; i < nope; i++) axpy(ql, W + (size_t)i * kvlr, qh[i], kvlr);
         float mx = -INFINITY;
         for (int32_t j = 0; j <= p; j++) {
-            const float *row = c->kv->k + (size_t)moet_kv_row(c->kv->blocks, c->kv->shift, j) * (size_t)rd;
-            sc[j] = dot1(qf, row, rd) * c->scale;
+            sc[j] = mla_dot(qf, c->kv, (size_t)moet_kv_row(c->kv->blocks, c->kv->shift, j), (size_t)rd) * c->scale;
             if (sc[j] > mx) mx = sc[j];
         }
         double sum = 0;
@@ -430,7 +474,8 @@ static void mla_task(void *vctx, int64_t b, int64_t e, int tid) {
         const float inv = (float)(1.0 / sum);
         for (int32_t j = 0; j < kvlr; j++) ol[j] = 0.0f;
         for (int32_t j = 0; j <= p; j++)
-            axpy(ol, c->kv->k + (size_t)moet_kv_row(c->kv->blocks, c->kv->shift, j) * (size_t)rd + rope, sc[j] * inv, kvlr);
+            mla_axpy(ol, c->kv, (size_t)moet_kv_row(c->kv->blocks, c->kv->shift, j), (size_t)rd, (size_t)rope,
+                     sc[j] * inv, kvlr);
         float *o = c->out + (size_t)task * vd; /* W_UV o_lat */
         for (int32_t r = 0; r < vd; r++) o[r] = dot1(W + (size_t)(nope + r) * kvlr, ol, kvlr);
     }
@@ -442,11 +487,20 @@ static void cpu_mla_attn(moet_backend *be, const float *q, const float *ckv, con
     cpu_backend *cb = cpu(be);
     const int32_t rd = rope + kvlr;
     int32_t pmax = 0;
+    float rowf[2 * MOET_ROPE_MAX_FREQ];
     for (int64_t t = 0; t < n; t++) { /* the latent rows first: a token sees the chunk's earlier ones */
-        float *row = kv->k + (size_t)moet_kv_row(kv->blocks, kv->shift, pos[t]) * (size_t)rd;
-        for (int32_t i = 0; i < rope; i++) row[i] = kpe[(size_t)t * rope + moet_mla_src(i, rope, interleave)];
-        rope_vec(row, rp, pos[t]);
-        memcpy(row + rope, ckv + (size_t)t * kvlr, (size_t)kvlr * sizeof(float));
+        const size_t prow = (size_t)moet_kv_row(kv->blocks, kv->shift, pos[t]) * (size_t)rd;
+        for (int32_t i = 0; i < rope; i++) rowf[i] = kpe[(size_t)t * rope + moet_mla_src(i, rope, interleave)];
+        rope_vec(rowf, rp, pos[t]);
+        if (kv->type == MOET_KVE_F16) {
+            uint16_t *row = (uint16_t *)kv->k + prow;
+            for (int32_t i = 0; i < rope; i++) row[i] = moet_f32_to_f16(rowf[i]);
+            for (int32_t i = 0; i < kvlr; i++) row[rope + i] = moet_f32_to_f16(ckv[(size_t)t * kvlr + i]);
+        } else {
+            float *row = (float *)kv->k + prow;
+            memcpy(row, rowf, (size_t)rope * sizeof(float));
+            memcpy(row + rope, ckv + (size_t)t * kvlr, (size_t)kvlr * sizeof(float));
+        }
         if (pos[t] > pmax) pmax = pos[t];
     }
     const size_t per = (size_t)(nope + vd) * kvlr + (size_t)rd + (size_t)kvlr + (size_t)pmax + 1;
@@ -474,6 +528,27 @@ typedef struct {
     int n_threads;
 } attn_ctx;
 
+/* q . (key row j's head kvh): dot1 over the head; an f16 row widened in chunks of KV_TMP elements. */
+static float attn_dot(const float *q, const moet_kv_ref *kv, size_t row, size_t stride, size_t off, int hd) {
+    if (kv->type != MOET_KVE_F16) return dot1(q, (const float *)kv->k + row * stride + off, hd);
+    float tmp[KV_TMP], s = 0.f;
+    for (int c = 0; c < hd; c += KV_TMP) {
+        const int n = hd - c < KV_TMP ? hd - c : KV_TMP;
+        s += dot1(q + c, kv_floats(kv->k, kv->type, row, stride, off + (size_t)c, (size_t)n, tmp), n);
+    }
+    return s;
+}
+
+/* o += w (value row j's head kvh) */
+static void attn_axpy(float *o, const moet_kv_ref *kv, size_t row, size_t stride, size_t off, float w, int hd) {
+    if (kv->type != MOET_KVE_F16) { axpy(o, (const float *)kv->v + row * stride + off, w, hd); return; }
+    float tmp[KV_TMP];
+    for (int c = 0; c < hd; c += KV_TMP) {
+        const int n = hd - c < KV_TMP ? hd - c : KV_TMP;
+        axpy(o + c, kv_floats(kv->v, kv->type, row, stride, off + (size_t)c, (size_t)n, tmp), w, n);
+    }
+}
+
 static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
     const moet_attn_args *a = ((attn_ctx *)vctx)->a;
     const int hd = a->head_dim, group = a->n_heads / a->n_kv;
@@ -489,7 +564,7 @@ static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
         float mx = a->sinks ? a->sinks[h] : -INFINITY;
         for (int32_t j = j0; j < n_keys; j++) {
             const size_t row = (size_t)moet_kv_row(a->kv.blocks, a->kv.shift, j);
-            float s = dot1(q, a->kv.k + row * kv_stride + (size_t)kvh * hd, hd) * a->scale;
+            float s = attn_dot(q, &a->kv, row, kv_stride, (size_t)kvh * hd, hd) * a->scale;
             scores[j] = s;
             if (s > mx) mx = s;
         }
@@ -502,8 +577,8 @@ static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
         float *o = a->out + ((size_t)t * a->n_heads + h) * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
         for (int32_t j = j0; j < n_keys; j++)
-            axpy(o, a->kv.v + (size_t)moet_kv_row(a->kv.blocks, a->kv.shift, j) * kv_stride + (size_t)kvh * hd,
-                 scores[j] * inv, hd);
+            attn_axpy(o, &a->kv, (size_t)moet_kv_row(a->kv.blocks, a->kv.shift, j), kv_stride, (size_t)kvh * hd,
+                      scores[j] * inv, hd);
     }
 }
 

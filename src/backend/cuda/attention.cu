@@ -24,8 +24,9 @@
  * head into a warp's registers, lane l holding elements l, l + 32, ...; key `cur` comes from ks / vs (shared
  * memory). mode 1: every key; 0: all but key cur (from the cache only: what k_attn_decode may read before its
  * wait); 2: key cur only (the rest of a mode-0 load). */
-__device__ __forceinline__ void at_group_load(float (&kr)[AT_G][AT_MAX_D], float (&vr)[AT_G][AT_MAX_D], const float *kp0,
-                                              const float *vp0, int64_t kv_stride, const int32_t *blocks, int32_t shift,
+template <typename E>
+__device__ __forceinline__ void at_group_load(float (&kr)[AT_G][AT_MAX_D], float (&vr)[AT_G][AT_MAX_D], const E *kp0,
+                                              const E *vp0, int64_t kv_stride, const int32_t *blocks, int32_t shift,
                                               int32_t j0, int32_t n_keys, int32_t cur, const float *ks, const float *vs,
                                               int head_dim, int mode) {
     const int lane = threadIdx.x & 31, nd = (head_dim + 31) / 32;
@@ -33,15 +34,24 @@ __device__ __forceinline__ void at_group_load(float (&kr)[AT_G][AT_MAX_D], float
     for (int g = 0; g < AT_G; g++) {
         const int32_t j = j0 + g < n_keys ? j0 + g : j0;
         if ((mode == 0 && j == cur) || (mode == 2 && j != cur)) continue;
-        const int64_t row = j == cur ? 0 : moet_kv_row(blocks, shift, j);
-        const float *kp = j == cur ? ks : kp0 + row * kv_stride;
-        const float *vp = j == cur ? vs : vp0 + row * kv_stride;
+        if (j == cur) { /* (shared memory: the row as the cache holds it) */
+#pragma unroll
+            for (int d = 0; d < AT_MAX_D; d++) {
+                int i = lane + 32 * d;
+                const int ok = d < nd && i < head_dim;
+                kr[g][d] = ok ? ks[i] : 0.f;
+                vr[g][d] = ok ? vs[i] : 0.f;
+            }
+            continue;
+        }
+        const int64_t row = moet_kv_row(blocks, shift, j);
+        const E *kp = kp0 + row * kv_stride, *vp = vp0 + row * kv_stride;
 #pragma unroll
         for (int d = 0; d < AT_MAX_D; d++) {
             int i = lane + 32 * d;
             const int ok = d < nd && i < head_dim;
-            kr[g][d] = ok ? kp[i] : 0.f;
-            vr[g][d] = ok ? vp[i] : 0.f;
+            kr[g][d] = ok ? cu_kv_ld(kp + i) : 0.f;
+            vr[g][d] = ok ? cu_kv_ld(vp + i) : 0.f;
         }
     }
 }
@@ -52,7 +62,8 @@ __device__ __forceinline__ void at_group_load(float (&kr)[AT_G][AT_MAX_D], float
  * (the fused decode kernel's own rows, bit-equal to what it wrote to the cache). pre: the warp's first group
  * (keys k0 + warp AT_G ...) is already in kr0 / vr0 but for key `cur` (k_attn_decode loads it before its wait).
  * Writes the head's output row. */
-__device__ __forceinline__ void at_heads(const float *qr, const float *kp0, const float *vp0, int64_t kv_stride,
+template <typename E>
+__device__ __forceinline__ void at_heads(const float *qr, const E *kp0, const E *vp0, int64_t kv_stride,
                                          const int32_t *blocks, int32_t shift, int32_t n_keys, int32_t k0, float sink,
                                          int32_t cur, const float *ks, const float *vs, int head_dim,
                                          float scale, float *orow, float *sm_m, float *sm_l,
@@ -105,6 +116,7 @@ __device__ __forceinline__ void at_heads(const float *qr, const float *kp0, cons
     }
 }
 
+template <typename E>
 __global__ void __launch_bounds__(AT_WARPS * 32)
 k_attention(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_heads, int32_t n_kv,
             int32_t head_dim, float scale, const float *__restrict__ sinks, int32_t window, float *__restrict__ out) {
@@ -118,8 +130,8 @@ k_attention(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_heads,
     const int64_t kv_stride = (int64_t)n_kv * head_dim;
     const float *qr = q + ((int64_t)t * n_heads + h) * head_dim;
     float nokr[AT_G][AT_MAX_D]; /* (no preloaded group) */
-    at_heads(qr, kv.k + (int64_t)kvh * head_dim, kv.v + (int64_t)kvh * head_dim, kv_stride, kv.blocks, kv.shift,
-             pos[t] + 1, window > 0 && pos[t] + 1 > window ? pos[t] + 1 - window : 0, sinks ? sinks[h] : -INFINITY, -1,
+    at_heads(qr, (const E *)kv.k + (int64_t)kvh * head_dim, (const E *)kv.v + (int64_t)kvh * head_dim, kv_stride,
+             kv.blocks, kv.shift, pos[t] + 1, window > 0 && pos[t] + 1 > window ? pos[t] + 1 - window : 0, sinks ? sinks[h] : -INFINITY, -1,
              NULL, NULL, head_dim, scale, out + ((int64_t)t * n_heads + h) * head_dim, sm_m, sm_l, sm_o, 0, nokr, nokr);
 }
 
@@ -138,8 +150,12 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
     /* decode-sized: a kv head's query heads together, the keys split over CTAs (attn_split.cu) where it applies */
     if (cu_attn_split(c, (float *)a->q, NULL, NULL, NULL, NULL, 0.f, NULL, NULL, a, 0, sk)) return;
     dim3 grid((unsigned)a->n_heads, (unsigned)a->n_tok);
-    cu_launch_pdl(c, k_attention, grid, dim3(AT_WARPS * 32), 0, a->q, a->kv, a->pos, a->n_heads,
-                  a->n_kv, a->head_dim, a->scale, sk, a->window, a->out);
+    if (a->kv.type == MOET_KVE_F16)
+        cu_launch_pdl(c, k_attention<__half>, grid, dim3(AT_WARPS * 32), 0, a->q, a->kv, a->pos, a->n_heads,
+                      a->n_kv, a->head_dim, a->scale, sk, a->window, a->out);
+    else
+        cu_launch_pdl(c, k_attention<float>, grid, dim3(AT_WARPS * 32), 0, a->q, a->kv, a->pos, a->n_heads,
+                      a->n_kv, a->head_dim, a->scale, sk, a->window, a->out);
     CU_LAUNCHED(c, "k_attention");
 }
 
@@ -151,6 +167,7 @@ extern "C" void cu_attention(moet_backend *be, const moet_attn_args *a) {
  * keys 0 .. pos - 1 from the cache and key pos from its own shared rows: the same floats the composition reads, so
  * the output is bit-identical to attn_prep then attention, one launch and one dependent round trip fewer. A partial
  * rotary head (rot_dim < head_dim) goes through shared memory as k_attn_prep's partial path does. */
+template <typename E>
 __global__ void __launch_bounds__(AT_WARPS * 32)
 k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, int32_t head_dim,
               const float *__restrict__ q_norm, const float *__restrict__ k_norm, float eps,
@@ -184,7 +201,7 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
     pre = (pre & 1) && k0 + (int32_t)(threadIdx.x >> 5) * AT_G <= p; /* the warp has keys (no other block-table reads) */
     if (pre) {
         const int kvh0 = blockIdx.x / (n_heads / n_kv);
-        at_group_load(kr0, vr0, kv.k + (int64_t)kvh0 * head_dim, kv.v + (int64_t)kvh0 * head_dim,
+        at_group_load(kr0, vr0, (const E *)kv.k + (int64_t)kvh0 * head_dim, (const E *)kv.v + (int64_t)kvh0 * head_dim,
                       (int64_t)n_kv * head_dim, kv.blocks, kv.shift, k0 + (int32_t)(threadIdx.x >> 5) * AT_G, p + 1, p,
                       NULL, NULL, head_dim, 0);
     }
@@ -207,8 +224,8 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
     if (role < 2 && (i & 31) == 0) part[role][i >> 5] = ss;
     for (int j = tid; j < head_dim; j += blockDim.x) { /* v row: shared copy, the cache by the group's leader */
         const float x = v[(int64_t)kvh * head_dim + j];
-        sv[j] = x;
-        if (leader) kv.v[prow * kvd + (int64_t)kvh * head_dim + j] = x;
+        sv[j] = cu_kv_as<E>(x);
+        if (leader) cu_kv_st((E *)kv.v + prow * kvd + (int64_t)kvh * head_dim + j, x);
     }
     __syncthreads();
     if (role < 2 && i < half && nw) {
@@ -230,10 +247,14 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         }
         __syncthreads();
         if (role == 0 && i < half) { row[i] = dst[i]; row[i + half] = dst[i + half]; }
-        if (role == 1 && leader && i < half) {
-            float *cr = kv.k + prow * kvd + (int64_t)kvh * head_dim;
-            cr[i] = dst[i];
-            cr[i + half] = dst[i + half];
+        if (role == 1 && i < half) { /* the k row as the cache holds it, in every CTA of the group */
+            dst[i] = cu_kv_as<E>(dst[i]);
+            dst[i + half] = cu_kv_as<E>(dst[i + half]);
+            if (leader) {
+                E *cr = (E *)kv.k + prow * kvd + (int64_t)kvh * head_dim;
+                cu_kv_st(cr + i, dst[i]);
+                cu_kv_st(cr + i + half, dst[i + half]);
+            }
         }
     } else if (role < 2 && i < half) {
         /* no FMA contraction: which product nvcc fuses depends on the code around it, and k_attn_prep,
@@ -241,17 +262,18 @@ k_attn_decode(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv,
         const float ra = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si));
         const float rb = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
         float *dst = role == 0 ? sq : sk;
-        dst[i] = ra;
-        dst[i + half] = rb;
+        dst[i] = role == 0 ? ra : cu_kv_as<E>(ra); /* k: the row as the cache holds it */
+        dst[i + half] = role == 0 ? rb : cu_kv_as<E>(rb);
         if (role == 0) { row[i] = ra; row[i + half] = rb; } /* k is not rewritten: other CTAs read it (backend.h) */
         if (role == 1 && leader) {
-            float *cr = kv.k + prow * kvd + (int64_t)kvh * head_dim;
-            cr[i] = ra;
-            cr[i + half] = rb;
+            E *cr = (E *)kv.k + prow * kvd + (int64_t)kvh * head_dim;
+            cu_kv_st(cr + i, ra);
+            cu_kv_st(cr + i + half, rb);
         }
     }
     __syncthreads();
-    at_heads(sq, kv.k + (int64_t)kvh * head_dim, kv.v + (int64_t)kvh * head_dim, kvd, kv.blocks, kv.shift, p + 1, k0,
+    at_heads(sq, (const E *)kv.k + (int64_t)kvh * head_dim, (const E *)kv.v + (int64_t)kvh * head_dim, kvd, kv.blocks,
+             kv.shift, p + 1, k0,
              sinks ? sinks[h] : -INFINITY, p, sk, sv, head_dim, scale, out + (int64_t)h * head_dim, sm_m, sm_l, sm_o,
              pre, kr0, vr0);
 }
@@ -293,10 +315,14 @@ extern "C" int cu_attn_rows(moet_backend *be, float *q, float *k, const float *v
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return 0;
     if (a->sinks && !(sk = (const float *)cu_weight(c, a->sinks, (size_t)a->n_heads * sizeof(float)))) return 0;
     if (cu_attn_split(c, q, k, v, qn, kn, eps, rp, rows, a, 1, sk)) return 0; /* (attn_split.cu, where it applies) */
-    const moet_kv_ref none = {NULL, NULL, NULL, 0, 0};
-    cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads, (unsigned)a->n_tok), dim3(AT_WARPS * 32), 0, q, k, v,
-                  a->n_heads, a->n_kv, hd, qn, kn, eps, *rp, a->pos, none, rows, a->scale, sk, a->window, a->out,
-                  at_pre());
+    const moet_kv_ref none = {NULL, NULL, NULL, 0, a->kv.type};
+    const dim3 grid((unsigned)a->n_heads, (unsigned)a->n_tok);
+    if (a->kv.type == MOET_KVE_F16)
+        cu_launch_pdl(c, k_attn_decode<__half>, grid, dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv, hd, qn,
+                      kn, eps, *rp, a->pos, none, rows, a->scale, sk, a->window, a->out, at_pre());
+    else
+        cu_launch_pdl(c, k_attn_decode<float>, grid, dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv, hd, qn,
+                      kn, eps, *rp, a->pos, none, rows, a->scale, sk, a->window, a->out, at_pre());
     CU_LAUNCHED(c, "k_attn_decode (rows)");
     return 0;
 }
@@ -316,8 +342,13 @@ extern "C" void cu_attn_fused(moet_backend *be, float *q, float *k, const float 
     if (!at_norms(c, q_norm, k_norm, hd, &qn, &kn)) return;
     if (a->sinks && !(sk = (const float *)cu_weight(c, a->sinks, (size_t)a->n_heads * sizeof(float)))) return;
     if (cu_attn_split(c, q, k, v, qn, kn, eps, rp, NULL, a, 1, sk)) return; /* (attn_split.cu, where it applies) */
-    cu_launch_pdl(c, k_attn_decode, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v, a->n_heads, a->n_kv,
-                  hd, qn, kn, eps, *rp, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, sk, a->window, a->out,
-                  at_pre());
+    if (a->kv.type == MOET_KVE_F16)
+        cu_launch_pdl(c, k_attn_decode<__half>, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v,
+                      a->n_heads, a->n_kv, hd, qn, kn, eps, *rp, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, sk,
+                      a->window, a->out, at_pre());
+    else
+        cu_launch_pdl(c, k_attn_decode<float>, dim3((unsigned)a->n_heads), dim3(AT_WARPS * 32), 0, q, k, v,
+                      a->n_heads, a->n_kv, hd, qn, kn, eps, *rp, a->pos, a->kv, (const moet_kv_ref *)NULL, a->scale, sk,
+                      a->window, a->out, at_pre());
     CU_LAUNCHED(c, "k_attn_decode");
 }

@@ -29,7 +29,10 @@
  * k_attn_prep's arithmetic (the same per-warp partial sums in the same order: bit-identical), split 0 writes the q
  * rows back and the k and v rows to the cache row pos, and key pos itself is read from shared memory by every split
  * (no split reads that cache row in the launch that writes it).
- * Bytes a token: (keys) x n_kv x head_dim x 8 (K and V rows, once) + the partials (S x n_heads x (head_dim + 2) x 4,
+ * An f16 pool (kv_page.h) is read as f16: K rows by 8-byte loads widened in registers, V rows staged as f16 (a
+ * cp.async step moves twice the rows) and widened in p . v; the k and v rows of key pos are kept in shared memory
+ * rounded to f16, as the cache holds them.
+ * Bytes a token: (keys) x n_kv x head_dim x 8 (K and V rows, once; x 4 with f16) + the partials (S x n_heads x (head_dim + 2) x 4,
  * written and read once); FLOPs 4 x keys x n_heads x head_dim.
  */
 #include <math.h>
@@ -115,7 +118,22 @@ __device__ __forceinline__ void as_prep(float *sq, float *sk, int G, const float
 /* grid (n_kv, splits, rows). Row z: query row z of q / out (a token of a chunk, or with `rows` a sequence's own
  * token and cache), position pos[z]. prep: q, k, v are the raw projections (attn_fused / attn_rows), else q is
  * ready and the cache holds key pos (attention). part / tickets: as_scratch's layout for rows x n_kv x splits. */
-template <int HD, int GT>
+/* 4 pool elements as floats (E = float: one 16-byte load; __half: one 8-byte load, widened) */
+__device__ __forceinline__ float4 as_ld4(const float *p) { return __ldg((const float4 *)p); }
+__device__ __forceinline__ float4 as_ld4(const __half *p) {
+    const uint2 raw = __ldg((const uint2 *)p);
+    const float2 a = __half22float2(*(const __half2 *)&raw.x), b = __half22float2(*(const __half2 *)&raw.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+/* the same from shared memory (the V staging) */
+__device__ __forceinline__ float4 as_sh4(const float *p) { return *(const float4 *)p; }
+__device__ __forceinline__ float4 as_sh4(const __half *p) {
+    const uint2 raw = *(const uint2 *)p;
+    const float2 a = __half22float2(*(const __half2 *)&raw.x), b = __half22float2(*(const __half2 *)&raw.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <int HD, int GT, typename E>
 __global__ void __launch_bounds__(AS_WARPS * 32, 1)
 k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, const float *__restrict__ q_norm,
              const float *__restrict__ k_norm, float eps, const __grid_constant__ moet_rope rp, const int32_t *pos,
@@ -147,20 +165,21 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         for (int i = tid; i < rot_dim / 2; i += blockDim.x) cu_rope_cs(rp, i, p, &cs[i], &cs[HD / 2 + i]);
     const int32_t cur = prep ? p : -1;
     const int64_t kvd = dk;
-    const float *kb0 = kv.k + (int64_t)kvh * HD, *vb0 = kv.v + (int64_t)kvh * HD;
-    float *wv = stg + (size_t)warp * AS_CHUNK * HD; /* the warp's chunk of V rows [32][HD] */
+    const E *kb0 = (const E *)kv.k + (int64_t)kvh * HD, *vb0 = (const E *)kv.v + (int64_t)kvh * HD;
+    E *wv = (E *)(stg + (size_t)warp * AS_CHUNK * HD); /* the warp's chunk of V rows [32][HD] (f16: half of it) */
     constexpr int KP = HD / 4 > 16 && GT >= 16 ? 16 : HD / 4; /* float4 of a K row a piece: 32 at most (128 registers) */
     /* The chunk's V rows from j0 (nk of them; roff: each lane's key's row offset) into the warp's staging by
      * cp.async (16 bytes a lane a step, rows whole; past the last key zero-filled), one group: in flight while q . k
      * runs (what bounds a decode attention is memory latency). The rows' offsets by shuffle: a block-table load a
      * row was a dependent round trip each (the first run took 3.2x attention.cu's time at 128 keys, an H100). */
     auto stage = [&](int32_t nk, int64_t roff) {
-        constexpr int RPI = 128 / HD, C4 = HD / 4; /* rows a step (32 lanes x 16 bytes), float4 a row */
+        constexpr int EP = 16 / (int)sizeof(E);            /* elements a 16-byte step */
+        constexpr int RPI = 32 * EP / HD, C4 = HD / EP;    /* rows a step (32 lanes x 16 bytes), steps a row */
 #pragma unroll
         for (int it = 0; it < AS_CHUNK / RPI; it++) {
             const int r = it * RPI + lane / C4, c4 = lane % C4;
             const int64_t ro = __shfl_sync(0xffffffffu, roff, r);
-            as_cp16(wv + r * HD + 4 * c4, vb0 + ro + 4 * c4, r < nk);
+            as_cp16((float *)(wv + r * HD + EP * c4), (const float *)(vb0 + ro + EP * c4), r < nk);
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
@@ -176,7 +195,8 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         roff_pre = moet_kv_row(kv.blocks, kv.shift, j < kb ? j : ka) * kvd;
         stage(kb - j0f < AS_CHUNK ? kb - j0f : AS_CHUNK, roff_pre);
         if (j != cur && j < kb)
-            for (int b = 0; b < HD * 4; b += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)(kb0 + roff_pre) + b));
+            for (int b = 0; b < HD * (int)sizeof(E); b += 128)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)(kb0 + roff_pre) + b));
     }
     cu_pdl_wait();
     CU_TRACE_WAITED();
@@ -188,12 +208,15 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         }
         __syncthreads();
         as_prep<HD>(sq, sk, G, q_norm, k_norm, eps, rot_dim, cs, dpart);
+        /* key cur's rows as the cache holds them (f16: rounded), for every split's reads of them */
+        for (int j = tid; j < HD; j += blockDim.x) { sk[j] = cu_kv_as<E>(sk[j]); sv[j] = cu_kv_as<E>(sv[j]); }
+        __syncthreads();
         if (s == 0) { /* k and v into the cache row pos (no split reads that row: key cur comes from sk / sv); the q
                        * rows go back at the end, by the CTA that merges (other splits still read the raw q here) */
             const int64_t prow = moet_kv_row(kv.blocks, kv.shift, p);
             for (int j = tid; j < HD; j += blockDim.x) {
-                kv.k[prow * kvd + (int64_t)kvh * HD + j] = sk[j];
-                kv.v[prow * kvd + (int64_t)kvh * HD + j] = sv[j];
+                cu_kv_st((E *)kv.k + prow * kvd + (int64_t)kvh * HD + j, sk[j]);
+                cu_kv_st((E *)kv.v + prow * kvd + (int64_t)kvh * HD + j, sv[j]);
             }
         }
     } else {
@@ -221,16 +244,16 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
 #pragma unroll
         for (int h = 0; h < GT; h++) acc[h] = 0.f;
         {
-            const float4 *kr = j == cur ? (const float4 *)sk : (const float4 *)(kb0 + roff);
+            const E *kr = kb0 + roff;
 #pragma unroll
             for (int pc = 0; pc < HD / 4; pc += KP) {
                 float4 kk[KP];
                 if (j == cur) {
 #pragma unroll
-                    for (int u = 0; u < KP; u++) kk[u] = kr[pc + u];
+                    for (int u = 0; u < KP; u++) kk[u] = ((const float4 *)sk)[pc + u];
                 } else {
 #pragma unroll
-                    for (int u = 0; u < KP; u++) kk[u] = __ldg(kr + pc + u);
+                    for (int u = 0; u < KP; u++) kk[u] = as_ld4(kr + 4 * (pc + u));
                 }
 #pragma unroll
                 for (int u = 0; u < KP; u++)
@@ -268,8 +291,8 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         const int d = 4 * lane;
 #pragma unroll 4
         for (int32_t c = 0; c < nk; c++) {
-            const float *vr = j0 + c == cur ? sv : wv + c * HD;
-            const float4 vv = d < HD ? *(const float4 *)(vr + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 vv = d >= HD ? make_float4(0.f, 0.f, 0.f, 0.f)
+                              : j0 + c == cur ? *(const float4 *)(sv + d) : as_sh4(wv + c * HD + d);
 #pragma unroll
             for (int h = 0; h < GT; h++) {
                 if (h < G) {
@@ -382,16 +405,16 @@ static int32_t as_kmin(void) {
 typedef void (*as_kernel_fn)(float *, float *, const float *, int32_t, int32_t, const float *, const float *, float,
                              const moet_rope, const int32_t *, moet_kv_ref, const moet_kv_ref *, float, const float *,
                              int32_t, float *, int32_t, float *, int32_t *, int32_t);
-template <int HD> static as_kernel_fn as_pick_g(int G, size_t *smem) {
-#define AS_G(GT) if (G <= GT) { *smem = as_dims<HD, GT>::smem; return k_attn_split<HD, GT>; }
+template <int HD, typename E> static as_kernel_fn as_pick_g(int G, size_t *smem) {
+#define AS_G(GT) if (G <= GT) { *smem = as_dims<HD, GT>::smem; return k_attn_split<HD, GT, E>; }
     AS_G(1) AS_G(2) AS_G(4) AS_G(8) AS_G(16)
 #undef AS_G
     return NULL;
 }
-static as_kernel_fn as_pick(int hd, int G, size_t *smem) {
+static as_kernel_fn as_pick(int hd, int G, int f16, size_t *smem) {
     switch (hd) {
-    case 64: return as_pick_g<64>(G, smem);
-    case 128: return as_pick_g<128>(G, smem);
+    case 64: return f16 ? as_pick_g<64, __half>(G, smem) : as_pick_g<64, float>(G, smem);
+    case 128: return f16 ? as_pick_g<128, __half>(G, smem) : as_pick_g<128, float>(G, smem);
     default: return NULL;
     }
 }
@@ -436,14 +459,16 @@ extern "C" int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, 
     const int hd = a->head_dim, G = a->n_heads / a->n_kv;
     if (prep && (rp->dim < 2 || rp->dim > hd || rp->dim % 2)) return 0;
     size_t smem = 0;
-    as_kernel_fn fn = as_pick(hd, G, &smem);
+    const int f16 = a->kv.type == MOET_KVE_F16; /* (attn_rows: every row's pools of a->kv.type, backend.h) */
+    as_kernel_fn fn = as_pick(hd, G, f16, &smem);
     if (!fn || smem > c->prop.sharedMemPerBlockOptin) return 0; /* (158 KB at head_dim 128 x 16 heads) */
     if (c->err[0]) return 1;
-    static int attr_dev[3][5] = {{-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}};
-    const int hi = hd == 64 ? 0 : hd == 128 ? 1 : 2, gi = G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;
-    if (attr_dev[hi][gi] != c->device) { /* (per device: the attribute belongs to the current context) */
+    static int attr_dev[2][2][5] = {{{-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}},
+                                    {{-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}}};
+    const int hi = hd == 64 ? 0 : 1, gi = G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;
+    if (attr_dev[f16][hi][gi] != c->device) { /* (per device: the attribute belongs to the current context) */
         if (CU_CHECK(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return 1;
-        attr_dev[hi][gi] = c->device;
+        attr_dev[f16][hi][gi] = c->device;
     }
     const int32_t kmin = as_kmin(), splits = as_nsplit(a->n_ctx > 0 ? a->n_ctx : 1, kmin);
     float *part;

@@ -60,10 +60,20 @@ template <int HD> struct ta_dims {
     static constexpr size_t smem = (size_t)(TA_ROWS + 4 * TA_KT) * LD * sizeof(float);
 };
 
+/* 4 f16 pool elements (8 bytes) as floats into shared memory; zeros where !valid. */
+__device__ __forceinline__ void ta_ld4h(float *dst, const __half *src, int valid) {
+    uint2 raw = make_uint2(0u, 0u);
+    if (valid) raw = *(const uint2 *)src;
+    const float2 a = __half22float2(*(const __half2 *)&raw.x), b = __half22float2(*(const __half2 *)&raw.y);
+    *(float4 *)dst = make_float4(a.x, a.y, b.x, b.y);
+}
+
 /* Key tile kt into buffer b (all threads of the CTA; one cp.async group): rows past the last key are zero, so P V
- * sees 0 x 0 there, never stale memory. */
-template <int HD>
-__device__ __forceinline__ void ta_load_tile(float *sk, float *sv, const float *kb, const float *vb, int64_t kv_stride,
+ * sees 0 x 0 there, never stale memory. An f16 pool's rows are loaded through registers and widened (the group is
+ * then empty: the tile is in place at the barrier that follows; the next tile's loads are not overlapped with this
+ * tile's products as cp.async's are, which costs what the L2 latency is, once a tile). */
+template <int HD, typename E>
+__device__ __forceinline__ void ta_load_tile(float *sk, float *sv, const E *kb, const E *vb, int64_t kv_stride,
                                              const int32_t *blocks, int32_t shift, int32_t n_keys, int kt, int b) {
     constexpr int LD = ta_dims<HD>::LD;
     for (int i = threadIdx.x; i < TA_KT * (HD / 4); i += TA_W * 32) {
@@ -71,8 +81,13 @@ __device__ __forceinline__ void ta_load_tile(float *sk, float *sv, const float *
         const int64_t j = (int64_t)kt * TA_KT + row;
         const int valid = j < n_keys;
         const int64_t off = moet_kv_row(blocks, shift, valid ? j : 0) * kv_stride + 4 * c4;
-        ta_cp16(sk + (b * TA_KT + row) * LD + 4 * c4, kb + off, valid);
-        ta_cp16(sv + (b * TA_KT + row) * LD + 4 * c4, vb + off, valid);
+        if constexpr (sizeof(E) == 2) {
+            ta_ld4h(sk + (b * TA_KT + row) * LD + 4 * c4, (const __half *)kb + off, valid);
+            ta_ld4h(sv + (b * TA_KT + row) * LD + 4 * c4, (const __half *)vb + off, valid);
+        } else {
+            ta_cp16(sk + (b * TA_KT + row) * LD + 4 * c4, (const float *)kb + off, valid);
+            ta_cp16(sv + (b * TA_KT + row) * LD + 4 * c4, (const float *)vb + off, valid);
+        }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -82,7 +97,7 @@ template <int HD> struct ta_part { static constexpr int per_thread = HD / 8 * 4 
 
 /* grid (n_kv, n_rt + n_split): the row tiles by rank, heaviest (the last rows) first; ranks < n_split as two CTAs
  * (y = 2 rank + half), the rest one (y = n_split + rank). part / tickets: n_kv n_split slots (n_split > 0). */
-template <int HD>
+template <int HD, typename E>
 __global__ void __launch_bounds__(TA_W * 32, 2)
 k_attn_tc(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_tok, int32_t n_heads,
           int32_t n_kv, float scale, float *out, int32_t n_rt, int32_t n_split, float *part, int32_t *tickets) {
@@ -118,8 +133,8 @@ k_attn_tc(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_tok, int
     const int32_t n_keys = s_max + 1, n_all = (n_keys + TA_KT - 1) / TA_KT;
     /* this CTA's key tiles: all, or half of them (a split row tile) */
     const int32_t kt0 = half == 1 ? (n_all + 1) / 2 : 0, kt1 = half == 0 ? (n_all + 1) / 2 : n_all;
-    const float *kb = kv.k + (int64_t)kvh * HD, *vb = kv.v + (int64_t)kvh * HD;
-    if (kt1 > kt0) ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, kv.blocks, kv.shift, n_keys, kt0, 0);
+    const E *kb = (const E *)kv.k + (int64_t)kvh * HD, *vb = (const E *)kv.v + (int64_t)kvh * HD;
+    if (kt1 > kt0) ta_load_tile<HD, E>(sk, sv, kb, vb, kv_stride, kv.blocks, kv.shift, n_keys, kt0, 0);
     else asm volatile("cp.async.commit_group;" ::: "memory"); /* the Q rows' group, waited for below */
 
     const int rw = warp * 16; /* this warp's rows in the tile */
@@ -132,7 +147,7 @@ k_attn_tc(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_tok, int
     for (int kt = kt0; kt < kt1; kt++) {
         const int b = (kt - kt0) & 1;
         if (kt + 1 < kt1) {
-            ta_load_tile<HD>(sk, sv, kb, vb, kv_stride, kv.blocks, kv.shift, n_keys, kt + 1, b ^ 1);
+            ta_load_tile<HD, E>(sk, sv, kb, vb, kv_stride, kv.blocks, kv.shift, n_keys, kt + 1, b ^ 1);
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;" ::: "memory");
@@ -321,8 +336,10 @@ extern "C" int cu_attn_tc(cu_backend *c, const moet_attn_args *a) {
     const int64_t rows = (int64_t)a->n_tok * (a->n_heads / a->n_kv), tiles = (rows + TA_ROWS - 1) / TA_ROWS;
     if (tiles > 65535) return 1;
     if (g_ta_attr_dev != c->device) {
-        if (CU_CHECK(c, cudaFuncSetAttribute(k_attn_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ta_dims<64>::smem)) ||
-            CU_CHECK(c, cudaFuncSetAttribute(k_attn_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ta_dims<128>::smem)))
+        if (CU_CHECK(c, cudaFuncSetAttribute(k_attn_tc<64, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ta_dims<64>::smem)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_attn_tc<128, float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ta_dims<128>::smem)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_attn_tc<64, __half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ta_dims<64>::smem)) ||
+            CU_CHECK(c, cudaFuncSetAttribute(k_attn_tc<128, __half>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ta_dims<128>::smem)))
             return 0;
         g_ta_attr_dev = c->device;
     }
@@ -351,12 +368,15 @@ extern "C" int cu_attn_tc(cu_backend *c, const moet_attn_args *a) {
         part = (float *)((char *)c->attn_part + tb);
     }
     const dim3 grid((unsigned)a->n_kv, (unsigned)(tiles + n_split)), block(TA_W * 32);
-    if (hd == 64)
-        cu_launch_pdl(c, k_attn_tc<64>, grid, block, ta_dims<64>::smem, a->q, a->kv, a->pos,
-                      (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out, (int32_t)tiles, n_split, part, tickets);
-    else
-        cu_launch_pdl(c, k_attn_tc<128>, grid, block, ta_dims<128>::smem, a->q, a->kv, a->pos,
-                      (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out, (int32_t)tiles, n_split, part, tickets);
+    const int f16 = a->kv.type == MOET_KVE_F16;
+#define TA_GO(HD, E) cu_launch_pdl(c, k_attn_tc<HD, E>, grid, block, ta_dims<HD>::smem, a->q, a->kv, a->pos, \
+                                   (int32_t)a->n_tok, a->n_heads, a->n_kv, a->scale, a->out, (int32_t)tiles, n_split, \
+                                   part, tickets)
+    if (hd == 64 && f16) TA_GO(64, __half);
+    else if (hd == 64) TA_GO(64, float);
+    else if (f16) TA_GO(128, __half);
+    else TA_GO(128, float);
+#undef TA_GO
     CU_LAUNCHED(c, "k_attn_tc");
     return 0;
 }

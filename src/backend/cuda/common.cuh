@@ -197,6 +197,22 @@ __device__ __forceinline__ void cu_prenorm_smem(float *xs, int nt, int cols, con
     __syncthreads();
 }
 
+/* KV pool elements (kv_page.h): E = float (MOET_KVE_F32) or __half (MOET_KVE_F16). A value goes in rounded to
+ * nearest even (__float2half_rn: moet_f32_to_f16's bits) and comes out exactly; cu_kv_as<E>(x) is x as the pool
+ * stores it, for a kernel that keeps the row it wrote (the fused decode kernels read key p from shared memory, and
+ * must read what the composition reads from the cache). The hot loops are templated on E; the writes of the prep
+ * kernels take the type at run time (cu_kv_put). */
+__device__ __forceinline__ float cu_kv_ld(const float *p) { return *p; }
+__device__ __forceinline__ float cu_kv_ld(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ void cu_kv_st(float *p, float x) { *p = x; }
+__device__ __forceinline__ void cu_kv_st(__half *p, float x) { *p = __float2half_rn(x); }
+template <typename E> __device__ __forceinline__ float cu_kv_as(float x) { return x; }
+template <> __device__ __forceinline__ float cu_kv_as<__half>(float x) { return __half2float(__float2half_rn(x)); }
+__device__ __forceinline__ void cu_kv_put(void *pool, int32_t type, int64_t i, float x) {
+    if (type == MOET_KVE_F16) ((__half *)pool)[i] = __float2half_rn(x);
+    else ((float *)pool)[i] = x;
+}
+
 /* RoPE's cos and sin for pair i at position p, as transformers computes them (backend.h, moet_rope): angle =
  * f32(p) * inv_freq[i] in f32, cos and sin of it rounded to f32, times attn_factor in f32. Kernels take the
  * moet_rope by value as a __grid_constant__ argument, so the table is read from the parameter bank. */

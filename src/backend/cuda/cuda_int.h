@@ -192,7 +192,7 @@ void cu_add(moet_backend *be, float *y, const float *x, const float *bias, int64
 void cu_rms_norm(moet_backend *be, const float *x, const float *w, int64_t n, int64_t dim, float eps, float *y);
 void cu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_heads, int32_t head_dim, const moet_rope *rp,
              const int32_t *pos);
-void cu_kv_store(moet_backend *be, float *pool, const int32_t *blocks, int32_t shift, const float *src,
+void cu_kv_store(moet_backend *be, void *pool, int32_t type, const int32_t *blocks, int32_t shift, const float *src,
                  const int32_t *pos, int64_t n_tok, int64_t dim);
 void cu_attn_prep(moet_backend *be, float *q, float *k, const float *v, int64_t n_tok, int32_t n_heads, int32_t n_kv,
                   int32_t head_dim, const float *q_norm, const float *k_norm, float eps, const moet_rope *rp,

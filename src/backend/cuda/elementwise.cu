@@ -85,19 +85,19 @@ extern "C" void cu_rope(moet_backend *be, float *x, int64_t n_tok, int32_t n_hea
     CU_LAUNCHED(c, "k_rope");
 }
 
-__global__ void k_kv_store(float *pool, const int32_t *blocks, int32_t shift, const float *src, const int32_t *pos,
-                           int64_t n_tok, int64_t dim) {
+__global__ void k_kv_store(void *pool, int32_t type, const int32_t *blocks, int32_t shift, const float *src,
+                           const int32_t *pos, int64_t n_tok, int64_t dim) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_tok * dim; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / dim;
-        pool[moet_kv_row(blocks, shift, pos[t]) * dim + i % dim] = src[i];
+        cu_kv_put(pool, type, moet_kv_row(blocks, shift, pos[t]) * dim + i % dim, src[i]);
     }
 }
 
-extern "C" void cu_kv_store(moet_backend *be, float *pool, const int32_t *blocks, int32_t shift, const float *src,
-                            const int32_t *pos, int64_t n_tok, int64_t dim) {
+extern "C" void cu_kv_store(moet_backend *be, void *pool, int32_t type, const int32_t *blocks, int32_t shift,
+                            const float *src, const int32_t *pos, int64_t n_tok, int64_t dim) {
     cu_backend *c = cu_of(be);
     if (c->err[0] || n_tok <= 0) return;
-    k_kv_store<<<grid_for(n_tok * dim, 256), 256, 0, c->stream>>>(pool, blocks, shift, src, pos, n_tok, dim);
+    k_kv_store<<<grid_for(n_tok * dim, 256), 256, 0, c->stream>>>(pool, type, blocks, shift, src, pos, n_tok, dim);
     CU_LAUNCHED(c, "k_kv_store");
 }
 
@@ -140,7 +140,7 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
         const int hh = h0 + slot, live = slot < slots && hh < he;
         if (live && hh >= n_heads + n_kv) { /* v head: a copy */
             const int64_t off = (int64_t)(hh - n_heads - n_kv) * head_dim;
-            for (int j = i; j < head_dim; j += T) kv.v[prow * kvd + off + j] = v[t * kvd + off + j];
+            for (int j = i; j < head_dim; j += T) cu_kv_put(kv.v, kv.type, prow * kvd + off + j, v[t * kvd + off + j]);
         }
         const int qk = live && hh < n_heads + n_kv, is_q = hh < n_heads;
         float *row = !qk ? NULL : is_q ? q + ((int64_t)t * n_heads + hh) * head_dim
@@ -169,9 +169,9 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
             }
             __syncthreads();
             if (qk && !is_q && i < half) {
-                float *cr = kv.k + prow * kvd + (int64_t)(hh - n_heads) * head_dim;
-                cr[i] = row[i];
-                cr[i + half] = row[i + half];
+                const int64_t cr = prow * kvd + (int64_t)(hh - n_heads) * head_dim;
+                cu_kv_put(kv.k, kv.type, cr + i, row[i]);
+                cu_kv_put(kv.k, kv.type, cr + i + half, row[i + half]);
             }
             continue;
         }
@@ -184,9 +184,9 @@ k_attn_prep(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, i
         row[i] = ra;
         row[i + half] = rb;
         if (!is_q) {
-            float *cr = kv.k + prow * kvd + (int64_t)(hh - n_heads) * head_dim;
-            cr[i] = ra;
-            cr[i + half] = rb;
+            const int64_t cr = prow * kvd + (int64_t)(hh - n_heads) * head_dim;
+            cu_kv_put(kv.k, kv.type, cr + i, ra);
+            cu_kv_put(kv.k, kv.type, cr + i + half, rb);
         }
     }
 }
@@ -205,8 +205,8 @@ extern "C" void cu_attn_prep(moet_backend *be, float *q, float *k, const float *
         if (k_norm) cu_rms_norm(be, k, k_norm, n_tok * n_kv, head_dim, eps, k);
         cu_rope(be, q, n_tok, n_heads, head_dim, rp, pos);
         cu_rope(be, k, n_tok, n_kv, head_dim, rp, pos);
-        cu_kv_store(be, kv->k, kv->blocks, kv->shift, k, pos, n_tok, (int64_t)n_kv * head_dim);
-        cu_kv_store(be, kv->v, kv->blocks, kv->shift, v, pos, n_tok, (int64_t)n_kv * head_dim);
+        cu_kv_store(be, kv->k, kv->type, kv->blocks, kv->shift, k, pos, n_tok, (int64_t)n_kv * head_dim);
+        cu_kv_store(be, kv->v, kv->type, kv->blocks, kv->shift, v, pos, n_tok, (int64_t)n_kv * head_dim);
         return;
     }
     /* a token's passes over up to AP_SPLIT CTAs (see k_attn_prep) */

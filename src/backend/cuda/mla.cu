@@ -50,16 +50,18 @@ __global__ void k_mla_store(const float *__restrict__ ckv, const float *__restri
     extern __shared__ float sp[];
     const int64_t t = blockIdx.x;
     const int32_t p = pos[t], rd = rope + kvlr;
-    float *row = kv.k + moet_kv_row(kv.blocks, kv.shift, p) * rd;
+    const int64_t row = moet_kv_row(kv.blocks, kv.shift, p) * rd; /* (f32 or f16 elements: kv.type) */
     for (int i = threadIdx.x; i < rope; i += blockDim.x) sp[i] = kpe[t * rope + moet_mla_src(i, rope, interleave)];
     __syncthreads();
     mla_rotate(sp, rope, rp, p);
     __syncthreads();
-    for (int i = threadIdx.x; i < rope; i += blockDim.x) row[i] = sp[i];
-    for (int i = threadIdx.x; i < kvlr; i += blockDim.x) row[rope + i] = ckv[t * kvlr + i];
+    for (int i = threadIdx.x; i < rope; i += blockDim.x) cu_kv_put(kv.k, kv.type, row + i, sp[i]);
+    for (int i = threadIdx.x; i < kvlr; i += blockDim.x) cu_kv_put(kv.k, kv.type, row + rope + i, ckv[t * kvlr + i]);
 }
 
-/* Dynamic shared memory: qf [rd] | part [MLA_WARPS][kvlr] (q_lat's partials, then o_lat) | sm_o [MLA_WARPS][32 nd] */
+/* Dynamic shared memory: qf [rd] | part [MLA_WARPS][kvlr] (q_lat's partials, then o_lat) | sm_o [MLA_WARPS][32 nd].
+ * E: the pool's elements (float or __half). */
+template <typename E>
 __global__ void __launch_bounds__(MLA_WARPS * 32)
 k_mla_attn(const float *__restrict__ q, const uint8_t *__restrict__ wb, int32_t wtype, size_t row_bytes, float qscale,
            float qbeta, int32_t nh, int32_t nope, int32_t rope, int32_t vd, int32_t kvlr, int32_t interleave,
@@ -112,11 +114,11 @@ k_mla_attn(const float *__restrict__ q, const uint8_t *__restrict__ wb, int32_t 
 #pragma unroll
         for (int g = 0; g < MLA_G; g++) {
             const int32_t j = j0 + g < n_keys ? j0 + g : j0;
-            const float *kp = kv.k + moet_kv_row(kv.blocks, kv.shift, j) * rd;
+            const E *kp = (const E *)kv.k + moet_kv_row(kv.blocks, kv.shift, j) * rd;
 #pragma unroll
             for (int d = 0; d < MLA_MAX_D; d++) {
                 const int i = lane + 32 * d;
-                kr[g][d] = d < nd && i < rd ? kp[i] : 0.f;
+                kr[g][d] = d < nd && i < rd ? cu_kv_ld(kp + i) : 0.f;
             }
         }
         cu_osm_step<MLA_G, MLA_MAX_D>(qv, kr, kr, j0, n_keys, scale, m, l, o); /* each row its own value */
@@ -185,8 +187,13 @@ extern "C" void cu_mla_attn(moet_backend *be, const float *q, const float *ckv, 
                 __LINE__);
         return;
     }
-    k_mla_attn<<<dim3((unsigned)nh, (unsigned)n), MLA_WARPS * 32, smem, c->stream>>>(
-        q, d, kv_b->type, kv_b->row_bytes, kv_b->qscale, kv_b->qbeta, nh, nope, rope, vd, kvlr, interleave, *rp, pos,
-        *kv, scale, out);
+    if (kv->type == MOET_KVE_F16)
+        k_mla_attn<__half><<<dim3((unsigned)nh, (unsigned)n), MLA_WARPS * 32, smem, c->stream>>>(
+            q, d, kv_b->type, kv_b->row_bytes, kv_b->qscale, kv_b->qbeta, nh, nope, rope, vd, kvlr, interleave, *rp, pos,
+            *kv, scale, out);
+    else
+        k_mla_attn<float><<<dim3((unsigned)nh, (unsigned)n), MLA_WARPS * 32, smem, c->stream>>>(
+            q, d, kv_b->type, kv_b->row_bytes, kv_b->qscale, kv_b->qbeta, nh, nope, rope, vd, kvlr, interleave, *rp, pos,
+            *kv, scale, out);
     CU_LAUNCHED(c, "k_mla_attn");
 }

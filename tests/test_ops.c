@@ -2240,7 +2240,13 @@ int perf_main(moet_backend *be) {
         static const struct { const char *name; int nh, nkv; } as[] = {{"30b 32/4x128", 32, 4}, {"235b 64/4x128", 64, 4}};
         static const int32_t ctxs[] = {128, 1024, 4096, 16384, 32768};
         const int hd = 128;
-        printf("%-28s %8s %10s %10s %9s %9s\n", "decode attention (fused)", "pos", "us/op", "MB/op", "GB/s", "of copy");
+        /* MOET_PERF_KV=f16: the pools in f16 (half the bytes a key) */
+        const char *pkv = getenv("MOET_PERF_KV");
+        const int kv16 = pkv && !strcmp(pkv, "f16");
+        const int32_t kvty = kv16 ? MOET_TYPE_F16 : MOET_TYPE_F32;
+        const size_t kves = kv16 ? 2 : 4;
+        printf("%-28s %8s %10s %10s %9s %9s\n", kv16 ? "decode attention (fused) f16" : "decode attention (fused)", "pos",
+               "us/op", "MB/op", "GB/s", "of copy");
         for (size_t si = 0; si < sizeof as / sizeof as[0]; si++) {
             const int nh = as[si].nh, nkv = as[si].nkv;
             const int64_t Dq = (int64_t)nh * hd, Dk = (int64_t)nkv * hd;
@@ -2252,7 +2258,7 @@ int perf_main(moet_backend *be) {
             const moet_rope rp = test_rope(hd, 1e6, 0, 1);
             for (size_t ci = 0; ci < sizeof ctxs / sizeof ctxs[0]; ci++) {
                 const int32_t P = ctxs[ci], ctx = P + 1;
-                const double bytes = (double)ctx * (double)Dk * 8.0;
+                const double bytes = (double)ctx * (double)Dk * 2.0 * (double)kves;
                 int nset = (int)(200e6 / bytes) + 1;
                 if (nset > 16) nset = 16;
                 const int64_t nb = (ctx + 31) / 32, rows = nb * 32;
@@ -2262,11 +2268,11 @@ int perf_main(moet_backend *be) {
                 float *kc[16], *vc[16];
                 int ok = 1;
                 for (int s = 0; s < nset; s++) {
-                    kc[s] = op->alloc(be, sizeof(float) * (size_t)(rows * Dk));
-                    vc[s] = op->alloc(be, sizeof(float) * (size_t)(rows * Dk));
+                    kc[s] = op->alloc(be, kves * (size_t)(rows * Dk));
+                    vc[s] = op->alloc(be, kves * (size_t)(rows * Dk));
                     ok = ok && kc[s] && vc[s];
-                    if (kc[s]) op->fill_random(be, kc[s], MOET_TYPE_F32, rows, Dk, 1.0f, 40 + (uint64_t)s);
-                    if (vc[s]) op->fill_random(be, vc[s], MOET_TYPE_F32, rows, Dk, 1.0f, 60 + (uint64_t)s);
+                    if (kc[s]) op->fill_random(be, kc[s], kvty, rows, Dk, 1.0f, 40 + (uint64_t)s);
+                    if (vc[s]) op->fill_random(be, vc[s], kvty, rows, Dk, 1.0f, 60 + (uint64_t)s);
                 }
                 void *scr = op->alloc(be, op->attn_scratch_bytes(be, ctx));
                 REQUIRE(ok && scr, "perf decode attention caches");
@@ -2276,7 +2282,7 @@ int perf_main(moet_backend *be) {
                 for (int it = 0; it < 6; it++) {
                     const double t0 = now_s();
                     for (int r = 0; r < AREPS; r++) {
-                        const moet_kv_ref kr = {kc[r % nset], vc[r % nset], blk_d, 5, 0};
+                        const moet_kv_ref kr = {kc[r % nset], vc[r % nset], blk_d, 5, kv16 ? MOET_KVE_F16 : MOET_KVE_F32};
                         moet_attn_args aa = {.q = q, .kv = kr, .pos = pd, .n_tok = 1, .n_heads = nh, .n_kv = nkv,
                                              .head_dim = hd, .n_ctx = ctx, .scale = 1.0f / sqrtf((float)hd), .out = o,
                                              .scratch = scr};

@@ -24,8 +24,9 @@ declare -A RUNS=(
   [w2+nvfp4.on]="--experts w2+nvfp4 --calib CAL --delta on"
   [w2+nvfp4.gate]="--experts w2+nvfp4 --calib CAL --delta gate --tau 0.6"
   [w2+w2.on]="--experts w2+w2 --calib CAL --delta on"
+  [kv-f16]="--kv-type f16"           [w2.kv-f16]="--experts w2 --calib CAL --kv-type f16"
 )
-sel=("$@"); [ ${#sel[@]} -gt 0 ] || sel=(bf16 q8_0 mxfp4 nvfp4 int2 asym2 sym2 w2-nocalib w2 w2-nogptq w2+nvfp4.on w2+nvfp4.gate w2+w2.on)
+sel=("$@"); [ ${#sel[@]} -gt 0 ] || sel=(bf16 q8_0 mxfp4 nvfp4 int2 asym2 sym2 w2-nocalib w2 w2-nogptq w2+nvfp4.on w2+nvfp4.gate w2+w2.on kv-f16 w2.kv-f16)
 commit=$(git describe --always --dirty --abbrev=12)
 machine="$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
 "$MOET" perplexity -m "$MODEL" -f "$DATA" --ctx "$CTX" --chunks "$CHUNKS" --save-logits "$work/base.kld" >/dev/null

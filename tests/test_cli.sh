@@ -85,6 +85,12 @@ grep -qF '"env": {' "$tmp/b.json" && grep -qF '"MOET_BENCH_TAG": "a\"b\\c"' "$tm
 out=$("$MOET" bench --synthetic mini -p 4 -n 2 -d 24 --reps 1 -t 1 --json "$tmp/bd.json" 2>/dev/null)
 grep -q "| pp4 @ d24 |" <<<"$out" && grep -q "| tg2 @ d24 |" <<<"$out" && grep -qF '"depth": 24,' "$tmp/bd.json" \
   && ok "bench -d: depth in the table and JSON" || bad "bench -d: $out $(cat "$tmp/bd.json")"
+grep -qF '"kv_type": "f32",' "$tmp/bd.json" && ok "bench JSON: kv_type f32 by default" || bad "bench kv_type: $(cat "$tmp/bd.json")"
+# --kv-type f16: the cache in f16, said in the table's test column and the JSON
+out=$("$MOET" bench --synthetic mini -p 4 -n 2 -d 8 --kv-type f16 --reps 1 -t 1 --json "$tmp/bk.json" 2>/dev/null)
+grep -q "| tg2 @ d8 kv f16 |" <<<"$out" && grep -qF '"kv_type": "f16",' "$tmp/bk.json" \
+  && ok "bench --kv-type f16: in the table and JSON" || bad "bench --kv-type f16: $out $(cat "$tmp/bk.json")"
+"$MOET" bench --synthetic mini --kv-type q4 >/dev/null 2>&1 && bad "--kv-type q4 accepted" || ok "--kv-type q4 refused"
 "$MOET" bench --synthetic mini -d -1 >/dev/null 2>&1 && bad "bench -d -1 accepted" || ok "bench -d -1 refused"
 # Delta gate: tau = 0 is the base alone and tau = 1 is base + delta everywhere, bit for bit (saved logits equal).
 if [ -f "$SHARED/data/dev.txt" ]; then

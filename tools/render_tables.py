@@ -51,12 +51,13 @@ def model_sizes(name):
 
 
 ORDER = ["bf16", "q8_0", "nvfp4", "mxfp4", "w2+w2.on", "asym2", "sym2", "int2", "w2-nocalib", "w2-nogptq", "w2",
-         "w2+nvfp4.off", "w2+nvfp4.on", "w2+nvfp4.gate"]
+         "w2+nvfp4.off", "w2+nvfp4.on", "w2+nvfp4.gate", "kv-f16", "w2.kv-f16"]
 LABEL = {"bf16": "BF16 (round trip)", "q8_0": "Q8_0", "nvfp4": "NVFP4 (RTN)", "mxfp4": "MXFP4 (RTN)",
          "int2": "int2 naive {−2,−1,0,+1}", "asym2": "asym2 affine min-max", "sym2": "sym2 uniform {±½,±1½}",
          "w2-nocalib": "W2, no calibration", "w2-nogptq": "W2, calibrated, no error feedback", "w2": "**W2** (calibrated)",
          "w2+nvfp4.on": "W2 + NVFP4 delta, `on`", "w2+nvfp4.gate": "W2 + NVFP4 delta, `gate` τ=0.6",
-         "w2+w2.on": "W2 + W2 delta, `on` (2-bit delta)"}
+         "w2+w2.on": "W2 + W2 delta, `on` (2-bit delta)",
+         "kv-f16": "BF16, KV cache in f16 (`--kv-type f16`)", "w2.kv-f16": "W2 (calibrated), KV cache in f16"}
 
 
 def quality():
@@ -93,8 +94,10 @@ def quality():
                 bpw_s = f"{bpw:g}"
             size = "" if not sizes else f"{(sizes[0] * bpw / 8 + sizes[1] * 2) / 2**20:.1f} MiB"
             corr = f"{100 * res['gate_corrected']:.1f}%" if res.get("delta") == "gate" else ""
-            out.append(f"| {LABEL.get(r, r)} | {bpw_s} | {size} | {res['ppl']:.3f} | {res['kld_mean']:.4f} | "
-                       f"{res['kld_p99']:.3f} | {res['top1_agree']:.3f} | {corr} |")
+            def kf(x, nd):  # the KV-cache rows' divergences are ~1e-5: two significant digits, not 0.0000
+                return f"{x:.1e}" if r.startswith("kv") or ".kv" in r else f"{x:.{nd}f}"
+            out.append(f"| {LABEL.get(r, r)} | {bpw_s} | {size} | {res['ppl']:.3f} | {kf(res['kld_mean'], 4)} | "
+                       f"{kf(res['kld_p99'], 3)} | {res['top1_agree']:.3f} | {corr} |")
         out.append("")
     return "\n".join(out).rstrip()
 

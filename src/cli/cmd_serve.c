@@ -169,9 +169,10 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     atomic_store(&srv.state, SERVER_READY);
-    fprintf(stderr, "moet serve: ready: model '%s' (%s), %ld sequences of %d tokens, KV pool %ld tokens in blocks of %ld, "
-                    "chat template %s, API key %s, delta %s\n", model_name, info.backend, max_seqs, n_ctx,
-            kv_tokens ? kv_tokens : max_seqs * n_ctx, kv_block, tmpl ? "yes" : "none",
+    fprintf(stderr, "moet serve: ready: model '%s' (%s), %ld sequences of %d tokens, KV pool %ld tokens (%s) in blocks "
+                    "of %ld, chat template %s, API key %s, delta %s\n", model_name, info.backend, max_seqs, n_ctx,
+            kv_tokens ? kv_tokens : max_seqs * n_ctx, cli_kv_type_name(c.kv_type ? c.kv_type : MOET_KV_F32), kv_block,
+            tmpl ? "yes" : "none",
             api_key ? "required" : "off", dmode == 2 ? "gate" : delta_mode);
 
     int sig = 0;

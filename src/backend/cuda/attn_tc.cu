@@ -9,7 +9,8 @@
  *
  * Exactness: every fp32 operand x is split as big = tf32(x) (round to nearest), small = tf32(x - big), and a
  * product is small·big + big·small + big·big (the small·small term, ~2^-22 relative, dropped), accumulated in
- * fp32: within a few fp32 ulps of the CUDA-core kernel, not a BF16/TF32 approximation. TF32 keeps fp32's exponent,
+ * fp32 (an f16 cache's K and V are exact in TF32, 11 significant bits each: their small parts are zero, and the
+ * products with them are skipped, two of three mma a term left): within a few fp32 ulps of the CUDA-core kernel, not a BF16/TF32 approximation. TF32 keeps fp32's exponent,
  * so no scaling is needed for range (an f16 split would need one per row, and V has none that works for P V).
  *
  * Fragment bookkeeping: the S accumulator holds keys 2t, 2t+1 of each 8-key n-tile in lane (g, t); P V needs A
@@ -182,8 +183,9 @@ k_attn_tc(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_tok, int
             for (int n = 0; n < 4; n++) tk[n][0] = tk[n][1] = tk[n][2] = tk[n][3] = 0.f;
 #pragma unroll
             for (int n = 0; n < 4; n++) ta_mma(tk[n], as, bb[n][0], bb[n][1]);
+            if constexpr (sizeof(E) != 2) /* an f16 key is exact in TF32: its small part is zero, the product too */
 #pragma unroll
-            for (int n = 0; n < 4; n++) ta_mma(tk[n], ab, bs[n][0], bs[n][1]);
+                for (int n = 0; n < 4; n++) ta_mma(tk[n], ab, bs[n][0], bs[n][1]);
 #pragma unroll
             for (int n = 0; n < 4; n++) ta_mma(tk[n], ab, bb[n][0], bb[n][1]);
 #pragma unroll
@@ -253,8 +255,9 @@ k_attn_tc(const float *q, moet_kv_ref kv, const int32_t *pos, int32_t n_tok, int
                 for (int i = 0; i < 4; i++) tv[i][0] = tv[i][1] = tv[i][2] = tv[i][3] = 0.f;
 #pragma unroll
                 for (int i = 0; i < 4; i++) ta_mma(tv[i], as, bb[i][0], bb[i][1]);
+                if constexpr (sizeof(E) != 2) /* (f16 values: exact in TF32, as for K) */
 #pragma unroll
-                for (int i = 0; i < 4; i++) ta_mma(tv[i], ab, bs[i][0], bs[i][1]);
+                    for (int i = 0; i < 4; i++) ta_mma(tv[i], ab, bs[i][0], bs[i][1]);
 #pragma unroll
                 for (int i = 0; i < 4; i++) ta_mma(tv[i], ab, bb[i][0], bb[i][1]);
 #pragma unroll

@@ -164,11 +164,15 @@ static void *test_kv_pool(const test_kv *k, const float *rows, int64_t ctx, int6
     poison(h, n);
     for (int64_t p = 0; rows && p < ctx; p++)
         memcpy(h + moet_kv_row(k->tab, k->shift, p) * dim, rows + p * dim, sizeof(float) * (size_t)dim);
-    if (g_kvt == MOET_KVE_F16) { /* in place: element i's f16 bits over the first 2 n bytes */
-        uint16_t *hh = (uint16_t *)h;
+    void *d;
+    if (g_kvt == MOET_KVE_F16) {
+        uint16_t *hh = malloc(sizeof(uint16_t) * n);
         for (size_t i = 0; i < n; i++) hh[i] = moet_f32_to_f16(h[i]);
+        d = dev(hh, sizeof(uint16_t) * n);
+        free(hh);
+    } else {
+        d = dev(h, sizeof(float) * n);
     }
-    void *d = dev(h, (size_t)moet_kve_size(g_kvt) * n);
     free(h);
     return d;
 }

@@ -1299,7 +1299,9 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof cache0 / sizeof cache0[0]; i++) cache0[i] = gauss();
         const moet_rope rp = test_rope(RP, 1e4, 4.0, 1.1);
         const int32_t pos[NT] = {P0, P0 + 1, P0 + 2};
-        for (int il = 0; il < 2; il++) {
+        for (int ii = 0; ii < 4; ii++) { /* rotate-half, interleaved; with f32 pools, then f16 */
+            const int il = ii & 1;
+            g_kvt = ii < 2 ? MOET_KVE_F32 : MOET_KVE_F16;
             /* the reference: every key row j < P0 from cache0 ([k_pe', c], as given), rows P0.. from the tokens */
             static double kr[CTX][RP + KL];
             for (int j = 0; j < P0 + NT; j++) {
@@ -1315,7 +1317,30 @@ int main(int argc, char **argv) {
                 }
                 for (int d = 0; d < KL; d++) kr[j][RP + d] = ckv[t * KL + d];
             }
-            for (int t = 0; t < NT; t++)
+            test_kv kl = test_kv_make(CTX, 2);
+            float *kd = test_kv_pool(&kl, cache0, CTX, RD);
+            const moet_kv_ref kr_ = test_kv_ref(&kl, kd, NULL);
+            float *qd = dev(q, sizeof q), *cd = dev(ckv, sizeof ckv), *pd_ = dev(kpe, sizeof kpe), *od = dev_poisoned(NT * NH * VD);
+            int32_t *posd = dev(pos, sizeof pos);
+            const moet_weight w = {.data = wb, .type = MOET_TYPE_F32, .rows = NH * (NOPE + VD), .cols = KL,
+                                   .row_bytes = KL * 4, .qscale = 1};
+            op->mla_attn(be, qd, cd, pd_, &w, NT, NH, NOPE, RP, VD, KL, il, &rp, posd, &kr_, 0.25f, od);
+            if (g_kvt == MOET_KVE_F16) { /* the rows as stored: within f16's rounding of the float64 rows, each an
+                                         * f16 value; the reference then over the rows the op read */
+                static float back[CTX * (RP + KL)];
+                static double want[(P0 + NT) * (RP + KL)];
+                test_kv_pull(back, kd, &kl, CTX, RD);
+                for (int j = 0; j < P0 + NT; j++)
+                    for (int d = 0; d < RD; d++) want[j * RD + d] = j < P0 ? moet_f16_round(cache0[j * RD + d]) : kr[j][d];
+                report("mla_attn", il ? "f16 rows interleaved" : "f16 rows rotate-half", nmse(back, want, (size_t)((P0 + NT) * RD)),
+                       3e-7);
+                int odd = 0;
+                for (int i = 0; i < (P0 + NT) * RD; i++) odd += moet_f16_round(back[i]) != back[i];
+                CHECK(!odd, "mla_attn f16: %d cache elements are not f16 values", odd);
+                for (int j = 0; j < P0 + NT; j++)
+                    for (int d = 0; d < RD; d++) kr[j][d] = back[j * RD + d];
+            }
+            for (int t = 0; t < NT; t++) /* the reference output over the key rows kr */
                 for (int h = 0; h < NH; h++) {
                     const float *qh = q + (t * NH + h) * (NOPE + RP);
                     const float *Wh = wb + (size_t)h * (NOPE + VD) * KL;
@@ -1350,20 +1375,15 @@ int main(int argc, char **argv) {
                         rr[(t * NH + h) * VD + r] = acc;
                     }
                 }
-            test_kv kl = test_kv_make(CTX, 2);
-            float *kd = test_kv_pool(&kl, cache0, CTX, RD);
-            const moet_kv_ref kr_ = test_kv_ref(&kl, kd, NULL);
-            float *qd = dev(q, sizeof q), *cd = dev(ckv, sizeof ckv), *pd_ = dev(kpe, sizeof kpe), *od = dev_poisoned(NT * NH * VD);
-            int32_t *posd = dev(pos, sizeof pos);
-            const moet_weight w = {.data = wb, .type = MOET_TYPE_F32, .rows = NH * (NOPE + VD), .cols = KL,
-                                   .row_bytes = KL * 4, .qscale = 1};
-            op->mla_attn(be, qd, cd, pd_, &w, NT, NH, NOPE, RP, VD, KL, il, &rp, posd, &kr_, 0.25f, od);
             pull(o, od, NT * NH * VD);
-            report("mla_attn", il ? "interleaved yarn" : "rotate-half yarn", nmse(o, rr, NT * NH * VD), 1e-10);
+            report("mla_attn", g_kvt == MOET_KVE_F16 ? (il ? "interleaved yarn f16" : "rotate-half yarn f16")
+                                                     : (il ? "interleaved yarn" : "rotate-half yarn"),
+                   nmse(o, rr, NT * NH * VD), 1e-10);
             drop(qd); drop(cd); drop(pd_); drop(od); drop(posd); drop(kd);
             op->forget(be, wb);
             test_kv_drop(&kl);
         }
+        g_kvt = MOET_KVE_F32;
     }
     /* mla_prep and heads_narrow (MLA's layout ops): exact copies, against the layout written out here */
     if (op->mla_prep && op->heads_narrow) {

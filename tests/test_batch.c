@@ -6,7 +6,8 @@
  * pool, the single ones have their own. Half the single sessions and the
  * batch keep sampling candidates (n_candidates; a batch always does where the backend has topk): each row's must be
  * the k largest of the row fetched afterwards (moet_session_logits / moet_batch_logits copy it on demand), and that
- * row must still equal the other path's.
+ * row must still equal the other path's. Three passes: f32 caches, f16 caches, and f16 with one session's f32 (rows
+ * of two cache types: attn_rows takes one type, so that batch goes row by row).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -37,12 +38,13 @@ static int cands_ok(const float *l, int32_t V, const int32_t *ids, const float *
     return 1;
 }
 
-int main(int argc, char **argv) {
-    int32_t V;
-    moet_model *m = test_model_open(argc, argv, &V);
+/* One run of the comparison: pass 0 every cache f32, 1 every cache f16, 2 f16 but one session f32 (a batch whose rows
+ * mix cache types goes row by row). */
+static void run_pass(moet_model *m, int32_t V, int pass) {
     char err[512];
     moet_session_options so = moet_session_default_options();
     so.n_ctx = 256;
+    so.kv_type = pass ? MOET_KV_F16 : MOET_KV_F32;
     moet_session *a[NS], *b[NS];
     int32_t next_a[NS], next_b[NS];
     moet_session_options sc = so, sb = so;
@@ -52,10 +54,14 @@ int main(int argc, char **argv) {
     moet_kv_options ko = moet_kv_default_options();
     ko.n_tokens = NS * 64;
     ko.block_tokens = 4;
+    ko.type = so.kv_type;
     REQUIRE(moet_kv_create(m, &ko, &sb.kv, err, sizeof err) == 0, "%s", err);
     for (int i = 0; i < NS; i++) {
-        REQUIRE(moet_session_create(m, i & 1 ? &sc : &so, &a[i], err, sizeof err) == 0, "%s", err);
-        REQUIRE(moet_session_create(m, &sb, &b[i], err, sizeof err) == 0, "%s", err);
+        /* pass 2: the last session in f32, alone and in the batch (a pool of its own): rows of two cache types */
+        moet_session_options o1 = i & 1 ? sc : so, o2 = sb;
+        if (pass == 2 && i == NS - 1) { o1.kv_type = o2.kv_type = MOET_KV_F32; o2.kv = NULL; }
+        REQUIRE(moet_session_create(m, &o1, &a[i], err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_create(m, &o2, &b[i], err, sizeof err) == 0, "%s", err);
         int32_t prompt[64];
         const int n = 3 + 7 * i;  /* different lengths: the rows sit at different positions */
         for (int k = 0; k < n; k++) prompt[k] = (int32_t)((k * 131 + i * 977 + 17) % (V - 1));
@@ -108,8 +114,9 @@ int main(int argc, char **argv) {
             next_b[i] = bb;
         }
     }
-    fprintf(stderr, "batched decode of up to %d sessions vs alone, %d steps: max relative logit difference %.3g (%s), "
-            "greedy ids %s\n", NS, STEPS, worst, identical ? "bit-identical" : "close", same_ids ? "equal" : "DIFFER");
+    fprintf(stderr, "%s: batched decode of up to %d sessions vs alone, %d steps: max relative logit difference %.3g (%s), "
+            "greedy ids %s\n", pass == 0 ? "f32 caches" : pass == 1 ? "f16 caches" : "f16 caches and one f32", NS, STEPS,
+            worst, identical ? "bit-identical" : "close", same_ids ? "equal" : "DIFFER");
     fprintf(stderr, "sampling candidates: %d rows checked, %d wrong\n", cand_rows, cand_bad);
     CHECK(cand_rows > 0 && cand_bad == 0, "candidates: %d of %d rows are not the rows' top %d", cand_bad, cand_rows, NC);
     CHECK(worst <= 1e-5, "batched logits differ from single-session decode by %.3g", worst);
@@ -123,6 +130,12 @@ int main(int argc, char **argv) {
     moet_batch_free(bt);
     for (int i = 0; i < NS; i++) { moet_session_free(a[i]); moet_session_free(b[i]); }
     moet_kv_free(sb.kv);
+}
+
+int main(int argc, char **argv) {
+    int32_t V;
+    moet_model *m = test_model_open(argc, argv, &V);
+    for (int pass = 0; pass < 3; pass++) run_pass(m, V, pass);
     moet_model_free(m);
     TEST_END();
 }

@@ -5,7 +5,9 @@
 # attention op alone at 128..32768 keys (test_ops --perf, MOET_PERF_ONLY=attn) for attention.cu's kernel and
 # attn_split.cu's, f32 and f16 pools, then `moet bench -p 0 -n 32 -d D` of the 30b shape the same four ways
 # (D = 0 4096 16384, or DEPTHS). Everything lands in $OUT/res.tar.xz (a call returns only a few files).
-# Pack first: BINS="moet test_ops test_logits" bash tools/gpu_carry.sh BUILD (models/moe-mini-a's weights aside).
+# Pack first, either BINS="moet test_ops test_logits" bash tools/gpu_carry.sh BUILD (models/moe-mini-a's weights
+# aside: the small fixtures run) or SHARED=1 BINS="moet test_ops test_logits test_batch test_kv test_cuda" with
+# tests/models/*/model.safetensors aside (moe-mini-a and the session tests run): the call takes ~66.6 MB.
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 tar -C .carry -xJf .carry/bin.tar.xz
@@ -24,6 +26,19 @@ if [ -x .carry/bin/test_logits ]; then
     MOET_MLA_LATENT=1 timeout 60 .carry/bin/test_logits tests/models/$m tests/models/$m/reference_fp32.safetensors $p 0 \
       > $R/logits-$m.txt 2>&1
     echo "logits $m: rc $? $(grep -c FAIL $R/logits-$m.txt) FAIL; $(grep 'f16 KV' $R/logits-$m.txt | head -1 | cut -c1-150)"
+  done
+  if [ -f models/moe-mini-a/model.safetensors ] && [ -f .carry/shared/reference_fp32.safetensors ]; then
+    timeout 120 .carry/bin/test_logits models/moe-mini-a .carry/shared/reference_fp32.safetensors 16 1 > $R/logits-a.txt 2>&1
+    echo "logits moe-mini-a: rc $? $(grep -c FAIL $R/logits-a.txt) FAIL; $(grep 'f16 KV' $R/logits-a.txt | head -1 | cut -c1-150)"
+  fi
+fi
+# the session paths on f16 caches (moe-mini-a in the tree): batched decode (attn_rows) vs single sessions, the
+# prefix cache's copy on write, CUDA vs the CPU reference end to end
+if [ -f models/moe-mini-a/model.safetensors ]; then
+  for t in test_batch test_kv test_cuda; do
+    [ -x .carry/bin/$t ] || continue
+    timeout 120 .carry/bin/$t models/moe-mini-a > $R/$t.txt 2>&1
+    echo "$t: rc $? $(grep -c FAIL $R/$t.txt) FAIL; $(grep -E 'caches|prefix cache:' $R/$t.txt | cut -c1-120 | tr '\n' ' ')"
   done
 fi
 pk

@@ -119,7 +119,11 @@ static void run_pass(moet_model *m, int32_t V, int pass) {
             worst, identical ? "bit-identical" : "close", same_ids ? "equal" : "DIFFER");
     fprintf(stderr, "sampling candidates: %d rows checked, %d wrong\n", cand_rows, cand_bad);
     CHECK(cand_rows > 0 && cand_bad == 0, "candidates: %d of %d rows are not the rows' top %d", cand_bad, cand_rows, NC);
-    CHECK(worst <= 1e-5, "batched logits differ from single-session decode by %.3g", worst);
+    /* f16 caches: the batch's k and v rows come from other kernels than a single session's (to float rounding: 6.7e-7
+     * of the logits with f32 on an H100), and such a difference can cross an f16 rounding boundary: one element one
+     * f16 ulp (4.9e-4) apart, 2.3e-5 of the logits there (stop 42). 1e-4: a fifth of f16's unit roundoff. */
+    const double tol = pass ? 1e-4 : 1e-5;
+    CHECK(worst <= tol, "batched logits differ from single-session decode by %.3g (tolerance %.1g)", worst, tol);
     CHECK(same_ids, "greedy continuations differ");
     /* misuse is an error, not a crash */
     moet_session *dup[2] = {b[0], b[0]};

@@ -153,7 +153,13 @@ int main(int argc, char **argv) {
                     kld, agree, T, e16m, ei16);
             CHECK(kld <= 5e-3 && agree * 10 >= 9 * T, "window %d: f16 KV logits: KLD %.3g, top-1 %d of %d", w, kld, agree, T);
             CHECK(e16m > 0, "window %d: f16 KV logits equal the f32 cache's: the cache is not f16", w);
-            CHECK(ei16 <= 2e-6, "window %d: f16 KV incremental vs prefill relative difference %.3g", w, ei16);
+            /* Where prefill and decode compute k and v by different kernels (a GPU: GEMMs vs GEMVs, 6e-7 apart with
+             * f32 on an H100), a difference that small can still cross an f16 rounding boundary: that element then
+             * differs by one f16 ulp (4.9e-4 of it), and the logits by ~3.6e-5 (moe-mini-a, an H100, stop 42).
+             * Bounded by half of what rounding every element to f16 moves them (e16m); on the CPU the paths agree
+             * bit for bit and f32's bound holds. */
+            CHECK(ei16 <= 2e-6 || ei16 <= 0.5 * e16m, "window %d: f16 KV incremental vs prefill relative difference %.3g "
+                  "(f16 vs f32 cache %.3g)", w, ei16, e16m);
             free(l16);
         }
         /* greedy continuation of the prompt */

@@ -386,13 +386,19 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
 
 /* ---- host ----------------------------------------------------------------------------------------------------- */
 
-/* MOET_ATTN_SPLITK=1: decode-sized attention (<= AS_TOK tokens a launch where attn_tc declines, and every
- * attn_fused / attn_rows) by key splits; unset or 0 (the default until measured): attention.cu's kernels. Read at
- * every launch (test_ops switches it; a getenv a layer is nothing beside the step). */
+/* Decode-sized attention (<= AS_TOK tokens a launch where attn_tc declines, and every attn_fused / attn_rows) by
+ * key splits: MOET_ATTN_SPLITK=1 always, 0 never, unset for sessions sized for AS_AUTO_CTX keys or more (n_ctx).
+ * Why by n_ctx: a recorded step serves every position, so the kernel cannot follow the position, and on an H100
+ * (stop 42, 30b) the split kernel lost at short spans (tg32 at depth 0: 0.72x; the op at 128 keys 3.2x slower:
+ * S = 1 leaves n_kv CTAs with a few warps) and won from ~1k keys (the op 1.14x at 1024, 2.9x at 4096, 7.6x at
+ * 32768; tg32 2.0x at depth 4096, 4.1x at 16384). A session sized for 8k keys or more spends most of its steps past
+ * the crossing; a short one keeps attention.cu's kernels. Read at every launch (test_ops switches it). */
 #define AS_TOK 64
-static int as_enabled(void) {
+#define AS_AUTO_CTX 8192
+static int as_enabled(int32_t n_ctx) {
     const char *e = getenv("MOET_ATTN_SPLITK");
-    return e && e[0] == '1';
+    if (e && e[0]) return e[0] == '1';
+    return n_ctx >= AS_AUTO_CTX;
 }
 
 static int32_t as_kmin(void) {
@@ -454,7 +460,7 @@ static int as_scratch(cu_backend *c, int64_t rows, int32_t n_kv, int32_t splits,
 extern "C" int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
                              float eps, const moet_rope *rp, const moet_kv_ref *rows, const moet_attn_args *a, int prep,
                              const float *sinks) {
-    if (!as_enabled() || a->n_kv <= 0 || a->n_heads % a->n_kv || a->n_tok < 1 || a->n_tok > AS_MAX_ROWS) return 0;
+    if (!as_enabled(a->n_ctx) || a->n_kv <= 0 || a->n_heads % a->n_kv || a->n_tok < 1 || a->n_tok > AS_MAX_ROWS) return 0;
     if (!prep && a->n_tok > AS_TOK) return 0;
     const int hd = a->head_dim, G = a->n_heads / a->n_kv;
     if (prep && (rp->dim < 2 || rp->dim > hd || rp->dim % 2)) return 0;

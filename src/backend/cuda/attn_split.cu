@@ -392,13 +392,17 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
  * (stop 42, 30b) the split kernel lost at short spans (tg32 at depth 0: 0.72x; the op at 128 keys 3.2x slower:
  * S = 1 leaves n_kv CTAs with a few warps) and won from ~1k keys (the op 1.14x at 1024, 2.9x at 4096, 7.6x at
  * 32768; tg32 2.0x at depth 4096, 4.1x at 16384). A session sized for 8k keys or more spends most of its steps past
- * the crossing; a short one keeps attention.cu's kernels. Read at every launch (test_ops switches it). */
+ * the crossing; a short one keeps attention.cu's kernels. On an f16 cache attention.cu's kernels ran 1.9x slower
+ * than on f32 (the op at 1024..32768 keys; not understood yet: the same loads, 2 bytes each) and the crossing came
+ * at ~400 keys (1.9x at 1024), so there sessions of 2048 keys or more take the split kernel. Read at every launch
+ * (test_ops switches it). */
 #define AS_TOK 64
 #define AS_AUTO_CTX 8192
-static int as_enabled(int32_t n_ctx) {
+#define AS_AUTO_CTX_F16 2048
+static int as_enabled(int32_t n_ctx, int32_t kv_type) {
     const char *e = getenv("MOET_ATTN_SPLITK");
     if (e && e[0]) return e[0] == '1';
-    return n_ctx >= AS_AUTO_CTX;
+    return n_ctx >= (kv_type == MOET_KVE_F16 ? AS_AUTO_CTX_F16 : AS_AUTO_CTX);
 }
 
 static int32_t as_kmin(void) {
@@ -460,7 +464,7 @@ static int as_scratch(cu_backend *c, int64_t rows, int32_t n_kv, int32_t splits,
 extern "C" int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, const float *q_norm, const float *k_norm,
                              float eps, const moet_rope *rp, const moet_kv_ref *rows, const moet_attn_args *a, int prep,
                              const float *sinks) {
-    if (!as_enabled(a->n_ctx) || a->n_kv <= 0 || a->n_heads % a->n_kv || a->n_tok < 1 || a->n_tok > AS_MAX_ROWS) return 0;
+    if (!as_enabled(a->n_ctx, a->kv.type) || a->n_kv <= 0 || a->n_heads % a->n_kv || a->n_tok < 1 || a->n_tok > AS_MAX_ROWS) return 0;
     if (!prep && a->n_tok > AS_TOK) return 0;
     const int hd = a->head_dim, G = a->n_heads / a->n_kv;
     if (prep && (rp->dim < 2 || rp->dim > hd || rp->dim % 2)) return 0;

@@ -404,8 +404,13 @@ static void moe_ref(const float *xr, const float *rw, float *dq[3][8], int E, in
 
 /* The same block with the sigmoid router (backend/route_ref.h), in double: choice = sigmoid + bias, G groups scored
  * by their top-2 sum, TG kept, the rest 0; weights the unbiased sigmoids over their sum, times scale. */
-static void moe_ref_sig(const float *xr, const float *rw, float *dq[3][8], int E, int K, int H, int F, int T,
-                        const float *bias, int G, int TG, double scale, double *rr) {
+/* Returns the smallest margin of the choices over the tokens: the kept groups' last score over the first dropped
+ * one's, and the K-th pick's biased score over the next (two masked experts tied at exactly 0 excepted: both sides
+ * break that tie by index alike). A margin near float rounding makes the float op's choice a coin toss, not a
+ * defect (a seed gave a group gap of 2e-7): the caller draws other biases. */
+static double moe_ref_sig(const float *xr, const float *rw, float *dq[3][8], int E, int K, int H, int F, int T,
+                          const float *bias, int G, int TG, double scale, double *rr) {
+    double margin = INFINITY;
     for (int t = 0; t < T; t++) {
         double sg[8], c[8], gsc[8];
         for (int e = 0; e < E; e++) {
@@ -420,10 +425,24 @@ static void moe_ref_sig(const float *xr, const float *rw, float *dq[3][8], int E
             for (int e = g * gs; e < (g + 1) * gs; e++) { if (c[e] > a) { b = a; a = c[e]; } else if (c[e] > b) b = c[e]; }
             gsc[g] = a + b;
         }
+        if (TG < G) { /* the gap at the groups' cut */
+            double srt[8];
+            for (int g = 0; g < G; g++) srt[g] = gsc[g];
+            for (int a = 0; a < G; a++)
+                for (int b = a + 1; b < G; b++) if (srt[b] > srt[a]) { const double x = srt[a]; srt[a] = srt[b]; srt[b] = x; }
+            margin = fmin(margin, srt[TG - 1] - srt[TG]);
+        }
         for (int g = 0; g < G; g++) {
             int rank = 0;
             for (int o = 0; o < G; o++) rank += gsc[o] > gsc[g] || (gsc[o] == gsc[g] && o < g);
             if (rank >= TG) for (int e = g * gs; e < (g + 1) * gs; e++) c[e] = 0;
+        }
+        if (K < E) { /* the gap at the picks' cut */
+            double srt[8];
+            for (int e = 0; e < E; e++) srt[e] = c[e];
+            for (int a = 0; a < E; a++)
+                for (int b = a + 1; b < E; b++) if (srt[b] > srt[a]) { const double x = srt[a]; srt[a] = srt[b]; srt[b] = x; }
+            if (!(srt[K - 1] == 0 && srt[K] == 0)) margin = fmin(margin, srt[K - 1] - srt[K]);
         }
         int used[8] = {0}, ids[3];
         double w[3], wsum = 0;
@@ -437,6 +456,7 @@ static void moe_ref_sig(const float *xr, const float *rw, float *dq[3][8], int E
         for (int j = 0; j < K; j++) w[j] = sg[ids[j]] / wsum * scale;
         moe_ref_experts(xr + t * H, dq, ids, w, K, H, F, rr + t * H);
     }
+    return margin;
 }
 
 int perf_main(moet_backend *be);
@@ -1911,9 +1931,12 @@ int main(int argc, char **argv) {
         { /* the sigmoid router (route_ref.h): a choice bias, 4 groups of 2 experts with 2 kept, x 2.5; all T, then one
            * token at a time (CUDA: its own routing launch, then the expert kernels of either path reading the picks) */
             float bias[8];
-            for (int e = 0; e < E; e++) bias[e] = 0.3f * gauss();
             double *rs2 = calloc((size_t)(T * H), sizeof(double));
-            moe_ref_sig(xr, rw, dq, E, K, H, F, T, bias, 4, 2, 2.5, rs2);
+            for (int tries = 0; tries < 50; tries++) { /* biases whose choices are not near-ties (moe_ref_sig) */
+                for (int e = 0; e < E; e++) bias[e] = 0.3f * gauss();
+                memset(rs2, 0, sizeof(double) * (size_t)(T * H)); /* (the reference adds into it) */
+                if (moe_ref_sig(xr, rw, dq, E, K, H, F, T, bias, 4, 2, 2.5, rs2) > 1e-5) break;
+            }
             moet_moe_args sa = ma;
             sa.scoring = MOET_ROUTER_SIGMOID;
             sa.router_bias = bias;

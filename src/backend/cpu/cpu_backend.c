@@ -301,6 +301,28 @@ static const float *kv_floats(const void *pool, int32_t type, size_t row, size_t
     return tmp;
 }
 
+/* q . (n elements of pool row `row`, rows `stride` elements apart, from element off), and o += w (the same
+ * elements): dot1 / axpy over the row as stored (f32: the sums of an f32 cache as they always were), or widened in
+ * chunks of KV_TMP (f16). Attention reads a head's keys and values through them, MLA its latent rows. */
+static float kv_dot(const float *q, const void *pool, int32_t type, size_t row, size_t stride, size_t off, size_t n) {
+    if (type != MOET_KVE_F16) return dot1(q, (const float *)pool + row * stride + off, (int64_t)n);
+    float tmp[KV_TMP], s = 0.f;
+    for (size_t c = 0; c < n; c += KV_TMP) {
+        const size_t m = n - c < KV_TMP ? n - c : KV_TMP;
+        s += dot1(q + c, kv_floats(pool, type, row, stride, off + c, m, tmp), (int64_t)m);
+    }
+    return s;
+}
+
+static void kv_axpy(float *o, const void *pool, int32_t type, size_t row, size_t stride, size_t off, float w, size_t n) {
+    if (type != MOET_KVE_F16) { axpy(o, (const float *)pool + row * stride + off, w, (int64_t)n); return; }
+    float tmp[KV_TMP];
+    for (size_t c = 0; c < n; c += KV_TMP) {
+        const size_t m = n - c < KV_TMP ? n - c : KV_TMP;
+        axpy(o + c, kv_floats(pool, type, row, stride, off + c, m, tmp), w, (int64_t)m);
+    }
+}
+
 static void cpu_kv_store(moet_backend *be, void *pool, int32_t type, const int32_t *blocks, int32_t shift,
                          const float *src, const int32_t *pos, int64_t n_tok, int64_t dim) {
     (void)be;
@@ -427,27 +449,6 @@ typedef struct {
     size_t per;
 } mla_ctx;
 
-/* q . latent row `row` (rd elements), and o += w c of the row (kvlr elements from `rope`): dot1 / axpy over the
- * row as stored (f32), or widened in chunks of KV_TMP (f16). */
-static float mla_dot(const float *q, const moet_kv_ref *kv, size_t row, size_t rd) {
-    if (kv->type != MOET_KVE_F16) return dot1(q, (const float *)kv->k + row * rd, (int64_t)rd);
-    float tmp[KV_TMP], s = 0.f;
-    for (size_t c = 0; c < rd; c += KV_TMP) {
-        const size_t n = rd - c < KV_TMP ? rd - c : KV_TMP;
-        s += dot1(q + c, kv_floats(kv->k, kv->type, row, rd, c, n, tmp), (int64_t)n);
-    }
-    return s;
-}
-
-static void mla_axpy(float *o, const moet_kv_ref *kv, size_t row, size_t rd, size_t off, float w, int32_t kvlr) {
-    if (kv->type != MOET_KVE_F16) { axpy(o, (const float *)kv->k + row * rd + off, w, kvlr); return; }
-    float tmp[KV_TMP];
-    for (int32_t c = 0; c < kvlr; c += KV_TMP) {
-        const int32_t n = kvlr - c < KV_TMP ? kvlr - c : KV_TMP;
-        axpy(o + c, kv_floats(kv->k, kv->type, row, rd, off + (size_t)c, (size_t)n, tmp), w, n);
-    }
-}
-
 /* One (token, head) of mla_attn: the head's kv_b rows widened, q absorbed, attention over the latent rows, the output
  * through W_UV. */
 static void mla_task(void *vctx, int64_t b, int64_t e, int tid) {
@@ -466,7 +467,8 @@ static void mla_task(void *vctx, int64_t b, int64_t e, int tid) {
         for (int32_t i = 0; i < nope; i++) axpy(ql, W + (size_t)i * kvlr, qh[i], kvlr);
         float mx = -INFINITY;
         for (int32_t j = 0; j <= p; j++) {
-            sc[j] = mla_dot(qf, c->kv, (size_t)moet_kv_row(c->kv->blocks, c->kv->shift, j), (size_t)rd) * c->scale;
+            sc[j] = kv_dot(qf, c->kv->k, c->kv->type, (size_t)moet_kv_row(c->kv->blocks, c->kv->shift, j), (size_t)rd, 0,
+                           (size_t)rd) * c->scale;
             if (sc[j] > mx) mx = sc[j];
         }
         double sum = 0;
@@ -474,8 +476,8 @@ static void mla_task(void *vctx, int64_t b, int64_t e, int tid) {
         const float inv = (float)(1.0 / sum);
         for (int32_t j = 0; j < kvlr; j++) ol[j] = 0.0f;
         for (int32_t j = 0; j <= p; j++)
-            mla_axpy(ol, c->kv, (size_t)moet_kv_row(c->kv->blocks, c->kv->shift, j), (size_t)rd, (size_t)rope,
-                     sc[j] * inv, kvlr);
+            kv_axpy(ol, c->kv->k, c->kv->type, (size_t)moet_kv_row(c->kv->blocks, c->kv->shift, j), (size_t)rd,
+                    (size_t)rope, sc[j] * inv, (size_t)kvlr);
         float *o = c->out + (size_t)task * vd; /* W_UV o_lat */
         for (int32_t r = 0; r < vd; r++) o[r] = dot1(W + (size_t)(nope + r) * kvlr, ol, kvlr);
     }
@@ -528,27 +530,6 @@ typedef struct {
     int n_threads;
 } attn_ctx;
 
-/* q . (key row j's head kvh): dot1 over the head; an f16 row widened in chunks of KV_TMP elements. */
-static float attn_dot(const float *q, const moet_kv_ref *kv, size_t row, size_t stride, size_t off, int hd) {
-    if (kv->type != MOET_KVE_F16) return dot1(q, (const float *)kv->k + row * stride + off, hd);
-    float tmp[KV_TMP], s = 0.f;
-    for (int c = 0; c < hd; c += KV_TMP) {
-        const int n = hd - c < KV_TMP ? hd - c : KV_TMP;
-        s += dot1(q + c, kv_floats(kv->k, kv->type, row, stride, off + (size_t)c, (size_t)n, tmp), n);
-    }
-    return s;
-}
-
-/* o += w (value row j's head kvh) */
-static void attn_axpy(float *o, const moet_kv_ref *kv, size_t row, size_t stride, size_t off, float w, int hd) {
-    if (kv->type != MOET_KVE_F16) { axpy(o, (const float *)kv->v + row * stride + off, w, hd); return; }
-    float tmp[KV_TMP];
-    for (int c = 0; c < hd; c += KV_TMP) {
-        const int n = hd - c < KV_TMP ? hd - c : KV_TMP;
-        axpy(o + c, kv_floats(kv->v, kv->type, row, stride, off + (size_t)c, (size_t)n, tmp), w, n);
-    }
-}
-
 static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
     const moet_attn_args *a = ((attn_ctx *)vctx)->a;
     const int hd = a->head_dim, group = a->n_heads / a->n_kv;
@@ -564,7 +545,7 @@ static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
         float mx = a->sinks ? a->sinks[h] : -INFINITY;
         for (int32_t j = j0; j < n_keys; j++) {
             const size_t row = (size_t)moet_kv_row(a->kv.blocks, a->kv.shift, j);
-            float s = attn_dot(q, &a->kv, row, kv_stride, (size_t)kvh * hd, hd) * a->scale;
+            float s = kv_dot(q, a->kv.k, a->kv.type, row, kv_stride, (size_t)kvh * hd, (size_t)hd) * a->scale;
             scores[j] = s;
             if (s > mx) mx = s;
         }
@@ -577,8 +558,8 @@ static void attn_task(void *vctx, int64_t b, int64_t e, int tid) {
         float *o = a->out + ((size_t)t * a->n_heads + h) * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
         for (int32_t j = j0; j < n_keys; j++)
-            attn_axpy(o, &a->kv, (size_t)moet_kv_row(a->kv.blocks, a->kv.shift, j), kv_stride, (size_t)kvh * hd,
-                      scores[j] * inv, hd);
+            kv_axpy(o, a->kv.v, a->kv.type, (size_t)moet_kv_row(a->kv.blocks, a->kv.shift, j), kv_stride,
+                    (size_t)kvh * hd, scores[j] * inv, (size_t)hd);
     }
 }
 

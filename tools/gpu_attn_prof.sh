@@ -17,6 +17,10 @@ for m in "1 1" "1 0" "0 1" "0 0"; do set -- $m  # splitk, pdl
   MOET_ATTN_SPLITK=$1 MOET_PDL=$2 MOET_PERF_ONLY=attn timeout 100 .carry/bin/test_ops cuda --perf > $R/perf-s$1-pdl$2.txt 2>&1
   echo "== splitk $1 pdl $2"; grep -A6 "decode attention" $R/perf-s$1-pdl$2.txt | tail -5
 done
+for k in 32 64; do  # more splits at short spans: is the cost a CTA's (fixed) or a chunk's (serial)?
+  MOET_ATTN_SPLITK=1 MOET_ATTN_SPLITK_KMIN=$k MOET_PERF_ONLY=attn timeout 100 .carry/bin/test_ops cuda --perf > $R/perf-kmin$k.txt 2>&1
+  echo "== splitk 1 kmin $k"; grep -A6 "decode attention" $R/perf-kmin$k.txt | tail -5
+done
 pk
 command -v ncu > /dev/null || { echo "gpu_attn_prof: no ncu"; exit 0; }
 SEC="--section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters"

@@ -468,7 +468,7 @@ int perf_main(moet_backend *be);
  * attn_prep + attention row by row against the float64 softmax over the rows it wrote; attn_fused and attn_rows
  * (where a backend has them) against that composition bit for bit (out, q, the cache rows written), every output
  * poisoned first. */
-static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
+static void check_attn_long_ks(const moet_backend_ops *op, moet_backend *be, int ks) {
     static const struct { int nh, nkv, hd, sinks, window; } sh[] = {
         {8, 2, 128, 0, 0}, {32, 4, 128, 0, 0}, {16, 1, 64, 0, 0}, {2, 2, 256, 0, 0}, {8, 1, 64, 1, 700}};
     static const int32_t pss[] = {3, 300, 2100, 9000};
@@ -583,8 +583,8 @@ static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
                 }
             }
             char vname[64];
-            snprintf(vname, sizeof vname, "%d/%dx%d%s pos %d%s", nh, nkv, hd, snk ? " sinks w700" : "", ps[0],
-                     g_kvt == MOET_KVE_F16 ? " f16" : "");
+            snprintf(vname, sizeof vname, "%d/%dx%d%s pos %d%s%s", nh, nkv, hd, snk ? " sinks w700" : "", ps[0],
+                     g_kvt == MOET_KVE_F16 ? " f16" : "", ks ? " ks" : "");
             report("attn long", vname, nmse(o0, ref, (size_t)(NR * Dq)), 1e-11);
             /* the other paths bit for bit: out, q, each row's written cache row (key and value) */
             for (int f = 1; f < fi; f++) {
@@ -616,6 +616,16 @@ static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
         }
     g_kvt = MOET_KVE_F32;
     unsetenv("MOET_ATTN_SPLITK");
+}
+
+/* CUDA's split kernel both ways of reading K rows (attn_split.cu: MOET_ATTN_SPLITK_KS=1 stages them by cp.async) */
+static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
+    const int nks = !strcmp(op->name, "cuda") ? 2 : 1;
+    for (int ks = 0; ks < nks; ks++) {
+        if (ks) setenv("MOET_ATTN_SPLITK_KS", "1", 1);
+        check_attn_long_ks(op, be, ks);
+        unsetenv("MOET_ATTN_SPLITK_KS");
+    }
 }
 
 int main(int argc, char **argv) {

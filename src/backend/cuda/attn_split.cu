@@ -68,12 +68,21 @@ __device__ __forceinline__ void as_cp16(float *dst, const float *src, int valid)
                  : "memory");
 }
 
-template <int HD, int GT> struct as_dims {
+template <int HD, int GT, typename E = float, int KS = 0> struct as_dims {
     static_assert(HD <= 128 && 128 % HD == 0 && GT <= AS_CHUNK, "a lane holds 4 dims of a head in p . v; o over the V staging");
-    /* dynamic shared memory, floats: q [GT][HD] | p [W][32][GT] | V staging [W][32][HD] (then o [W][GT][HD]) |
-     * m, l [W][GT] | k, v [HD] | cs [HD] */
-    static constexpr size_t floats = (size_t)GT * HD + (size_t)AS_WARPS * 32 * GT + (size_t)AS_WARPS * AS_CHUNK * HD +
-                                     2 * (size_t)AS_WARPS * GT + 3 * (size_t)HD;
+    /* KS = 1 (K staged): keys a staging step (an f16 chunk whole; f32 in halves: K and V of 32 keys would not fit
+     * 8 warps' shared memory), lanes a key in q . k, a staged K row's stride in elements (16 bytes of padding: the
+     * lanes' row reads spread over the banks), the padded q rows' stride and half offset in floats */
+    static constexpr int HK = sizeof(E) == 2 ? 32 : 16, LPK = 32 / HK;
+    static constexpr int LDK = HD + 16 / (int)sizeof(E), LDQ = HD + 4 * LPK, QH = HD / LPK + 4;
+    /* a warp's staging in floats: KS = 0 the chunk's V rows [32][HD] (E), KS = 1 a step's K rows [HK][LDK] then
+     * its V rows [HK][HD] (E) */
+    static constexpr size_t stg = KS ? (size_t)HK * (LDK + HD) * sizeof(E) / 4 : (size_t)AS_CHUNK * HD;
+    static_assert(stg >= (size_t)GT * HD, "the warps' outputs [W][GT][HD] go over the staging");
+    /* dynamic shared memory, floats: q [GT][HD] | p [W][32][GT] | staging [W][stg] (then o [W][GT][HD]) | m, l [W][GT]
+     * | k, v [HD] | cs [HD] | (KS = 1) q padded [GT][LDQ] */
+    static constexpr size_t floats = (size_t)GT * HD + (size_t)AS_WARPS * 32 * GT + (size_t)AS_WARPS * stg +
+                                     2 * (size_t)AS_WARPS * GT + 3 * (size_t)HD + (KS ? (size_t)GT * LDQ : 0);
     static constexpr size_t smem = floats * sizeof(float);
 };
 
@@ -133,7 +142,7 @@ __device__ __forceinline__ float4 as_sh4(const __half *p) {
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
-template <int HD, int GT, typename E>
+template <int HD, int GT, typename E, int KS>
 __global__ void __launch_bounds__(AS_WARPS * 32, 1)
 k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, const float *__restrict__ q_norm,
              const float *__restrict__ k_norm, float eps, const __grid_constant__ moet_rope rp, const int32_t *pos,
@@ -141,8 +150,9 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
              float *__restrict__ out, int32_t prep, float *part, int32_t *tickets, int32_t kmin) {
     CU_TRACE(CU_TK_ATTN_DECODE << 8 | 1);
     extern __shared__ __align__(16) float as_sm[];
-    float *sq = as_sm, *sp = sq + GT * HD, *stg = sp + AS_WARPS * 32 * GT, *smx = stg + AS_WARPS * AS_CHUNK * HD,
-          *sl = smx + AS_WARPS * GT, *sk = sl + AS_WARPS * GT, *sv = sk + HD, *cs = sv + HD;
+    using DM = as_dims<HD, GT, E, KS>;
+    float *sq = as_sm, *sp = sq + GT * HD, *stg = sp + AS_WARPS * 32 * GT, *smx = stg + AS_WARPS * DM::stg,
+          *sl = smx + AS_WARPS * GT, *sk = sl + AS_WARPS * GT, *sv = sk + HD, *cs = sv + HD, *sqp = cs + HD;
     float *so = stg; /* the warps' outputs [W][GT][HD] after the loop, over the V staging (GT <= AS_CHUNK) */
     __shared__ double dpart[AS_WARPS];
     __shared__ int s_last;
@@ -166,7 +176,8 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
     const int32_t cur = prep ? p : -1;
     const int64_t kvd = dk;
     const E *kb0 = (const E *)kv.k + (int64_t)kvh * HD, *vb0 = (const E *)kv.v + (int64_t)kvh * HD;
-    E *wv = (E *)(stg + (size_t)warp * AS_CHUNK * HD); /* the warp's chunk of V rows [32][HD] (f16: half of it) */
+    E *wv = (E *)(stg + (size_t)warp * DM::stg); /* KS = 0: the warp's chunk of V rows [32][HD] (f16: half of it) */
+    E *wk = wv, *wv1 = wv + DM::HK * DM::LDK;     /* KS = 1: a step's K rows [HK][LDK], V rows [HK][HD] */
     constexpr int KP = HD / 4 > 16 && GT >= 16 ? 16 : HD / 4; /* float4 of a K row a piece: 32 at most (128 registers) */
     /* The chunk's V rows from j0 (nk of them; roff: each lane's key's row offset) into the warp's staging by
      * cp.async (16 bytes a lane a step, rows whole; past the last key zero-filled), one group: in flight while q . k
@@ -183,6 +194,22 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
+    /* KS = 1: a step's K rows, then its V rows, into the warp's staging by cp.async (rows whole, coalesced: a lane
+     * 16 bytes of a row; rows past nk zero-filled), two groups; row r's offset is lane hoff + r's roff */
+    auto stage_kv = [&](int32_t nk, int64_t roff, int hoff) {
+        constexpr int EP = 16 / (int)sizeof(E), RPI = 32 * EP / HD, C4 = HD / EP;
+#pragma unroll
+        for (int kvs = 0; kvs < 2; kvs++) {
+#pragma unroll
+            for (int it = 0; it < DM::HK / RPI; it++) {
+                const int r = it * RPI + lane / C4, c4 = lane % C4;
+                const int64_t ro = __shfl_sync(0xffffffffu, roff, hoff + r);
+                E *dst = kvs ? wv1 + r * HD : wk + r * DM::LDK;
+                as_cp16((float *)(dst + EP * c4), (const float *)((kvs ? vb0 : kb0) + ro + EP * c4), r < nk);
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+    };
     /* With prep (one token a row: every cache row but pos was written by earlier steps, before this step's first
      * kernel) the warp's first chunk is requested before the wait: its V rows staged, each lane's K row fetched
      * into L2 (held in registers it took 128 more and spilled). At a short context that is all of the attention's
@@ -193,10 +220,14 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
     if (pre) {
         const int32_t j = j0f + lane;
         roff_pre = moet_kv_row(kv.blocks, kv.shift, j < kb ? j : ka) * kvd;
-        stage(kb - j0f < AS_CHUNK ? kb - j0f : AS_CHUNK, roff_pre);
-        if (j != cur && j < kb)
-            for (int b = 0; b < HD * (int)sizeof(E); b += 128)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)(kb0 + roff_pre) + b));
+        if constexpr (KS) {
+            stage_kv(kb - j0f < DM::HK ? kb - j0f : DM::HK, roff_pre, 0);
+        } else {
+            stage(kb - j0f < AS_CHUNK ? kb - j0f : AS_CHUNK, roff_pre);
+            if (j != cur && j < kb)
+                for (int b = 0; b < HD * (int)sizeof(E); b += 128)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)(kb0 + roff_pre) + b));
+        }
     }
     cu_pdl_wait();
     CU_TRACE_WAITED();
@@ -223,6 +254,11 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         for (int j = tid; j < G * HD; j += blockDim.x) sq[j] = q[(int64_t)kvh * G * HD + j];
         __syncthreads();
     }
+    if constexpr (KS) { /* the q rows padded for q . k: a head's LPK parts of HD / LPK dims QH apart */
+        constexpr int PD = HD / DM::LPK;
+        for (int e = tid; e < G * HD; e += blockDim.x) sqp[(e / HD) * DM::LDQ + (e % HD) / PD * DM::QH + e % PD] = sq[e];
+        __syncthreads();
+    }
     float m[GT], l[GT], o[GT][4];
 #pragma unroll
     for (int h = 0; h < GT; h++) {
@@ -231,80 +267,156 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         o[h][0] = o[h][1] = o[h][2] = o[h][3] = 0.f;
     }
     float *wp = sp + warp * 32 * GT; /* the warp's probabilities [32 keys][GT] */
-    for (int32_t j0 = ka + warp * AS_CHUNK; j0 < kb; j0 += AS_WARPS * AS_CHUNK) {
-        const int32_t nk = kb - j0 < AS_CHUNK ? kb - j0 : AS_CHUNK;
-        const int32_t j = j0 + lane, valid = j < kb;
-        const int first = pre && j0 == j0f; /* requested before the wait */
-        /* the lane's key's row in the pools (one block-table load a lane) */
-        const int64_t roff = first ? roff_pre : moet_kv_row(kv.blocks, kv.shift, valid ? j : ka) * kvd;
-        if (!first) stage(nk, roff);
-        /* q . k, a lane its key: the whole K row requested at once (HD / 4 loads in flight a lane), then the sums;
-         * key cur (this launch's own) from its shared copy, the same sums */
-        float acc[GT];
-#pragma unroll
-        for (int h = 0; h < GT; h++) acc[h] = 0.f;
-        {
-            const E *kr = kb0 + roff;
-#pragma unroll
-            for (int pc = 0; pc < HD / 4; pc += KP) {
-                float4 kk[KP];
-                if (j == cur) {
-#pragma unroll
-                    for (int u = 0; u < KP; u++) kk[u] = ((const float4 *)sk)[pc + u];
-                } else {
-#pragma unroll
-                    for (int u = 0; u < KP; u++) kk[u] = as_ld4(kr + 4 * (pc + u));
+    if constexpr (KS == 0) {
+        for (int32_t j0 = ka + warp * AS_CHUNK; j0 < kb; j0 += AS_WARPS * AS_CHUNK) {
+            const int32_t nk = kb - j0 < AS_CHUNK ? kb - j0 : AS_CHUNK;
+            const int32_t j = j0 + lane, valid = j < kb;
+            const int first = pre && j0 == j0f; /* requested before the wait */
+            /* the lane's key's row in the pools (one block-table load a lane) */
+            const int64_t roff = first ? roff_pre : moet_kv_row(kv.blocks, kv.shift, valid ? j : ka) * kvd;
+            if (!first) stage(nk, roff);
+            /* q . k, a lane its key: the whole K row requested at once (HD / 4 loads in flight a lane), then the sums;
+             * key cur (this launch's own) from its shared copy, the same sums */
+            float acc[GT];
+    #pragma unroll
+            for (int h = 0; h < GT; h++) acc[h] = 0.f;
+            {
+                const E *kr = kb0 + roff;
+    #pragma unroll
+                for (int pc = 0; pc < HD / 4; pc += KP) {
+                    float4 kk[KP];
+                    if (j == cur) {
+    #pragma unroll
+                        for (int u = 0; u < KP; u++) kk[u] = ((const float4 *)sk)[pc + u];
+                    } else {
+    #pragma unroll
+                        for (int u = 0; u < KP; u++) kk[u] = as_ld4(kr + 4 * (pc + u));
+                    }
+    #pragma unroll
+                    for (int u = 0; u < KP; u++)
+    #pragma unroll
+                        for (int h = 0; h < GT; h++) {
+                            if (h < G) {
+                                const float4 qq = *(const float4 *)(sq + h * HD + 4 * (pc + u));
+                                acc[h] = fmaf(qq.x, kk[u].x, acc[h]);
+                                acc[h] = fmaf(qq.y, kk[u].y, acc[h]);
+                                acc[h] = fmaf(qq.z, kk[u].z, acc[h]);
+                                acc[h] = fmaf(qq.w, kk[u].w, acc[h]);
+                            }
+                        }
                 }
+            }
+            /* the online softmax over the warp's 32 scores, a head at a time (the warp's own running m, l, o) */
+    #pragma unroll
+            for (int h = 0; h < GT; h++) {
+                if (h < G) {
+                    const float sc = valid ? acc[h] * scale : -INFINITY;
+                    float mx = sc;
+    #pragma unroll
+                    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                    const float mn = fmaxf(m[h], mx), corr = expf(m[h] - mn), pr = expf(sc - mn);
+                    l[h] = l[h] * corr + pr; /* a lane's share: summed over the lanes at the end */
+    #pragma unroll
+                    for (int e = 0; e < 4; e++) o[h][e] *= corr;
+                    m[h] = mn;
+                    wp[lane * GT + h] = pr;
+                }
+            }
+            asm volatile("cp.async.wait_all;" ::: "memory");
+            __syncwarp();
+            /* p . v: a lane 4 dims of every head (head_dim <= 128), the chunk's keys in order */
+            const int d = 4 * lane;
+    #pragma unroll 4
+            for (int32_t c = 0; c < nk; c++) {
+                const float4 vv = d >= HD ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                  : j0 + c == cur ? *(const float4 *)(sv + d) : as_sh4(wv + c * HD + d);
+    #pragma unroll
+                for (int h = 0; h < GT; h++) {
+                    if (h < G) {
+                        const float pr = wp[c * GT + h];
+                        o[h][0] = fmaf(pr, vv.x, o[h][0]);
+                        o[h][1] = fmaf(pr, vv.y, o[h][1]);
+                        o[h][2] = fmaf(pr, vv.z, o[h][2]);
+                        o[h][3] = fmaf(pr, vv.w, o[h][3]);
+                    }
+                }
+            }
+            __syncwarp(); /* wp and wv are rewritten by the next chunk */
+        }
+    } else {
+        /* K staged (KS = 1): a warp's chunk in steps of HK keys, each step's K and V rows by cp.async into shared
+         * memory (coalesced: a warp reads 512 contiguous bytes an instruction, where KS = 0's lane-a-row loads
+         * touch 32 rows each); q . k from there, LPK lanes a key (each HD / LPK dims, then one shuffle), the V
+         * rows arriving meanwhile; the online softmax and p . v as KS = 0 */
+        constexpr int LPK = DM::LPK, PD = HD / LPK;
+        const int kk = lane / LPK, hh = lane % LPK;
+        for (int32_t j0 = ka + warp * AS_CHUNK; j0 < kb; j0 += AS_WARPS * AS_CHUNK) {
+            const int first = pre && j0 == j0f; /* its first step requested before the wait */
+            const int32_t jl = j0 + lane;
+            const int64_t roff = first ? roff_pre : moet_kv_row(kv.blocks, kv.shift, jl < kb ? jl : ka) * kvd;
+            for (int hoff = 0; hoff < AS_CHUNK && j0 + hoff < kb; hoff += DM::HK) {
+                const int32_t hb = j0 + hoff, nk = kb - hb < DM::HK ? kb - hb : DM::HK;
+                if (!(first && hoff == 0)) stage_kv(nk, roff, hoff);
+                asm volatile("cp.async.wait_group 1;" ::: "memory"); /* the K rows */
+                __syncwarp();
+                const int32_t jk = hb + kk;
+                const int valid = jk < kb, isc = jk == cur;
+                float acc[GT];
 #pragma unroll
-                for (int u = 0; u < KP; u++)
+                for (int h = 0; h < GT; h++) acc[h] = 0.f;
+                const E *kr = wk + kk * DM::LDK + hh * PD;
+                const float *kc = sk + hh * PD, *qb = sqp + hh * DM::QH;
+#pragma unroll 8
+                for (int u = 0; u < PD / 4; u++) {
+                    const float4 k4 = isc ? *(const float4 *)(kc + 4 * u) : as_sh4(kr + 4 * u);
 #pragma unroll
                     for (int h = 0; h < GT; h++) {
                         if (h < G) {
-                            const float4 qq = *(const float4 *)(sq + h * HD + 4 * (pc + u));
-                            acc[h] = fmaf(qq.x, kk[u].x, acc[h]);
-                            acc[h] = fmaf(qq.y, kk[u].y, acc[h]);
-                            acc[h] = fmaf(qq.z, kk[u].z, acc[h]);
-                            acc[h] = fmaf(qq.w, kk[u].w, acc[h]);
+                            const float4 qq = *(const float4 *)(qb + h * DM::LDQ + 4 * u);
+                            acc[h] = fmaf(qq.x, k4.x, acc[h]);
+                            acc[h] = fmaf(qq.y, k4.y, acc[h]);
+                            acc[h] = fmaf(qq.z, k4.z, acc[h]);
+                            acc[h] = fmaf(qq.w, k4.w, acc[h]);
                         }
                     }
-            }
-        }
-        /* the online softmax over the warp's 32 scores, a head at a time (the warp's own running m, l, o) */
-#pragma unroll
-        for (int h = 0; h < GT; h++) {
-            if (h < G) {
-                const float sc = valid ? acc[h] * scale : -INFINITY;
-                float mx = sc;
-#pragma unroll
-                for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-                const float mn = fmaxf(m[h], mx), corr = expf(m[h] - mn), pr = expf(sc - mn);
-                l[h] = l[h] * corr + pr; /* a lane's share: summed over the lanes at the end */
-#pragma unroll
-                for (int e = 0; e < 4; e++) o[h][e] *= corr;
-                m[h] = mn;
-                wp[lane * GT + h] = pr;
-            }
-        }
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        __syncwarp();
-        /* p . v: a lane 4 dims of every head (head_dim <= 128), the chunk's keys in order */
-        const int d = 4 * lane;
-#pragma unroll 4
-        for (int32_t c = 0; c < nk; c++) {
-            const float4 vv = d >= HD ? make_float4(0.f, 0.f, 0.f, 0.f)
-                              : j0 + c == cur ? *(const float4 *)(sv + d) : as_sh4(wv + c * HD + d);
-#pragma unroll
-            for (int h = 0; h < GT; h++) {
-                if (h < G) {
-                    const float pr = wp[c * GT + h];
-                    o[h][0] = fmaf(pr, vv.x, o[h][0]);
-                    o[h][1] = fmaf(pr, vv.y, o[h][1]);
-                    o[h][2] = fmaf(pr, vv.z, o[h][2]);
-                    o[h][3] = fmaf(pr, vv.w, o[h][3]);
                 }
+#pragma unroll
+                for (int h = 0; h < GT; h++) {
+                    if (h < G) {
+                        if (LPK == 2) acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
+                        const float sc = valid ? acc[h] * scale : -INFINITY;
+                        float mx = sc;
+#pragma unroll
+                        for (int off = 16; off >= LPK; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                        const float mn = fmaxf(m[h], mx), corr = expf(m[h] - mn), pr = expf(sc - mn);
+                        l[h] = l[h] * corr + (hh == 0 ? pr : 0.f); /* a key's lanes count it once */
+#pragma unroll
+                        for (int e = 0; e < 4; e++) o[h][e] *= corr;
+                        m[h] = mn;
+                        if (hh == 0) wp[kk * GT + h] = pr;
+                    }
+                }
+                asm volatile("cp.async.wait_group 0;" ::: "memory"); /* the V rows */
+                __syncwarp();
+                const int d = 4 * lane;
+#pragma unroll 4
+                for (int32_t c = 0; c < nk; c++) {
+                    const float4 vv = d >= HD ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                      : hb + c == cur ? *(const float4 *)(sv + d) : as_sh4(wv1 + c * HD + d);
+#pragma unroll
+                    for (int h = 0; h < GT; h++) {
+                        if (h < G) {
+                            const float pr = wp[c * GT + h];
+                            o[h][0] = fmaf(pr, vv.x, o[h][0]);
+                            o[h][1] = fmaf(pr, vv.y, o[h][1]);
+                            o[h][2] = fmaf(pr, vv.z, o[h][2]);
+                            o[h][3] = fmaf(pr, vv.w, o[h][3]);
+                        }
+                    }
+                }
+                __syncwarp(); /* wp and the staging are rewritten by the next step */
             }
         }
-        __syncwarp(); /* wp and wv are rewritten by the next chunk */
     }
     __syncthreads(); /* the staging becomes the warps' outputs */
     /* the warp's partials to shared memory: l summed over its lanes (a fixed tree), m, o as they are */
@@ -415,18 +527,27 @@ static int32_t as_kmin(void) {
 typedef void (*as_kernel_fn)(float *, float *, const float *, int32_t, int32_t, const float *, const float *, float,
                              const moet_rope, const int32_t *, moet_kv_ref, const moet_kv_ref *, float, const float *,
                              int32_t, float *, int32_t, float *, int32_t *, int32_t);
-template <int HD, typename E> static as_kernel_fn as_pick_g(int G, size_t *smem) {
-#define AS_G(GT) if (G <= GT) { *smem = as_dims<HD, GT>::smem; return k_attn_split<HD, GT, E>; }
+template <int HD, typename E, int KS> static as_kernel_fn as_pick_g(int G, size_t *smem) {
+#define AS_G(GT) if (G <= GT) { *smem = as_dims<HD, GT, E, KS>::smem; return k_attn_split<HD, GT, E, KS>; }
     AS_G(1) AS_G(2) AS_G(4) AS_G(8) AS_G(16)
 #undef AS_G
     return NULL;
 }
-static as_kernel_fn as_pick(int hd, int G, int f16, size_t *smem) {
+template <int KS> static as_kernel_fn as_pick_k(int hd, int G, int f16, size_t *smem) {
     switch (hd) {
-    case 64: return f16 ? as_pick_g<64, __half>(G, smem) : as_pick_g<64, float>(G, smem);
-    case 128: return f16 ? as_pick_g<128, __half>(G, smem) : as_pick_g<128, float>(G, smem);
+    case 64: return f16 ? as_pick_g<64, __half, KS>(G, smem) : as_pick_g<64, float, KS>(G, smem);
+    case 128: return f16 ? as_pick_g<128, __half, KS>(G, smem) : as_pick_g<128, float, KS>(G, smem);
     default: return NULL;
     }
+}
+/* K rows: 0 a lane's key's row loaded whole into its registers (stops 41-42), 1 staged by cp.async with the V rows
+ * (MOET_ATTN_SPLITK_KS, read at every launch: the A/B) */
+static int as_ks(void) {
+    const char *e = getenv("MOET_ATTN_SPLITK_KS");
+    return e && e[0] == '1';
+}
+static as_kernel_fn as_pick(int hd, int G, int f16, int ks, size_t *smem) {
+    return ks ? as_pick_k<1>(hd, G, f16, smem) : as_pick_k<0>(hd, G, f16, smem);
 }
 
 /* Scratch: [tickets: rows x n_kv int32, 256-byte aligned][partials: rows x n_kv x splits x G x (hd + 2) floats].
@@ -470,15 +591,15 @@ extern "C" int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, 
     if (prep && (rp->dim < 2 || rp->dim > hd || rp->dim % 2)) return 0;
     size_t smem = 0;
     const int f16 = a->kv.type == MOET_KVE_F16; /* (attn_rows: every row's pools of a->kv.type, backend.h) */
-    as_kernel_fn fn = as_pick(hd, G, f16, &smem);
+    const int ks = as_ks();
+    as_kernel_fn fn = as_pick(hd, G, f16, ks, &smem);
     if (!fn || smem > c->prop.sharedMemPerBlockOptin) return 0; /* (158 KB at head_dim 128 x 16 heads) */
     if (c->err[0]) return 1;
-    static int attr_dev[2][2][5] = {{{-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}},
-                                    {{-1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1}}};
+    static int attr_dev[2][2][2][5]; /* device + 1 whose attribute is set; 0: none yet */
     const int hi = hd == 64 ? 0 : 1, gi = G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;
-    if (attr_dev[f16][hi][gi] != c->device) { /* (per device: the attribute belongs to the current context) */
+    if (attr_dev[ks][f16][hi][gi] != c->device + 1) { /* (per device: the attribute belongs to the current context) */
         if (CU_CHECK(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return 1;
-        attr_dev[f16][hi][gi] = c->device;
+        attr_dev[ks][f16][hi][gi] = c->device + 1;
     }
     const int32_t kmin = as_kmin(), splits = as_nsplit(a->n_ctx > 0 ? a->n_ctx : 1, kmin);
     float *part;

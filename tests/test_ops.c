@@ -473,12 +473,12 @@ static void check_attn_long_ks(const moet_backend_ops *op, moet_backend *be, int
         {8, 2, 128, 0, 0}, {32, 4, 128, 0, 0}, {16, 1, 64, 0, 0}, {2, 2, 256, 0, 0}, {8, 1, 64, 1, 700}};
     static const int32_t pss[] = {3, 300, 2100, 9000};
     setenv("MOET_ATTN_SPLITK", "1", 1);
-    /* sj past the shapes: f16 pools, at 32/4x128, 16/1x64 and the sinks (the other shapes take attention.cu's
+    /* sj past the shapes: f16 pools, at 32/4x128, 16/1x64, the sinks and 8/2x128 (the other shape takes attention.cu's
      * kernels, which the short f16 checks cover) */
     const size_t nsh = sizeof sh / sizeof sh[0];
-    for (size_t sj = 0; sj < nsh + 3; sj++)
+    for (size_t sj = ks == 2 ? nsh : 0; sj < nsh + 4; sj++) /* (ks 2: the f16 pools only) */
         for (size_t pi = 0; pi < sizeof pss / sizeof pss[0]; pi++) {
-            static const size_t f16_shapes[3] = {1, 2, 4};
+            static const size_t f16_shapes[4] = {1, 2, 4, 0};
             const size_t si = sj < nsh ? sj : f16_shapes[sj - nsh];
             g_kvt = sj < nsh ? MOET_KVE_F32 : MOET_KVE_F16;
             const int nh = sh[si].nh, nkv = sh[si].nkv, hd = sh[si].hd, G = nh / nkv, NR = 2;
@@ -584,7 +584,7 @@ static void check_attn_long_ks(const moet_backend_ops *op, moet_backend *be, int
             }
             char vname[64];
             snprintf(vname, sizeof vname, "%d/%dx%d%s pos %d%s%s", nh, nkv, hd, snk ? " sinks w700" : "", ps[0],
-                     g_kvt == MOET_KVE_F16 ? " f16" : "", ks ? " ks" : "");
+                     g_kvt == MOET_KVE_F16 ? " f16" : "", ks == 2 ? " tc" : ks ? " ks" : "");
             report("attn long", vname, nmse(o0, ref, (size_t)(NR * Dq)), 1e-11);
             /* the other paths bit for bit: out, q, each row's written cache row (key and value) */
             for (int f = 1; f < fi; f++) {
@@ -618,14 +618,20 @@ static void check_attn_long_ks(const moet_backend_ops *op, moet_backend *be, int
     unsetenv("MOET_ATTN_SPLITK");
 }
 
-/* CUDA's split kernel both ways of reading K rows (attn_split.cu: MOET_ATTN_SPLITK_KS=1 stages them by cp.async) */
+/* CUDA's split kernel every way of reading K rows (attn_split.cu, MOET_ATTN_SPLITK_KS: 0 a lane's row in registers,
+ * 1 staged by cp.async, 2 staged and on tensor cores: f16 pools only); the environment's setting restored after */
 static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
-    const int nks = !strcmp(op->name, "cuda") ? 2 : 1;
+    const int nks = !strcmp(op->name, "cuda") ? 3 : 1;
+    const char *e = getenv("MOET_ATTN_SPLITK_KS");
+    char saved[8] = "";
+    if (e) snprintf(saved, sizeof saved, "%s", e);
     for (int ks = 0; ks < nks; ks++) {
-        if (ks) setenv("MOET_ATTN_SPLITK_KS", "1", 1);
+        char v[2] = {(char)('0' + ks), 0};
+        if (nks > 1) setenv("MOET_ATTN_SPLITK_KS", v, 1);
         check_attn_long_ks(op, be, ks);
-        unsetenv("MOET_ATTN_SPLITK_KS");
     }
+    if (e) setenv("MOET_ATTN_SPLITK_KS", saved, 1);
+    else unsetenv("MOET_ATTN_SPLITK_KS");
 }
 
 int main(int argc, char **argv) {

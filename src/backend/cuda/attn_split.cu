@@ -73,16 +73,20 @@ template <int HD, int GT, typename E = float, int KS = 0> struct as_dims {
     /* KS = 1 (K staged): keys a staging step (an f16 chunk whole; f32 in halves: K and V of 32 keys would not fit
      * 8 warps' shared memory), lanes a key in q . k, a staged K row's stride in elements (16 bytes of padding: the
      * lanes' row reads spread over the banks), the padded q rows' stride and half offset in floats */
-    static constexpr int HK = sizeof(E) == 2 ? 32 : 16, LPK = 32 / HK;
+    static constexpr int HK = sizeof(E) == 2 || KS == 2 ? 32 : 16, LPK = 32 / HK;
     static constexpr int LDK = HD + 16 / (int)sizeof(E), LDQ = HD + 4 * LPK, QH = HD / LPK + 4;
+    /* KS = 2 (tensor cores, f16 pools): V rows staged with K's padded stride (ldmatrix's 8 row addresses then fall
+     * in 8 different bank groups) */
+    static constexpr int LDV = KS == 2 ? LDK : HD;
+    static_assert(KS != 2 || (sizeof(E) == 2 && HD % 16 == 0), "the tensor-core path reads f16 pools");
     /* a warp's staging in floats: KS = 0 the chunk's V rows [32][HD] (E), KS = 1 a step's K rows [HK][LDK] then
      * its V rows [HK][HD] (E) */
-    static constexpr size_t stg = KS ? (size_t)HK * (LDK + HD) * sizeof(E) / 4 : (size_t)AS_CHUNK * HD;
+    static constexpr size_t stg = KS ? (size_t)HK * (LDK + LDV) * sizeof(E) / 4 : (size_t)AS_CHUNK * HD;
     static_assert(stg >= (size_t)GT * HD, "the warps' outputs [W][GT][HD] go over the staging");
     /* dynamic shared memory, floats: q [GT][HD] | p [W][32][GT] | staging [W][stg] (then o [W][GT][HD]) | m, l [W][GT]
      * | k, v [HD] | cs [HD] | (KS = 1) q padded [GT][LDQ] */
     static constexpr size_t floats = (size_t)GT * HD + (size_t)AS_WARPS * 32 * GT + (size_t)AS_WARPS * stg +
-                                     2 * (size_t)AS_WARPS * GT + 3 * (size_t)HD + (KS ? (size_t)GT * LDQ : 0);
+                                     2 * (size_t)AS_WARPS * GT + 3 * (size_t)HD + (KS == 1 ? (size_t)GT * LDQ : 0);
     static constexpr size_t smem = floats * sizeof(float);
 };
 
@@ -142,6 +146,25 @@ __device__ __forceinline__ float4 as_sh4(const __half *p) {
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
+/* KS = 2's fragments: two halves as one f16x2 register (lo half first), ldmatrix x4 (plain and transposed) from a
+ * shared-memory address, m16n8k16 f16 mma with f32 accumulation (not volatile: no side effects) */
+__device__ __forceinline__ uint32_t as_h2(__half a, __half b) {
+    return (uint32_t)__half_as_ushort(a) | (uint32_t)__half_as_ushort(b) << 16;
+}
+__device__ __forceinline__ void as_ldsm4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void as_ldsm4t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void as_mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 template <int HD, int GT, typename E, int KS>
 __global__ void __launch_bounds__(AS_WARPS * 32, 1)
 k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, const float *__restrict__ q_norm,
@@ -177,7 +200,7 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
     const int64_t kvd = dk;
     const E *kb0 = (const E *)kv.k + (int64_t)kvh * HD, *vb0 = (const E *)kv.v + (int64_t)kvh * HD;
     E *wv = (E *)(stg + (size_t)warp * DM::stg); /* KS = 0: the warp's chunk of V rows [32][HD] (f16: half of it) */
-    E *wk = wv, *wv1 = wv + DM::HK * DM::LDK;     /* KS = 1: a step's K rows [HK][LDK], V rows [HK][HD] */
+    E *wk = wv, *wv1 = wv + DM::HK * DM::LDK;     /* KS >= 1: a step's K rows [HK][LDK], V rows [HK][LDV] */
     constexpr int KP = HD / 4 > 16 && GT >= 16 ? 16 : HD / 4; /* float4 of a K row a piece: 32 at most (128 registers) */
     /* The chunk's V rows from j0 (nk of them; roff: each lane's key's row offset) into the warp's staging by
      * cp.async (16 bytes a lane a step, rows whole; past the last key zero-filled), one group: in flight while q . k
@@ -204,7 +227,7 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
             for (int it = 0; it < DM::HK / RPI; it++) {
                 const int r = it * RPI + lane / C4, c4 = lane % C4;
                 const int64_t ro = __shfl_sync(0xffffffffu, roff, hoff + r);
-                E *dst = kvs ? wv1 + r * HD : wk + r * DM::LDK;
+                E *dst = kvs ? wv1 + r * DM::LDV : wk + r * DM::LDK;
                 as_cp16((float *)(dst + EP * c4), (const float *)((kvs ? vb0 : kb0) + ro + EP * c4), r < nk);
             }
             asm volatile("cp.async.commit_group;" ::: "memory");
@@ -254,7 +277,7 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         for (int j = tid; j < G * HD; j += blockDim.x) sq[j] = q[(int64_t)kvh * G * HD + j];
         __syncthreads();
     }
-    if constexpr (KS) { /* the q rows padded for q . k: a head's LPK parts of HD / LPK dims QH apart */
+    if constexpr (KS == 1) { /* the q rows padded for q . k: a head's LPK parts of HD / LPK dims QH apart */
         constexpr int PD = HD / DM::LPK;
         for (int e = tid; e < G * HD; e += blockDim.x) sqp[(e / HD) * DM::LDQ + (e % HD) / PD * DM::QH + e % PD] = sq[e];
         __syncthreads();
@@ -267,6 +290,13 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         o[h][0] = o[h][1] = o[h][2] = o[h][3] = 0.f;
     }
     float *wp = sp + warp * 32 * GT; /* the warp's probabilities [32 keys][GT] */
+    /* KS = 2's state: a lane (g, t) = (lane / 4, lane % 4) of the m16n8k16 fragments; rows (query heads) g and g + 8 */
+    const int tg = lane >> 2, tt = lane & 3;
+    float tm[2] = {-INFINITY, -INFINITY}, tl[2] = {0.f, 0.f}, to[KS == 2 ? HD / 8 : 1][4];
+    if constexpr (KS == 2) {
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) to[n][0] = to[n][1] = to[n][2] = to[n][3] = 0.f;
+    }
     if constexpr (KS == 0) {
         for (int32_t j0 = ka + warp * AS_CHUNK; j0 < kb; j0 += AS_WARPS * AS_CHUNK) {
             const int32_t nk = kb - j0 < AS_CHUNK ? kb - j0 : AS_CHUNK;
@@ -343,7 +373,7 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
             }
             __syncwarp(); /* wp and wv are rewritten by the next chunk */
         }
-    } else {
+    } else if constexpr (KS == 1) {
         /* K staged (KS = 1): a warp's chunk in steps of HK keys, each step's K and V rows by cp.async into shared
          * memory (coalesced: a warp reads 512 contiguous bytes an instruction, where KS = 0's lane-a-row loads
          * touch 32 rows each); q . k from there, LPK lanes a key (each HD / LPK dims, then one shuffle), the V
@@ -417,11 +447,133 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
                 __syncwarp(); /* wp and the staging are rewritten by the next step */
             }
         }
+    } else {
+        /* Tensor cores (KS = 2, f16 pools): a warp's 32 keys a step, staged as KS = 1 (one step: K and V of 32 keys
+         * in f16 fit), S = Q K^T and O += P V as m16n8k16 mma with f32 accumulation, the G query heads the rows
+         * (up to 16; rows past G are zero). K and V are f16 already (exact); q and p are split as hi + lo f16
+         * (hi = f16(x), lo = f16(x - hi): x to ~2^-22 relative, fp32's order), two mma a product. The S fragments
+         * become P V's A fragments in registers (FA2's layout), the online softmax per row over the step's 32 keys,
+         * the row max across the 4 lanes of a row by shuffles. The q fragments are built once from sq. */
+        constexpr int KT = HD / 16, NO = HD / 8; /* k-steps of q . k, dim n-tiles of p . v */
+        uint32_t qh[KT][4], ql[KT][4];
+#pragma unroll
+        for (int kt = 0; kt < KT; kt++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) { /* a[r]: row tg (+8 for r odd), dims 16 kt + 2 tt (+8 for r >= 2) */
+                const int row = tg + 8 * (r & 1), d = 16 * kt + 2 * tt + 8 * (r >> 1);
+                const float x0 = row < G ? sq[row * HD + d] : 0.f, x1 = row < G ? sq[row * HD + d + 1] : 0.f;
+                const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
+                const __half l0 = __float2half_rn(x0 - __half2float(h0)), l1 = __float2half_rn(x1 - __half2float(h1));
+                qh[kt][r] = as_h2(h0, h1);
+                ql[kt][r] = as_h2(l0, l1);
+            }
+        const uint32_t kbase = cu_smem_u32(wk), vbase = cu_smem_u32(wv1);
+        for (int32_t j0 = ka + warp * AS_CHUNK; j0 < kb; j0 += AS_WARPS * AS_CHUNK) {
+            const int first = pre && j0 == j0f;
+            const int32_t jl = j0 + lane, nk = kb - j0 < AS_CHUNK ? kb - j0 : AS_CHUNK;
+            const int64_t roff = first ? roff_pre : moet_kv_row(kv.blocks, kv.shift, jl < kb ? jl : ka) * kvd;
+            if (!first) stage_kv(nk, roff, 0);
+            const int cr = cur - j0; /* key cur's row in the step, if there: its rows from sk / sv, as stored */
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            __syncwarp(); /* every lane's pieces of the K rows landed (before the patch of row cr) */
+            if (cr >= 0 && cr < nk)
+                for (int d = lane; d < HD; d += 32) wk[cr * DM::LDK + d] = __float2half_rn(sk[d]);
+            __syncwarp();
+            float sc[4][4]; /* S: n-tile j (keys 8 j ..), c[0..1] row tg keys 2 tt, +1; c[2..3] row tg + 8 */
+#pragma unroll
+            for (int j = 0; j < 4; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+            for (int kt = 0; kt < KT; kt++)
+#pragma unroll
+                for (int jp = 0; jp < 2; jp++) { /* n-tiles 2 jp, 2 jp + 1: one ldmatrix.x4 */
+                    const int key = 16 * jp + 8 * (lane >> 4) + (lane & 7), dim = 16 * kt + 8 * ((lane >> 3) & 1);
+                    uint32_t b[4];
+                    as_ldsm4(b, kbase + (uint32_t)(key * DM::LDK + dim) * 2u);
+                    as_mma16(sc[2 * jp], qh[kt], b[0], b[1]);
+                    as_mma16(sc[2 * jp], ql[kt], b[0], b[1]);
+                    as_mma16(sc[2 * jp + 1], qh[kt], b[2], b[3]);
+                    as_mma16(sc[2 * jp + 1], ql[kt], b[2], b[3]);
+                }
+            /* the online softmax per row (r = 0: head tg, 1: head tg + 8) */
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = 8 * j + 2 * tt + (e & 1);
+                    sc[j][e] = key < nk ? sc[j][e] * scale : -INFINITY;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+                }
+            float corr[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float mn = fmaxf(tm[r], mx[r]);
+                corr[r] = expf(tm[r] - mn);
+                tm[r] = mn;
+                tl[r] *= corr[r];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    sc[j][e] = expf(sc[j][e] - tm[e >> 1]);
+                    tl[e >> 1] += sc[j][e]; /* the lane's share of the row's sum */
+                }
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                to[n][0] *= corr[0]; to[n][1] *= corr[0];
+                to[n][2] *= corr[1]; to[n][3] *= corr[1];
+            }
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+            __syncwarp();
+            if (cr >= 0 && cr < nk)
+                for (int d = lane; d < HD; d += 32) wv1[cr * DM::LDV + d] = __float2half_rn(sv[d]);
+            __syncwarp();
+#pragma unroll
+            for (int ks2 = 0; ks2 < 2; ks2++) { /* keys 16 ks2 ..: P's A fragments from S's n-tiles 2 ks2, 2 ks2 + 1 */
+                uint32_t ph[4], pl[4];
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const float *c = sc[2 * ks2 + (r >> 1)] + 2 * (r & 1);
+                    const __half h0 = __float2half_rn(c[0]), h1 = __float2half_rn(c[1]);
+                    ph[r] = as_h2(h0, h1);
+                    pl[r] = as_h2(__float2half_rn(c[0] - __half2float(h0)), __float2half_rn(c[1] - __half2float(h1)));
+                }
+#pragma unroll
+                for (int np = 0; np < NO / 2; np++) { /* dim n-tiles 2 np, 2 np + 1: one ldmatrix.x4.trans */
+                    const int key = 16 * ks2 + 8 * ((lane >> 3) & 1) + (lane & 7), dim = 16 * np + 8 * (lane >> 4);
+                    uint32_t b[4];
+                    as_ldsm4t(b, vbase + (uint32_t)(key * DM::LDV + dim) * 2u);
+                    as_mma16(to[2 * np], ph, b[0], b[1]);
+                    as_mma16(to[2 * np], pl, b[0], b[1]);
+                    as_mma16(to[2 * np + 1], ph, b[2], b[3]);
+                    as_mma16(to[2 * np + 1], pl, b[2], b[3]);
+                }
+            }
+            __syncwarp(); /* the staging is rewritten by the next step */
+        }
     }
     __syncthreads(); /* the staging becomes the warps' outputs */
     /* the warp's partials to shared memory: l summed over its lanes (a fixed tree), m, o as they are */
+    if constexpr (KS == 2) { /* from the fragments: row tg + 8 r, dims 8 n + 2 tt, +1 */
 #pragma unroll
-    for (int h = 0; h < GT; h++) {
+        for (int r = 0; r < 2; r++) {
+            float lt = tl[r];
+            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            const int row = tg + 8 * r;
+            if (row < G) {
+                if (tt == 0) { smx[warp * GT + row] = tm[r]; sl[warp * GT + row] = lt; }
+#pragma unroll
+                for (int n = 0; n < HD / 8; n++)
+                    *(float2 *)(so + (warp * GT + row) * HD + 8 * n + 2 * tt) = make_float2(to[n][2 * r], to[n][2 * r + 1]);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < (KS == 2 ? 0 : GT); h++) {
         if (h < G) {
             float lt = l[h];
 #pragma unroll
@@ -528,6 +680,7 @@ typedef void (*as_kernel_fn)(float *, float *, const float *, int32_t, int32_t, 
                              const moet_rope, const int32_t *, moet_kv_ref, const moet_kv_ref *, float, const float *,
                              int32_t, float *, int32_t, float *, int32_t *, int32_t);
 template <int HD, typename E, int KS> static as_kernel_fn as_pick_g(int G, size_t *smem) {
+    static_assert(KS != 2 || sizeof(E) == 2, "tensor cores on f16 pools only");
 #define AS_G(GT) if (G <= GT) { *smem = as_dims<HD, GT, E, KS>::smem; return k_attn_split<HD, GT, E, KS>; }
     AS_G(1) AS_G(2) AS_G(4) AS_G(8) AS_G(16)
 #undef AS_G
@@ -540,13 +693,22 @@ template <int KS> static as_kernel_fn as_pick_k(int hd, int G, int f16, size_t *
     default: return NULL;
     }
 }
-/* K rows: 0 a lane's key's row loaded whole into its registers (stops 41-42), 1 staged by cp.async with the V rows
- * (MOET_ATTN_SPLITK_KS, read at every launch: the A/B) */
-static int as_ks(void) {
+/* K rows: 0 a lane's key's row loaded whole into its registers (stops 41-42), 1 staged by cp.async with the V rows,
+ * 2 staged and multiplied on tensor cores (f16 pools; on f32 ones 2 is 1) (MOET_ATTN_SPLITK_KS, read at every
+ * launch: the A/B) */
+static int as_ks(int f16) {
     const char *e = getenv("MOET_ATTN_SPLITK_KS");
-    return e && e[0] == '1';
+    const int v = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 0;
+    return v == 2 && !f16 ? 1 : v;
 }
 static as_kernel_fn as_pick(int hd, int G, int f16, int ks, size_t *smem) {
+    if (ks == 2) {
+        switch (hd) {
+        case 64: return as_pick_g<64, __half, 2>(G, smem);
+        case 128: return as_pick_g<128, __half, 2>(G, smem);
+        default: return NULL;
+        }
+    }
     return ks ? as_pick_k<1>(hd, G, f16, smem) : as_pick_k<0>(hd, G, f16, smem);
 }
 
@@ -591,11 +753,11 @@ extern "C" int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, 
     if (prep && (rp->dim < 2 || rp->dim > hd || rp->dim % 2)) return 0;
     size_t smem = 0;
     const int f16 = a->kv.type == MOET_KVE_F16; /* (attn_rows: every row's pools of a->kv.type, backend.h) */
-    const int ks = as_ks();
+    const int ks = as_ks(f16);
     as_kernel_fn fn = as_pick(hd, G, f16, ks, &smem);
     if (!fn || smem > c->prop.sharedMemPerBlockOptin) return 0; /* (158 KB at head_dim 128 x 16 heads) */
     if (c->err[0]) return 1;
-    static int attr_dev[2][2][2][5]; /* device + 1 whose attribute is set; 0: none yet */
+    static int attr_dev[3][2][2][5]; /* device + 1 whose attribute is set; 0: none yet */
     const int hi = hd == 64 ? 0 : 1, gi = G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;
     if (attr_dev[ks][f16][hi][gi] != c->device + 1) { /* (per device: the attribute belongs to the current context) */
         if (CU_CHECK(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return 1;

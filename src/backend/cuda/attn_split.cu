@@ -9,7 +9,14 @@
  * its keys: every K and V row is read once a token, and the keys of a long context are spread over up to AS_SMAX
  * CTAs a kv head (n_kv x AS_SMAX CTAs: 128 at the Qwen3 shapes, one an SM).
  *
- * A warp takes AS_CHUNK = 32 keys at a time: their V rows go to the warp's staging by cp.async first; for q . k a
+ * How a warp reads K (MOET_ATTN_SPLITK_KS): 1, the default since stop 43, stages a step's K rows by cp.async beside
+ * its V rows (coalesced: 512 contiguous bytes a warp instruction), q . k from shared memory (two lanes a key over
+ * 16-key steps on f32 pools; a lane a key over 32 on f16); 2 (f16 pools, opt-in until timed) does both products on
+ * tensor cores, the heads the rows of m16n8k16 tiles (see the KS = 2 branch); 0 is stop 41's form, below: an
+ * H100's Nsight Compute found it bound by instructions at ~2 warps a scheduler (a lane's K row loads touch 32 rows
+ * an instruction; ~4300 instructions a warp for a 32-key chunk at ~7 cycles each), not by memory: KS = 1 took
+ * 1.3-1.7x less time at every span.
+ * KS = 0: a warp takes AS_CHUNK = 32 keys at a time: their V rows go to the warp's staging by cp.async first; for q . k a
  * lane a key (its whole K row requested at once into registers, the G query heads from shared memory by broadcast:
  * no cross-lane sums), then the online-softmax update per head over the warp's 32 scores, then for p . v a lane 4
  * dims of every head (head_dim <= 128) from the staged rows, the 32 keys' probabilities by broadcast. Decode
@@ -652,17 +659,17 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
 
 /* Decode-sized attention (<= AS_TOK tokens a launch where attn_tc declines, and every attn_fused / attn_rows) by
  * key splits: MOET_ATTN_SPLITK=1 always, 0 never, unset for sessions sized for AS_AUTO_CTX keys or more (n_ctx).
- * Why by n_ctx: a recorded step serves every position, so the kernel cannot follow the position, and on an H100
- * (stop 42, 30b) the split kernel lost at short spans (tg32 at depth 0: 0.72x; the op at 128 keys 3.2x slower:
- * S = 1 leaves n_kv CTAs with a few warps) and won from ~1k keys (the op 1.14x at 1024, 2.9x at 4096, 7.6x at
- * 32768; tg32 2.0x at depth 4096, 4.1x at 16384). A session sized for 8k keys or more spends most of its steps past
- * the crossing; a short one keeps attention.cu's kernels. On an f16 cache attention.cu's kernels ran 1.9x slower
- * than on f32 (the op at 1024..32768 keys; not understood yet: the same loads, 2 bytes each) and the crossing came
- * at ~400 keys (1.9x at 1024), so there sessions of 2048 keys or more take the split kernel. Read at every launch
- * (test_ops switches it). */
+ * Why by n_ctx: a recorded step serves every position, so the kernel cannot follow the position. On an H100 the
+ * split kernel with K staged (stop 43, KS = 1, the op at the 30b shape) took 14.8 us at 128 keys where
+ * attention.cu's took 7.7 (1.9x slower: its fixed cost is a warp's instructions for a chunk, ~4300 at ~7 cycles
+ * each, not memory), and won from a few hundred keys (1.54x at 1024, 3.7x at 4096, 11.5x at 32768). With stop 42's
+ * kernel (lane-a-row K loads, 1.3-1.7x slower than KS = 1) the crossing was ~1k keys and the rule 8192. A session
+ * sized for 2048 keys or more spends most of its steps past the crossing; a shorter one keeps attention.cu's
+ * kernels. On an f16 cache attention.cu's kernels are 1.9x slower than on f32 (9.5 us at 128 keys, 71 at 1024) and
+ * the crossing comes at ~250 keys: sessions of 1024 keys or more. Read at every launch (test_ops switches it). */
 #define AS_TOK 64
-#define AS_AUTO_CTX 8192
-#define AS_AUTO_CTX_F16 2048
+#define AS_AUTO_CTX 2048
+#define AS_AUTO_CTX_F16 1024
 static int as_enabled(int32_t n_ctx, int32_t kv_type) {
     const char *e = getenv("MOET_ATTN_SPLITK");
     if (e && e[0]) return e[0] == '1';
@@ -698,7 +705,7 @@ template <int KS> static as_kernel_fn as_pick_k(int hd, int G, int f16, size_t *
  * launch: the A/B) */
 static int as_ks(int f16) {
     const char *e = getenv("MOET_ATTN_SPLITK_KS");
-    const int v = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 0;
+    const int v = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 1; /* default 1: stop 43, below */
     return v == 2 && !f16 ? 1 : v;
 }
 static as_kernel_fn as_pick(int hd, int G, int f16, int ks, size_t *smem) {

@@ -14,13 +14,12 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib
 R=/tmp/res/tc; mkdir -p $R
 pk() { tar -C /tmp -cJf "$out/res.tar.xz" res; }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $R/gpu.txt
-for c in "f16 2" "f16 1" "f32 1" "f16 0" "f32 0"; do set -- $c
+PERF=${QUICK:+"f16 2;f16 1"}; IFS=';' read -r -a PC <<< "${PERF:-f16 2;f16 1;f32 1;f16 0;f32 0}"
+for c in "${PC[@]}"; do set -- $c
   MOET_ATTN_SPLITK=1 MOET_ATTN_SPLITK_KS=$2 MOET_PERF_KV=$1 MOET_PERF_ONLY=attn timeout 100 .carry/bin/test_ops cuda --perf \
     > $R/perf-$1-ks$2.txt 2>&1
   echo "== $1 KS $2"; grep -A11 "decode attention" $R/perf-$1-ks$2.txt | tail -10
 done
-MOET_ATTN_SPLITK=0 MOET_PERF_KV=f16 MOET_PERF_ONLY=attn timeout 100 .carry/bin/test_ops cuda --perf > $R/perf-f16-old.txt 2>&1
-echo "== f16 attention.cu"; grep -A6 "decode attention" $R/perf-f16-old.txt | tail -5
 pk
 (timeout 240 .carry/bin/test_ops cuda > $R/test_ops.txt 2>&1; echo "rc $?" >> $R/test_ops.txt)
 grep -E "attn long.* tc|FAIL|FATAL|^rc" $R/test_ops.txt | grep -v " cpu " | tail -24
@@ -33,14 +32,15 @@ for t in test_logits test_batch test_kv test_cuda; do
 done
 pk
 for d in 0 4096 16384; do
-  for c in "1 f16 2" "1 f16 1" "0 f16 0" "0 f32 0" "1 f32 1"; do set -- $c
+  TGC=${QUICK:+"1 f16 2;1 f16 1"}; IFS=';' read -r -a TC <<< "${TGC:-1 f16 2;1 f16 1;0 f16 0;0 f32 0;1 f32 1}"
+  for c in "${TC[@]}"; do set -- $c
     echo "d $d splitk $1 $2 KS $3: $(MOET_ATTN_SPLITK=$1 MOET_ATTN_SPLITK_KS=$3 timeout 100 .carry/bin/moet bench \
       --synthetic qwen3-30b-a3b --device cuda --kv-type $2 -p 0 -n 32 -d $d --reps 2 --json $R/tg-d$d-s$1-$2-ks$3.json \
       2>$R/tg-d$d-s$1-$2-ks$3.err | tail -1)"
   done
 done
 pk
-if command -v ncu > /dev/null; then
+if [ -z "${QUICK:-}" ] && command -v ncu > /dev/null; then
   SEC="--section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis"
   for c in "2 128" "386 32768"; do set -- $c
     MOET_ATTN_SPLITK=1 MOET_ATTN_SPLITK_KS=2 MOET_PERF_KV=f16 MOET_PERF_ONLY=attn timeout 120 ncu -k "regex:k_attn_split" \

@@ -9,9 +9,9 @@
  * its keys: every K and V row is read once a token, and the keys of a long context are spread over up to AS_SMAX
  * CTAs a kv head (n_kv x AS_SMAX CTAs: 128 at the Qwen3 shapes, one an SM).
  *
- * How a warp reads K (MOET_ATTN_SPLITK_KS): 1, the default since stop 43, stages a step's K rows by cp.async beside
+ * How a warp reads K (MOET_ATTN_SPLITK_KS): 1, the default on f32 pools since stop 43, stages a step's K rows by cp.async beside
  * its V rows (coalesced: 512 contiguous bytes a warp instruction), q . k from shared memory (two lanes a key over
- * 16-key steps on f32 pools; a lane a key over 32 on f16); 2 (f16 pools, opt-in until timed) does both products on
+ * 16-key steps on f32 pools; a lane a key over 32 on f16); 2, the default on f16 pools, does both products on
  * tensor cores, the heads the rows of m16n8k16 tiles (see the KS = 2 branch); 0 is stop 41's form, below: an
  * H100's Nsight Compute found it bound by instructions at ~2 warps a scheduler (a lane's K row loads touch 32 rows
  * an instruction; ~4300 instructions a warp for a 32-key chunk at ~7 cycles each), not by memory: KS = 1 took
@@ -702,10 +702,12 @@ template <int KS> static as_kernel_fn as_pick_k(int hd, int G, int f16, size_t *
 }
 /* K rows: 0 a lane's key's row loaded whole into its registers (stops 41-42), 1 staged by cp.async with the V rows,
  * 2 staged and multiplied on tensor cores (f16 pools; on f32 ones 2 is 1) (MOET_ATTN_SPLITK_KS, read at every
- * launch: the A/B) */
+ * launch: the A/B). The default is 2: on an H200 (stop 43) the op on f16 pools took 1.29-1.52x less time than with
+ * 1 at the 30b shape and 1.41-1.84x at the 235b one, and tg32 of the 30b shape ran 1.07x (depth 0 and 4096) and
+ * 1.16x (16384) faster. On f32 pools it is 1 (1.3-1.7x faster than 0 on an H100). */
 static int as_ks(int f16) {
     const char *e = getenv("MOET_ATTN_SPLITK_KS");
-    const int v = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 1; /* default 1: stop 43, below */
+    const int v = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 2; /* default: 2 on f16, 1 on f32 (stop 43) */
     return v == 2 && !f16 ? 1 : v;
 }
 static as_kernel_fn as_pick(int hd, int G, int f16, int ks, size_t *smem) {

@@ -153,6 +153,29 @@ __device__ __forceinline__ float4 as_sh4(const __half *p) {
     return make_float4(a.x, a.y, b.x, b.y);
 }
 
+/* p . v of a step (KS 0 and 1): a lane 4 dims of every head (head_dim <= 128), keys j0 .. j0 + nk - 1 in order,
+ * their V rows staged at wv (rows HD apart; key cur from sv), their probabilities wp [key][GT] */
+template <int HD, int GT, typename E>
+__device__ __forceinline__ void as_pv(float (&o)[GT][4], const float *wp, const E *wv, int32_t nk, int32_t j0,
+                                      int32_t cur, const float *sv, int G, int lane) {
+    const int d = 4 * lane;
+#pragma unroll 4
+    for (int32_t c = 0; c < nk; c++) {
+        const float4 vv = d >= HD ? make_float4(0.f, 0.f, 0.f, 0.f)
+                          : j0 + c == cur ? *(const float4 *)(sv + d) : as_sh4(wv + c * HD + d);
+#pragma unroll
+        for (int h = 0; h < GT; h++) {
+            if (h < G) {
+                const float pr = wp[c * GT + h];
+                o[h][0] = fmaf(pr, vv.x, o[h][0]);
+                o[h][1] = fmaf(pr, vv.y, o[h][1]);
+                o[h][2] = fmaf(pr, vv.z, o[h][2]);
+                o[h][3] = fmaf(pr, vv.w, o[h][3]);
+            }
+        }
+    }
+}
+
 /* KS = 2's fragments: two halves as one f16x2 register (lo half first), ldmatrix x4 (plain and transposed) from a
  * shared-memory address, m16n8k16 f16 mma with f32 accumulation (not volatile: no side effects) */
 __device__ __forceinline__ uint32_t as_h2(__half a, __half b) {
@@ -315,23 +338,23 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
             /* q . k, a lane its key: the whole K row requested at once (HD / 4 loads in flight a lane), then the sums;
              * key cur (this launch's own) from its shared copy, the same sums */
             float acc[GT];
-    #pragma unroll
+#pragma unroll
             for (int h = 0; h < GT; h++) acc[h] = 0.f;
             {
                 const E *kr = kb0 + roff;
-    #pragma unroll
+#pragma unroll
                 for (int pc = 0; pc < HD / 4; pc += KP) {
                     float4 kk[KP];
                     if (j == cur) {
-    #pragma unroll
+#pragma unroll
                         for (int u = 0; u < KP; u++) kk[u] = ((const float4 *)sk)[pc + u];
                     } else {
-    #pragma unroll
+#pragma unroll
                         for (int u = 0; u < KP; u++) kk[u] = as_ld4(kr + 4 * (pc + u));
                     }
-    #pragma unroll
+#pragma unroll
                     for (int u = 0; u < KP; u++)
-    #pragma unroll
+#pragma unroll
                         for (int h = 0; h < GT; h++) {
                             if (h < G) {
                                 const float4 qq = *(const float4 *)(sq + h * HD + 4 * (pc + u));
@@ -344,16 +367,16 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
                 }
             }
             /* the online softmax over the warp's 32 scores, a head at a time (the warp's own running m, l, o) */
-    #pragma unroll
+#pragma unroll
             for (int h = 0; h < GT; h++) {
                 if (h < G) {
                     const float sc = valid ? acc[h] * scale : -INFINITY;
                     float mx = sc;
-    #pragma unroll
+#pragma unroll
                     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
                     const float mn = fmaxf(m[h], mx), corr = expf(m[h] - mn), pr = expf(sc - mn);
                     l[h] = l[h] * corr + pr; /* a lane's share: summed over the lanes at the end */
-    #pragma unroll
+#pragma unroll
                     for (int e = 0; e < 4; e++) o[h][e] *= corr;
                     m[h] = mn;
                     wp[lane * GT + h] = pr;
@@ -362,22 +385,7 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
             asm volatile("cp.async.wait_all;" ::: "memory");
             __syncwarp();
             /* p . v: a lane 4 dims of every head (head_dim <= 128), the chunk's keys in order */
-            const int d = 4 * lane;
-    #pragma unroll 4
-            for (int32_t c = 0; c < nk; c++) {
-                const float4 vv = d >= HD ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                  : j0 + c == cur ? *(const float4 *)(sv + d) : as_sh4(wv + c * HD + d);
-    #pragma unroll
-                for (int h = 0; h < GT; h++) {
-                    if (h < G) {
-                        const float pr = wp[c * GT + h];
-                        o[h][0] = fmaf(pr, vv.x, o[h][0]);
-                        o[h][1] = fmaf(pr, vv.y, o[h][1]);
-                        o[h][2] = fmaf(pr, vv.z, o[h][2]);
-                        o[h][3] = fmaf(pr, vv.w, o[h][3]);
-                    }
-                }
-            }
+            as_pv<HD, GT>(o, wp, wv, nk, j0, cur, sv, G, lane);
             __syncwarp(); /* wp and wv are rewritten by the next chunk */
         }
     } else if constexpr (KS == 1) {
@@ -435,22 +443,7 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
                 }
                 asm volatile("cp.async.wait_group 0;" ::: "memory"); /* the V rows */
                 __syncwarp();
-                const int d = 4 * lane;
-#pragma unroll 4
-                for (int32_t c = 0; c < nk; c++) {
-                    const float4 vv = d >= HD ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                      : hb + c == cur ? *(const float4 *)(sv + d) : as_sh4(wv1 + c * HD + d);
-#pragma unroll
-                    for (int h = 0; h < GT; h++) {
-                        if (h < G) {
-                            const float pr = wp[c * GT + h];
-                            o[h][0] = fmaf(pr, vv.x, o[h][0]);
-                            o[h][1] = fmaf(pr, vv.y, o[h][1]);
-                            o[h][2] = fmaf(pr, vv.z, o[h][2]);
-                            o[h][3] = fmaf(pr, vv.w, o[h][3]);
-                        }
-                    }
-                }
+                as_pv<HD, GT>(o, wp, (const E *)wv1, nk, hb, cur, sv, G, lane);
                 __syncwarp(); /* wp and the staging are rewritten by the next step */
             }
         }

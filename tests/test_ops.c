@@ -476,7 +476,7 @@ static void check_attn_long_ks(const moet_backend_ops *op, moet_backend *be, int
     /* sj past the shapes: f16 pools, at 32/4x128, 16/1x64, the sinks and 8/2x128 (the other shape takes attention.cu's
      * kernels, which the short f16 checks cover) */
     const size_t nsh = sizeof sh / sizeof sh[0];
-    for (size_t sj = ks == 2 ? nsh : 0; sj < nsh + 4; sj++) /* (ks 2: the f16 pools only) */
+    for (size_t sj = ks >= 2 ? nsh : 0; sj < nsh + 4; sj++) /* (ks 2, 3: the f16 pools only) */
         for (size_t pi = 0; pi < sizeof pss / sizeof pss[0]; pi++) {
             static const size_t f16_shapes[4] = {1, 2, 4, 0};
             const size_t si = sj < nsh ? sj : f16_shapes[sj - nsh];
@@ -584,7 +584,7 @@ static void check_attn_long_ks(const moet_backend_ops *op, moet_backend *be, int
             }
             char vname[64];
             snprintf(vname, sizeof vname, "%d/%dx%d%s pos %d%s%s", nh, nkv, hd, snk ? " sinks w700" : "", ps[0],
-                     g_kvt == MOET_KVE_F16 ? " f16" : "", ks == 2 ? " tc" : ks ? " ks" : "");
+                     g_kvt == MOET_KVE_F16 ? " f16" : "", ks == 3 ? " tcp" : ks == 2 ? " tc" : ks ? " ks" : "");
             report("attn long", vname, nmse(o0, ref, (size_t)(NR * Dq)), 1e-11);
             /* the other paths bit for bit: out, q, each row's written cache row (key and value) */
             for (int f = 1; f < fi; f++) {
@@ -619,9 +619,10 @@ static void check_attn_long_ks(const moet_backend_ops *op, moet_backend *be, int
 }
 
 /* CUDA's split kernel every way of reading K rows (attn_split.cu, MOET_ATTN_SPLITK_KS: 0 a lane's row in registers,
- * 1 staged by cp.async, 2 staged and on tensor cores: f16 pools only); the environment's setting restored after */
+ * 1 staged by cp.async, 2 staged and on tensor cores, 3 that with the loads overlapped: 2 and 3 on f16 pools only);
+ * the environment's setting restored after */
 static void check_attn_long(const moet_backend_ops *op, moet_backend *be) {
-    const int nks = !strcmp(op->name, "cuda") ? 3 : 1;
+    const int nks = !strcmp(op->name, "cuda") ? 4 : 1;
     const char *e = getenv("MOET_ATTN_SPLITK_KS");
     char saved[8] = "";
     if (e) snprintf(saved, sizeof saved, "%s", e);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# gpu_attn_tc.sh — stop 43's decode attention kernels on one device call: the checks (test_ops cuda: the split
-# kernel's three ways of reading K, MOET_ATTN_SPLITK_KS=0/1/2; the session tests with the split kernel forced and
-# K on tensor cores, so f16 sessions take it end to end), the op alone (test_ops --perf, f16 KS 0/1/2, f32 KS 0/1),
+# gpu_attn_tc.sh — stop 43's decode attention kernels on one device call (QUICK=1: the f16 rows only): the checks (test_ops cuda: the split
+# kernel's four ways of reading K, MOET_ATTN_SPLITK_KS=0..3; the session tests with the split kernel forced and
+# K on tensor cores, so f16 sessions take it end to end), the op alone (test_ops --perf, f16 KS 0..3, f32 KS 0/1),
 # Nsight Compute on the tensor-core kernel at 128 and 32768 keys, and tg32 of the 30b shape at depths 0, 4096 and
 # 16384 (attention.cu's kernels, KS 1, KS 2; f32 and f16). Everything in $OUT/res.tar.xz. Pack first:
 # tests/models/*/model.safetensors aside, SHARED=1 BINS="moet test_ops test_logits test_batch test_kv test_cuda"
@@ -14,7 +14,7 @@ export LD_LIBRARY_PATH=$PWD/.carry/lib
 R=/tmp/res/tc; mkdir -p $R
 pk() { tar -C /tmp -cJf "$out/res.tar.xz" res; }
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $R/gpu.txt
-PERF=${QUICK:+"f16 2;f16 1"}; IFS=';' read -r -a PC <<< "${PERF:-f16 2;f16 1;f32 1;f16 0;f32 0}"
+PERF=${QUICK:+"f16 3;f16 2;f16 1"}; IFS=';' read -r -a PC <<< "${PERF:-f16 3;f16 2;f16 1;f32 1;f16 0;f32 0}"
 for c in "${PC[@]}"; do set -- $c
   MOET_ATTN_SPLITK=1 MOET_ATTN_SPLITK_KS=$2 MOET_PERF_KV=$1 MOET_PERF_ONLY=attn timeout 100 .carry/bin/test_ops cuda --perf \
     > $R/perf-$1-ks$2.txt 2>&1
@@ -32,7 +32,7 @@ for t in test_logits test_batch test_kv test_cuda; do
 done
 pk
 for d in 0 4096 16384; do
-  TGC=${QUICK:+"1 f16 2;1 f16 1"}; IFS=';' read -r -a TC <<< "${TGC:-1 f16 2;1 f16 1;0 f16 0;0 f32 0;1 f32 1}"
+  TGC=${QUICK:+"1 f16 3;1 f16 2"}; IFS=';' read -r -a TC <<< "${TGC:-1 f16 3;1 f16 2;1 f16 1;0 f16 0;0 f32 0;1 f32 1}"
   for c in "${TC[@]}"; do set -- $c
     echo "d $d splitk $1 $2 KS $3: $(MOET_ATTN_SPLITK=$1 MOET_ATTN_SPLITK_KS=$3 timeout 100 .carry/bin/moet bench \
       --synthetic qwen3-30b-a3b --device cuda --kv-type $2 -p 0 -n 32 -d $d --reps 2 --json $R/tg-d$d-s$1-$2-ks$3.json \

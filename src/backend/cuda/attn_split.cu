@@ -80,12 +80,12 @@ template <int HD, int GT, typename E = float, int KS = 0> struct as_dims {
     /* KS = 1 (K staged): keys a staging step (an f16 chunk whole; f32 in halves: K and V of 32 keys would not fit
      * 8 warps' shared memory), lanes a key in q . k, a staged K row's stride in elements (16 bytes of padding: the
      * lanes' row reads spread over the banks), the padded q rows' stride and half offset in floats */
-    static constexpr int HK = sizeof(E) == 2 || KS == 2 ? 32 : 16, LPK = 32 / HK;
+    static constexpr int HK = sizeof(E) == 2 || KS >= 2 ? 32 : 16, LPK = 32 / HK;
     static constexpr int LDK = HD + 16 / (int)sizeof(E), LDQ = HD + 4 * LPK, QH = HD / LPK + 4;
     /* KS = 2 (tensor cores, f16 pools): V rows staged with K's padded stride (ldmatrix's 8 row addresses then fall
      * in 8 different bank groups) */
-    static constexpr int LDV = KS == 2 ? LDK : HD;
-    static_assert(KS != 2 || (sizeof(E) == 2 && HD % 16 == 0), "the tensor-core path reads f16 pools");
+    static constexpr int LDV = KS >= 2 ? LDK : HD;
+    static_assert(KS < 2 || (sizeof(E) == 2 && HD % 16 == 0), "the tensor-core path reads f16 pools");
     /* a warp's staging in floats: KS = 0 the chunk's V rows [32][HD] (E), KS = 1 a step's K rows [HK][LDK] then
      * its V rows [HK][HD] (E) */
     static constexpr size_t stg = KS ? (size_t)HK * (LDK + LDV) * sizeof(E) / 4 : (size_t)AS_CHUNK * HD;
@@ -247,12 +247,14 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
     };
-    /* KS = 1: a step's K rows, then its V rows, into the warp's staging by cp.async (rows whole, coalesced: a lane
-     * 16 bytes of a row; rows past nk zero-filled), two groups; row r's offset is lane hoff + r's roff */
-    auto stage_kv = [&](int32_t nk, int64_t roff, int hoff) {
+    /* KS >= 1: a step's K rows, then its V rows, into the warp's staging by cp.async (rows whole, coalesced: a lane
+     * 16 bytes of a row; rows past nk zero-filled), a group each; row r's offset is lane hoff + r's roff. which:
+     * bit 0 the K rows, bit 1 the V rows */
+    auto stage_kv = [&](int32_t nk, int64_t roff, int hoff, int which = 3) {
         constexpr int EP = 16 / (int)sizeof(E), RPI = 32 * EP / HD, C4 = HD / EP;
 #pragma unroll
         for (int kvs = 0; kvs < 2; kvs++) {
+            if (!((which >> kvs) & 1)) continue;
 #pragma unroll
             for (int it = 0; it < DM::HK / RPI; it++) {
                 const int r = it * RPI + lane / C4, c4 = lane % C4;
@@ -322,8 +324,8 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
     float *wp = sp + warp * 32 * GT; /* the warp's probabilities [32 keys][GT] */
     /* KS = 2's state: a lane (g, t) = (lane / 4, lane % 4) of the m16n8k16 fragments; rows (query heads) g and g + 8 */
     const int tg = lane >> 2, tt = lane & 3;
-    float tm[2] = {-INFINITY, -INFINITY}, tl[2] = {0.f, 0.f}, to[KS == 2 ? HD / 8 : 1][4];
-    if constexpr (KS == 2) {
+    float tm[2] = {-INFINITY, -INFINITY}, tl[2] = {0.f, 0.f}, to[KS >= 2 ? HD / 8 : 1][4];
+    if constexpr (KS >= 2) {
 #pragma unroll
         for (int n = 0; n < HD / 8; n++) to[n][0] = to[n][1] = to[n][2] = to[n][3] = 0.f;
     }
@@ -468,11 +470,20 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
                 ql[kt][r] = as_h2(l0, l1);
             }
         const uint32_t kbase = cu_smem_u32(wk), vbase = cu_smem_u32(wv1);
+        /* KS = 3 (opt-in, not yet timed): the next step's K rows requested once this step's q . k has read the K
+         * staging, its V rows once p . v has read the V staging, so a step's loads overlap the step before's
+         * products (one staging a warp: two would not fit 8 warps' shared memory) */
+        constexpr int PIPE = KS == 3;
+        if (PIPE && j0f < kb && !pre) {
+            const int32_t jl = j0f + lane;
+            stage_kv(kb - j0f < AS_CHUNK ? kb - j0f : AS_CHUNK, moet_kv_row(kv.blocks, kv.shift, jl < kb ? jl : ka) * kvd, 0);
+        }
         for (int32_t j0 = ka + warp * AS_CHUNK; j0 < kb; j0 += AS_WARPS * AS_CHUNK) {
             const int first = pre && j0 == j0f;
             const int32_t jl = j0 + lane, nk = kb - j0 < AS_CHUNK ? kb - j0 : AS_CHUNK;
-            const int64_t roff = first ? roff_pre : moet_kv_row(kv.blocks, kv.shift, jl < kb ? jl : ka) * kvd;
-            if (!first) stage_kv(nk, roff, 0);
+            const int32_t jn = j0 + AS_WARPS * AS_CHUNK, nkn = PIPE && jn < kb ? (kb - jn < AS_CHUNK ? kb - jn : AS_CHUNK) : 0;
+            if (!PIPE && !first)
+                stage_kv(nk, moet_kv_row(kv.blocks, kv.shift, jl < kb ? jl : ka) * kvd, 0);
             const int cr = cur - j0; /* key cur's row in the step, if there: its rows from sk / sv, as stored */
             asm volatile("cp.async.wait_group 1;" ::: "memory");
             __syncwarp(); /* every lane's pieces of the K rows landed (before the patch of row cr) */
@@ -494,6 +505,13 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
                     as_mma16(sc[2 * jp + 1], qh[kt], b[2], b[3]);
                     as_mma16(sc[2 * jp + 1], ql[kt], b[2], b[3]);
                 }
+            int64_t roffn = 0;
+            if (nkn > 0) { /* (PIPE) the next step's K rows, over this step's, read by now */
+                __syncwarp();
+                const int32_t jn_l = jn + lane;
+                roffn = moet_kv_row(kv.blocks, kv.shift, jn_l < kb ? jn_l : ka) * kvd;
+                stage_kv(nkn, roffn, 0, 1);
+            }
             /* the online softmax per row (r = 0: head tg, 1: head tg + 8) */
             float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -526,7 +544,8 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
                 to[n][0] *= corr[0]; to[n][1] *= corr[0];
                 to[n][2] *= corr[1]; to[n][3] *= corr[1];
             }
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
+            if (nkn > 0) asm volatile("cp.async.wait_group 1;" ::: "memory"); /* (the next K rows may fly on) */
+            else asm volatile("cp.async.wait_group 0;" ::: "memory");
             __syncwarp();
             if (cr >= 0 && cr < nk)
                 for (int d = lane; d < HD; d += 32) wv1[cr * DM::LDV + d] = __float2half_rn(sv[d]);
@@ -553,11 +572,12 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
                 }
             }
             __syncwarp(); /* the staging is rewritten by the next step */
+            if (nkn > 0) stage_kv(nkn, roffn, 0, 2); /* (PIPE) the next step's V rows */
         }
     }
     __syncthreads(); /* the staging becomes the warps' outputs */
     /* the warp's partials to shared memory: l summed over its lanes (a fixed tree), m, o as they are */
-    if constexpr (KS == 2) { /* from the fragments: row tg + 8 r, dims 8 n + 2 tt, +1 */
+    if constexpr (KS >= 2) { /* from the fragments: row tg + 8 r, dims 8 n + 2 tt, +1 */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float lt = tl[r];
@@ -573,7 +593,7 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
         }
     }
 #pragma unroll
-    for (int h = 0; h < (KS == 2 ? 0 : GT); h++) {
+    for (int h = 0; h < (KS >= 2 ? 0 : GT); h++) {
         if (h < G) {
             float lt = l[h];
 #pragma unroll
@@ -680,7 +700,7 @@ typedef void (*as_kernel_fn)(float *, float *, const float *, int32_t, int32_t, 
                              const moet_rope, const int32_t *, moet_kv_ref, const moet_kv_ref *, float, const float *,
                              int32_t, float *, int32_t, float *, int32_t *, int32_t);
 template <int HD, typename E, int KS> static as_kernel_fn as_pick_g(int G, size_t *smem) {
-    static_assert(KS != 2 || sizeof(E) == 2, "tensor cores on f16 pools only");
+    static_assert(KS < 2 || sizeof(E) == 2, "tensor cores on f16 pools only");
 #define AS_G(GT) if (G <= GT) { *smem = as_dims<HD, GT, E, KS>::smem; return k_attn_split<HD, GT, E, KS>; }
     AS_G(1) AS_G(2) AS_G(4) AS_G(8) AS_G(16)
 #undef AS_G
@@ -694,20 +714,21 @@ template <int KS> static as_kernel_fn as_pick_k(int hd, int G, int f16, size_t *
     }
 }
 /* K rows: 0 a lane's key's row loaded whole into its registers (stops 41-42), 1 staged by cp.async with the V rows,
- * 2 staged and multiplied on tensor cores (f16 pools; on f32 ones 2 is 1) (MOET_ATTN_SPLITK_KS, read at every
+ * 2 staged and multiplied on tensor cores (f16 pools; on f32 ones 2 and 3 are 1), 3 as 2 with the next step's loads
+ * overlapping this step's products (opt-in, not yet timed) (MOET_ATTN_SPLITK_KS, read at every
  * launch: the A/B). The default is 2: on an H200 (stop 43) the op on f16 pools took 1.29-1.52x less time than with
  * 1 at the 30b shape and 1.41-1.84x at the 235b one, and tg32 of the 30b shape ran 1.07x (depth 0 and 4096) and
  * 1.16x (16384) faster. On f32 pools it is 1 (1.3-1.7x faster than 0 on an H100). */
 static int as_ks(int f16) {
     const char *e = getenv("MOET_ATTN_SPLITK_KS");
-    const int v = e && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 2; /* default: 2 on f16, 1 on f32 (stop 43) */
-    return v == 2 && !f16 ? 1 : v;
+    const int v = e && e[0] >= '0' && e[0] <= '3' ? e[0] - '0' : 2; /* default: 2 on f16, 1 on f32 (stop 43) */
+    return v >= 2 && !f16 ? 1 : v;
 }
 static as_kernel_fn as_pick(int hd, int G, int f16, int ks, size_t *smem) {
-    if (ks == 2) {
+    if (ks >= 2) {
         switch (hd) {
-        case 64: return as_pick_g<64, __half, 2>(G, smem);
-        case 128: return as_pick_g<128, __half, 2>(G, smem);
+        case 64: return ks == 3 ? as_pick_g<64, __half, 3>(G, smem) : as_pick_g<64, __half, 2>(G, smem);
+        case 128: return ks == 3 ? as_pick_g<128, __half, 3>(G, smem) : as_pick_g<128, __half, 2>(G, smem);
         default: return NULL;
         }
     }
@@ -759,7 +780,7 @@ extern "C" int cu_attn_split(cu_backend *c, float *q, float *k, const float *v, 
     as_kernel_fn fn = as_pick(hd, G, f16, ks, &smem);
     if (!fn || smem > c->prop.sharedMemPerBlockOptin) return 0; /* (158 KB at head_dim 128 x 16 heads) */
     if (c->err[0]) return 1;
-    static int attr_dev[3][2][2][5]; /* device + 1 whose attribute is set; 0: none yet */
+    static int attr_dev[4][2][2][5]; /* device + 1 whose attribute is set; 0: none yet */
     const int hi = hd == 64 ? 0 : 1, gi = G <= 1 ? 0 : G <= 2 ? 1 : G <= 4 ? 2 : G <= 8 ? 3 : 4;
     if (attr_dev[ks][f16][hi][gi] != c->device + 1) { /* (per device: the attribute belongs to the current context) */
         if (CU_CHECK(c, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) return 1;

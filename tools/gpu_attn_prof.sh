@@ -5,14 +5,7 @@
 # memory and source-counter sections for one launch at 128 keys and one at 32768 (test_ops --perf, 30b 32/4x128),
 # and attention.cu's kernel at 128 keys beside them. Logs in $OUT (res.tar.xz). Pack first, e.g.
 # BINS="moet test_ops" bash tools/gpu_carry.sh BUILD.
-set -u
-out=${OUT:-gpu-out}; mkdir -p "$out"
-[ -f .carry/bin.tar.xz ] && tar -C .carry -xJf .carry/bin.tar.xz
-export LD_LIBRARY_PATH=$PWD/.carry/lib
-[ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)
-R=/tmp/res/prof; mkdir -p $R
-pk() { tar -C /tmp -cJf "$out/res.tar.xz" res; }
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $R/gpu.txt
+. tools/gpu_setup.sh prof
 for m in "1 1" "1 0" "0 1"; do set -- $m  # splitk, pdl
   MOET_ATTN_SPLITK=$1 MOET_PDL=$2 MOET_PERF_ONLY=attn timeout 100 .carry/bin/test_ops cuda --perf > $R/perf-s$1-pdl$2.txt 2>&1
   echo "== splitk $1 pdl $2"; grep -A6 "decode attention" $R/perf-s$1-pdl$2.txt | tail -5

@@ -6,14 +6,7 @@
 # 16384 (attention.cu's kernels, KS 1, KS 2; f32 and f16). Everything in $OUT/res.tar.xz. Pack first:
 # tests/models/*/model.safetensors aside, SHARED=1 BINS="moet test_ops test_logits test_batch test_kv test_cuda"
 # bash tools/gpu_carry.sh BUILD.
-set -u
-out=${OUT:-gpu-out}; mkdir -p "$out"
-[ -f .carry/bin.tar.xz ] && tar -C .carry -xJf .carry/bin.tar.xz
-export LD_LIBRARY_PATH=$PWD/.carry/lib
-[ -f .carry/commit ] && export MOET_COMMIT=$(cat .carry/commit)
-R=/tmp/res/tc; mkdir -p $R
-pk() { tar -C /tmp -cJf "$out/res.tar.xz" res; }
-nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee $R/gpu.txt
+. tools/gpu_setup.sh tc
 PERF=${QUICK:+"f16 3;f16 2;f16 1"}; IFS=';' read -r -a PC <<< "${PERF:-f16 3;f16 2;f16 1;f32 1;f16 0;f32 0}"
 for c in "${PC[@]}"; do set -- $c
   MOET_ATTN_SPLITK=1 MOET_ATTN_SPLITK_KS=$2 MOET_PERF_KV=$1 MOET_PERF_ONLY=attn timeout 100 .carry/bin/test_ops cuda --perf \

@@ -673,12 +673,11 @@ k_attn_split(float *q, float *k, const float *v, int32_t n_heads, int32_t n_kv, 
 /* Decode-sized attention (<= AS_TOK tokens a launch where attn_tc declines, and every attn_fused / attn_rows) by
  * key splits: MOET_ATTN_SPLITK=1 always, 0 never, unset for sessions sized for AS_AUTO_CTX keys or more (n_ctx).
  * Why by n_ctx: a recorded step serves every position, so the kernel cannot follow the position. On an H100 the
- * split kernel with K staged (stop 43, KS = 1, the op at the 30b shape) took 14.8 us at 128 keys where
- * attention.cu's took 7.7 (1.9x slower: its fixed cost is a warp's instructions for a chunk, ~4300 at ~7 cycles
- * each, not memory), and won from a few hundred keys (1.54x at 1024, 3.7x at 4096, 11.5x at 32768). With stop 42's
+ * split kernel with K staged (stop 43, KS = 1, the op at the 30b shape) took 1.9x attention.cu's time at 128 keys
+ * (its fixed cost is a warp's instructions for a chunk, ~4300 at ~7 cycles each, not memory), and won from a few hundred keys (1.54x at 1024, 3.7x at 4096, 11.5x at 32768). With stop 42's
  * kernel (lane-a-row K loads, 1.3-1.7x slower than KS = 1) the crossing was ~1k keys and the rule 8192. A session
  * sized for 2048 keys or more spends most of its steps past the crossing; a shorter one keeps attention.cu's
- * kernels. On an f16 cache attention.cu's kernels are 1.9x slower than on f32 (9.5 us at 128 keys, 71 at 1024) and
+ * kernels. On an f16 cache attention.cu's kernels are slower than on f32 (1.2x at 128 keys, 1.7x at 1024) and
  * the crossing comes at ~250 keys: sessions of 1024 keys or more. Read at every launch (test_ops switches it). */
 #define AS_TOK 64
 #define AS_AUTO_CTX 2048

@@ -2,7 +2,8 @@
 # test_delta.sh — delta packs: `quantize --experts w2+nvfp4` writes the W2 pack and its NVFP4 delta pack; loaded
 # beside the pack, --delta off / on give the same perplexity as the same format requantized in memory (the
 # reference path), the gate at tau 0 / 1 equals off / on bit for bit; a delta pack that is truncated, corrupted or
-# written for another pack is refused with an error, and --delta-file "" runs without one.
+# written for another pack is refused with an error, and --delta-file "" runs without one. --delta-pick R (the
+# delta on the heavy picks only): R 0 = on and a large R = off bit for bit, R 1 between; refused on in-memory deltas.
 # usage: test_delta.sh MOET_BIN HF_MODEL_DIR
 set -u
 MOET=$1; MODEL=$2
@@ -25,8 +26,28 @@ run() { "$MOET" run -m "$tmp/p.gguf" --prompt-ids "5 6 7 8 9" -n 10 --temp 0 --p
 r_off=$(run --delta off); r_on=$(run --delta on); g0=$(run --delta gate --tau 0); g1=$(run --delta gate --tau 1)
 [ -n "$r_off" ] && [ "$r_off" = "$g0" ] && ok "run: gate tau 0 = off" || bad "run: gate tau 0 ($g0) vs off ($r_off)"
 [ -n "$r_on" ] && [ "$r_on" = "$g1" ] && ok "run: gate tau 1 = on" || bad "run: gate tau 1 ($g1) vs on ($r_on)"
-rune() { "$MOET" run -m "$tmp/p.gguf" --prompt-ids "5 6" -n 1 -t 2 "$@" >/dev/null 2>"$tmp/e"; }
 expect() { grep -q "$1" "$tmp/e" && ok "$2: $(grep -v '^moet: info' "$tmp/e" | tail -1)" || bad "$2: $(tail -1 "$tmp/e")"; }
+# --delta-pick R: the delta only on the picks of at least R x the token's mean routing weight. R 0 is `on` and an R
+# no pick reaches is `off`, bit for bit (the saved distributions); R 1 runs the delta on some picks, not all.
+sv() { "$MOET" perplexity -m "$tmp/p.gguf" -f "$txt" --ctx 64 --chunks 2 -t 2 --save-logits "$tmp/$1.kld" "${@:2}" >/dev/null 2>&1; }
+sv on --delta on; sv off --delta off; sv p0 --delta on --delta-pick 0; sv pbig --delta on --delta-pick 1000
+sv p1 --delta on --delta-pick 1; sv g1p --delta gate --tau 1 --delta-pick 1
+sv p1s --delta on --delta-pick 1 --step 1 # the gate's steps are one token each: the pack's products, a row at a time
+cmp -s "$tmp/on.kld" "$tmp/p0.kld" && ok "--delta-pick 0 equals on bit for bit" || bad "--delta-pick 0 != on"
+cmp -s "$tmp/off.kld" "$tmp/pbig.kld" && ok "--delta-pick 1000 equals off bit for bit" || bad "--delta-pick 1000 != off"
+cmp -s "$tmp/p1.kld" "$tmp/on.kld" || cmp -s "$tmp/p1.kld" "$tmp/off.kld" && bad "--delta-pick 1 equals on or off" \
+  || ok "--delta-pick 1 differs from on and from off"
+cmp -s "$tmp/p1s.kld" "$tmp/g1p.kld" && ok "gate tau 1 with --delta-pick 1 equals on with it" || bad "gate tau 1 + pick != on + pick"
+frac=$("$MOET" perplexity -m "$tmp/p.gguf" -f "$txt" --ctx 64 --chunks 2 -t 2 --kld-base "$tmp/on.kld" --json --delta on \
+       --delta-pick 1 2>/dev/null | grep -o '"delta_picks": [0-9.]*' | cut -d' ' -f2)
+awk -v f="$frac" 'BEGIN { exit !(f > 0.05 && f < 0.95) }' && ok "--delta-pick 1: the delta on $frac of the picks" \
+  || bad "--delta-pick 1: delta_picks '$frac'"
+rune() { "$MOET" run -m "$tmp/p.gguf" --prompt-ids "5 6" -n 1 -t 2 "$@" >/dev/null 2>"$tmp/e"; }
+rune --delta on --delta-pick -1 && bad "--delta-pick -1 accepted" || expect "needs a number" "--delta-pick -1"
+"$MOET" run -m "$MODEL" --experts w2+nvfp4 --prompt-ids "5 6" -n 1 -t 2 --delta on --delta-pick 1 >/dev/null 2>"$tmp/e" \
+  && bad "--delta-pick on experts requantized in memory accepted" || expect "residuals" "--delta-pick, in-memory delta"
+r_p1=$(run --delta on --delta-pick 1); g1p=$(run --delta gate --tau 1 --delta-pick 1)
+[ -n "$r_p1" ] && [ "$r_p1" = "$g1p" ] && ok "run: --delta-pick 1, gate tau 1 = on" || bad "run: pick 1 gate ($g1p) vs on ($r_p1)"
 rune --delta-file "" --delta on && bad "--delta on without a delta accepted" || expect "needs a delta" "--delta-file \"\": no delta"
 size=$(stat -c %s "$tmp/p.delta.gguf")
 head -c $((size / 2)) "$tmp/p.delta.gguf" > "$tmp/trunc.gguf"

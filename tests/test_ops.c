@@ -402,6 +402,42 @@ static void moe_ref(const float *xr, const float *rw, float *dq[3][8], int E, in
     }
 }
 
+/* moe_ref with the delta on the heavy picks only (backend.h, moet_delta_pick): pick j runs on dqs (base + residual)
+ * where its weight is at least r times the mean of the K, on dq (the base) otherwise. Returns the smallest distance
+ * of a pick's w K / sum w from r, and counts the picks that took the delta in *n_on (of T K): a distance near float
+ * rounding would make the float op's choice a coin toss, so the caller picks another r. */
+static double moe_ref_pick(const float *xr, const float *rw, float *dq[3][8], float *dqs[3][8], double r, int E, int K,
+                           int H, int F, int T, double *rr, int *n_on) {
+    double margin = INFINITY;
+    *n_on = 0;
+    for (int t = 0; t < T; t++) {
+        double p[8], mx = -1e300, s = 0;
+        for (int e = 0; e < E; e++) {
+            double l = 0;
+            for (int i = 0; i < H; i++) l += (double)rw[e * H + i] * xr[t * H + i];
+            p[e] = l;
+            mx = fmax(mx, l);
+        }
+        for (int e = 0; e < E; e++) { p[e] = exp(p[e] - mx); s += p[e]; }
+        int used[8] = {0}, ids[3];
+        double wsum = 0;
+        for (int j = 0; j < K; j++) {
+            int b = -1;
+            for (int e = 0; e < E; e++) if (!used[e] && (b < 0 || p[e] > p[b])) b = e;
+            used[b] = 1;
+            ids[j] = b;
+            wsum += p[b] / s;
+        }
+        for (int j = 0; j < K; j++) {
+            const double w = p[ids[j]] / s / wsum, rel = w * K; /* the weights sum to 1 */
+            margin = fmin(margin, fabs(rel - r));
+            *n_on += rel >= r;
+            moe_ref_experts(xr + t * H, rel >= r ? dqs : dq, ids + j, &w, 1, H, F, rr + t * H);
+        }
+    }
+    return margin;
+}
+
 /* The same block with the sigmoid router (backend/route_ref.h), in double: choice = sigmoid + bias, G groups scored
  * by their top-2 sum, TG kept, the rest 0; weights the unbiased sigmoids over their sum, times scale. */
 /* Returns the smallest margin of the choices over the tokens: the kept groups' last score over the first dropped
@@ -2186,6 +2222,57 @@ int main(int argc, char **argv) {
                     report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
                 }
             }
+            /* The delta on the heavy picks only (md.delta_pick = r): an r with picks on both sides and none within
+             * 1e-3 of it, every path again against moe_ref_pick. */
+            static const double rcand[] = {1.0, 0.9, 1.1, 0.8, 1.2, 0.7, 1.3};
+            double rp = 0;
+            int n_on = 0;
+            for (size_t i = 0; i < sizeof rcand / sizeof rcand[0] && rp == 0; i++) {
+                memset(rr, 0, sizeof(double) * T * H);
+                if (moe_ref_pick(xr, rw, dq, dqs, rcand[i], E, K, H, F, T, rr, &n_on) > 1e-3 && n_on > 0 && n_on < T * K)
+                    rp = rcand[i];
+            }
+            CHECK(rp > 0, "moe %dx%d T=%d: no delta pick ratio splits the picks clearly", H, F, T);
+            md.delta_pick = (float)rp;
+            for (int pass = 0; pass < 2 && rp > 0; pass++) {
+                for (int t0 = 0; t0 < T; t0 += pass ? 1 : T) {
+                    moet_moe_args m1 = md;
+                    m1.x = xd + t0 * H;
+                    m1.y = od + t0 * H;
+                    m1.n_tok = pass ? 1 : T;
+                    m1.topk_ids = tidd + t0 * K;
+                    m1.topk_w = twd + t0 * K;
+                    poison_dev(od + t0 * H, (size_t)(m1.n_tok * H));
+                    op->moe(be, &m1);
+                }
+                pull(o, od, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "delta pick %.1f (%d of %d) %s %dx%d T=%d", rp, n_on, T * K, pass ? "n=1" : "all",
+                         H, F, T);
+                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+            }
+            if (is_cuda && T >= 4 && rp > 0) {
+                static const char *const env[2] = {"MOET_DELTA_GRP", "MOET_DELTA_GB"};
+                static const char *const what[2] = {"passes", "8-slot"};
+                for (int v = 0; v < 2; v++) {
+                    setenv(env[v], "0", 1);
+                    poison_dev(od, (size_t)(T * H));
+                    op->moe(be, &md);
+                    unsetenv(env[v]);
+                    pull(o, od, (size_t)(T * H));
+                    snprintf(mv, sizeof mv, "delta pick %.1f %s %dx%d T=%d", rp, what[v], H, F, T);
+                    report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+                }
+            }
+            if (x1_ab && T >= 4 && rp > 0) {
+                unsetenv("MOET_MOE_X1");
+                poison_dev(od, (size_t)(T * H));
+                op->moe(be, &md);
+                setenv("MOET_MOE_X1", "0", 1);
+                pull(o, od, (size_t)(T * H));
+                snprintf(mv, sizeof mv, "delta pick %.1f x f16 %dx%d T=%d", rp, H, F, T);
+                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-6);
+            }
+            md.delta_pick = 0;
         }
         if (with_delta) {
             op->forget(be, dlw[0]);

@@ -87,6 +87,12 @@ typedef struct {
      * matrices shaped as gate/up/down, and then expert e's matrices are gate[e] + dgate[e] (and so on), never
      * materialised: each product is the base's (mul_mat) with the delta's added (mul_mat_acc), in that order. */
     const moet_weight *dgate, *dup, *ddown;
+    /* The delta on the picks that carry the token's weight (docs/quality.md): with dgate set, pick j of a token runs
+     * on base + delta only where moet_delta_pick(its K weights, j, delta_pick) holds, on the base alone otherwise;
+     * delta_pick <= 0: every pick (bit for bit the delta on every pick). */
+    float delta_pick;
+    int64_t *delta_count;      /* host memory, NULL normally: += the picks that ran with the delta [0] and all the
+                                * op's picks [1]; backends without it leave it untouched */
     int32_t *topk_ids;         /* out: [n_tok][n_used], in descending weight order (SIGMOID: descending choice score) */
     float *topk_w;             /* out: [n_tok][n_used] */
     float *y;                  /* out: [n_tok][hidden]; may equal x when norm_w is set (the residual stream) */
@@ -113,6 +119,17 @@ typedef struct {
     const moet_weight *next_gate;
     const float *next_router_bias; /* MOET_ROUTER_SIGMOID: the next layer's choice bias (host memory, or NULL) */
 } moet_moe_args;
+
+/* Whether pick k of a token whose K routing weights are w (as topk_w holds them) gets the delta: its weight is at
+ * least r times the mean of the K (w[k] K >= r sum_j w[j], the sum in order j = 0..K-1, f32). Relative to the mean so
+ * that one r means the same for a top-4 and a top-8 router, and for weights that are not renormalised. r <= 0: all.
+ * Every backend decides with this function, so they pick the same experts. */
+MOET_HD int moet_delta_pick(const float *w, int32_t K, int32_t k, float r) {
+    if (!(r > 0.0f)) return 1;
+    float s = 0.0f;
+    for (int32_t j = 0; j < K; j++) s += w[j];
+    return w[k] * (float)K >= r * s;
+}
 
 typedef struct {
     const float *q;            /* [n_tok][n_heads * head_dim], already normed and rotated */

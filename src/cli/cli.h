@@ -28,7 +28,16 @@ typedef struct {
     double expert_reserve_gib; /* --expert-reserve G (with --expert-slots auto) */
     int expert_pinned;   /* --expert-home pinned (1) | mapped (0) */
     int kv_type;         /* --kv-type f32|f16: MOET_KV_F32 / MOET_KV_F16 (0: MOET_KV_AUTO) */
+    int delta_pick_set;  /* --delta-pick R given */
+    double delta_pick;   /* R: the delta on the picks of at least R times the mean routing weight (0: all) */
 } cli_common;
+
+/* --delta-pick's value where it is not given, for a delta held as residuals (a delta pack) */
+#define CLI_DELTA_PICK_DEFAULT 0.0
+
+/* Sets the session's delta picks (R, or the default) for delta mode dmode (0 off: nothing); -1 after an error
+ * message (R > 0 with experts requantized in memory, which hold base + delta as one matrix). */
+int cli_delta_pick(const cli_common *c, moet_session *s, int dmode);
 
 /* The name of a MOET_KV_* type as --kv-type spells it ("auto", "f32", "f16"). */
 const char *cli_kv_type_name(int type);

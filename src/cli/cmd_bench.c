@@ -22,7 +22,9 @@
  * --gate TAU (a model with the FP4 delta: --experts w2+nvfp4 for a synthetic one): every decode step goes through the
  * confidence gate (moet_session_eval_gated): base experts, then base + delta again where the top-1 probability is
  * below TAU; the JSON counts the corrected steps. A tiny TAU times the gate's own cost (its confidence from the
- * candidates' lz, or with --candidates 0 from the whole row).
+ * candidates' lz, or with --candidates 0 from the whole row). --delta-pick R (docs/quality.md): the delta only on the
+ * picks of at least R times the token's mean routing weight; the bytes a token still count the delta on every pick
+ * (an upper bound then: how many picks pass depends on the router), the JSON records R.
  * The JSON's "env" records the MOET_* settings of the run (kernel options such as MOET_MOE_X1 change what is timed),
  * so an A/B's files say what each measured without their names having to.
  */
@@ -234,6 +236,9 @@ int cmd_bench(int argc, char **argv) {
         tok_bytes += (double)hp->n_layers * 2.0 * (double)(depth + 4 + tg / 2) * hp->n_kv_heads * hp->head_dim *
                      (kvt == MOET_KV_F16 ? 2 : 4);
         if (synthetic && qf == MOET_QF_W2_NVFP4 && gate < 0) moet_session_use_delta(s, 1); /* every step base + delta */
+        const int bdm = synthetic && qf == MOET_QF_W2_NVFP4 ? (gate < 0 ? 1 : 2) : 0; /* the delta: on, gate, none */
+        if (cli_delta_pick(&c, s, bdm)) { moet_session_free(s); moet_model_free(m); return 1; }
+        const double dpick = bdm ? moet_session_delta_pick(s) : 0.0; /* tok_bytes counts the delta on every pick */
         long corrected = 0; /* --gate: steps of the last rep redone on base + delta */
         const long nid = depth + pp + tg + 8;
         int32_t *ids = malloc((size_t)nid * sizeof(int32_t));
@@ -297,9 +302,10 @@ int cmd_bench(int argc, char **argv) {
         }
         char size[32];
         if (mib >= 1024) snprintf(size, sizeof size, "%.2f GiB", mib / 1024); else snprintf(size, sizeof size, "%.1f MiB", mib);
-        char dl[32] = ""; /* " @ d4096": the tests' depth */
+        char dl[48] = ""; /* " @ d4096": the tests' depth */
         if (depth > 0) snprintf(dl, sizeof dl, " @ d%ld", depth);
         if (kvt == MOET_KV_F16) snprintf(dl + strlen(dl), sizeof dl - strlen(dl), " kv f16");
+        if (dpick > 0) snprintf(dl + strlen(dl), sizeof dl - strlen(dl), " pick %g", dpick);
         if (pp > 0) printf("| %s | %s | %.2fB | %s | %s | %ld | pp%ld%s | %.1f | |\n", name, size, (double)info.n_params / 1e9, ex, info.backend, nt, pp, dl, mpp);
         char tgl[64];
         if (gate >= 0) snprintf(tgl, sizeof tgl, "tg%ld%s gate %g", tg, dl, gate); else snprintf(tgl, sizeof tgl, "tg%ld%s", tg, dl);
@@ -312,12 +318,12 @@ int cmd_bench(int argc, char **argv) {
                                "\"tg_gbps\": %.1f, \"weight_bytes\": %lld, \"n_params\": %lld, \"expert_slots\": %ld, "
                                "\"expert_home\": \"%s\", \"tg_experts_fetched\": %lld, \"tg_steps_replayed\": %lld, "
                                "\"tg_expert_uses\": %lld, \"tg_expert_misses\": %lld, \"tg_gate_tau\": %g, "
-                               "\"tg_gate_corrected\": %ld}",
+                               "\"tg_gate_corrected\": %ld, \"delta_pick\": %g}",
                                first ? "" : ",", info.backend, info.device, ex, nt, depth, cli_kv_type_name(kvt), pp, mpp, tg, mtg, tok_bytes,
                                tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params,
                                slots, c.expert_pinned ? "pinned" : "mapped", (long long)(ec1[0] - ec0[0]),
                                (long long)(ec1[2] - ec0[2]), (long long)(ec1[3] - ec0[3]), (long long)(ec1[4] - ec0[4]),
-                               gate, gate >= 0 ? corrected : 0L);
+                               gate, gate >= 0 ? corrected : 0L, dpick);
         first = 0;
         for (const char *bp = batches; bp && *bp && tg > 0;) {  /* batched decode */
             long B;
@@ -336,7 +342,11 @@ int cmd_bench(int argc, char **argv) {
             bo.n_candidates = (int32_t)cands;
             for (long i = 0; i < B && !erc; i++) {
                 erc = moet_session_create(m, &bo, &ss[i], err, sizeof err);
-                if (!erc && synthetic && qf == MOET_QF_W2_NVFP4) moet_session_use_delta(ss[i], 1);
+                if (!erc && synthetic && qf == MOET_QF_W2_NVFP4) {
+                    moet_session_use_delta(ss[i], 1);
+                    erc = cli_delta_pick(&c, ss[i], 1);
+                    if (erc) snprintf(err, sizeof err, "--delta-pick");
+                }
                 erc = erc || moet_session_eval(ss[i], ids + i % 8, 4, MOET_LOGITS_LAST, err, sizeof err);
             }
             double tb[100];

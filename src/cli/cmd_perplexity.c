@@ -195,6 +195,10 @@ int cmd_perplexity(int argc, char **argv) {
     }
     if (dmode == 2 && !(gate_buf = malloc((size_t)ctx * (size_t)V * sizeof(float)))) { fprintf(stderr, "moet: out of memory\n"); goto out; }
     moet_session_use_delta(s, dmode == 1);
+    if (cli_delta_pick(&c, s, dmode)) goto out;
+    int64_t dcount[2] = {0, 0}; /* picks that ran with the delta, all picks (the CPU backend counts) */
+    moet_session_set_delta_count(s, dcount);
+    const double dpick = dmode ? moet_session_delta_pick(s) : 0.0;
     for (size_t w = 0; w < n_win; w++) {
         const int32_t *wt = toks + w * (size_t)ctx;
         const float *lg;
@@ -321,10 +325,12 @@ int cmd_perplexity(int argc, char **argv) {
             printf("{\"ppl\": %.6f, \"tokens\": %zu, \"ctx\": %ld, \"chunks\": %zu, \"kld_mean\": %.6g, "
                    "\"kld_median\": %.6g, \"kld_p99\": %.6g, \"kld_max\": %.6g, \"top1_agree\": %.6f, "
                    "\"kld_topk\": %u, \"experts\": \"%s\", \"expert_bpw\": %.4g, \"weight_rel_err\": %.6g, "
-                   "\"delta\": \"%s\", \"tau\": %.3g, \"gate_corrected\": %.6f%s}\n",
+                   "\"delta\": \"%s\", \"tau\": %.3g, \"gate_corrected\": %.6f, \"delta_pick\": %.4g, "
+                   "\"delta_picks\": %.6f%s}\n",
                    ppl, n_scored, ctx, n_win, mean, med, p99, mx, top1, kh.topk, experts ? experts : "source",
                    qf >= 0 ? moet_qformat_bpw((moet_qformat)qf) : 16.0, rqs.rel_err, delta_mode, dmode == 2 ? tau : 0.0,
-                   dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 ? 1.0 : 0.0, ecj);
+                   dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 ? 1.0 : 0.0, dpick,
+                   dcount[1] ? (double)dcount[0] / (double)dcount[1] : 0.0, ecj);
         else
             printf("PPL %.4f over %zu tokens (%zu windows of %ld)\nKLD mean %.6f  median %.6f  p99 %.6f  max %.6f\n"
                    "top-1 agreement %.4f\n", ppl, n_scored, n_win, ctx, mean, med, p99, mx, top1);

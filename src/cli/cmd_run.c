@@ -121,6 +121,7 @@ int cmd_run(int argc, char **argv) {
     int n_eos = ignore_eos ? 0 : moet_model_eos_ids(m, eos, 8);
     double t0 = moet_time_s();
     moet_session_use_delta(s, dmode == 1);
+    if (cli_delta_pick(&c, s, dmode)) goto out;
     if (dmode == 2) {  /* the gate runs step by step, prompt tokens included (tau 0 = off, tau 1 = on, exactly) */
         for (size_t i = 0; i < n_prompt; i++) {
             int corr;

@@ -162,7 +162,9 @@ int cmd_serve(int argc, char **argv) {
                        .bos_token = bos, .eos_token = eos};
     sched_options so = {.max_seqs = (int)max_seqs, .n_ctx = n_ctx, .queue_cap = (int)queue,
                         .queue_timeout = (double)timeout, .model_name = model_name, .delta_mode = dmode,
-                        .tau = (float)tau, .kv_tokens = (int32_t)kv_tokens, .kv_block = (int32_t)kv_block,
+                        .tau = (float)tau,
+                        .delta_pick = (float)(c.delta_pick_set ? c.delta_pick : CLI_DELTA_PICK_DEFAULT),
+                        .kv_tokens = (int32_t)kv_tokens, .kv_block = (int32_t)kv_block,
                         .no_prefix_cache = no_prefix, .kv_type = c.kv_type};
     if (sched_create(m, &so, &srv.mx, &srv.sched, err, sizeof err)) {
         fprintf(stderr, "moet serve: %s\n", err);

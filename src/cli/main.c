@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "core/util.h"
 #include "quant/calib.h"
+#include "runtime/session_int.h"
 
 void cli_usage(FILE *f) {
     fprintf(f,
@@ -37,6 +38,8 @@ void cli_usage(FILE *f) {
             "                  model maps them: page cache or the pack file; default mapped)\n"
             "                --kv-type f32|f16 (the KV cache's elements; f16: half the memory and attention bytes;\n"
             "                  default f32)\n"
+            "                --delta-pick R (with a delta pack: the delta only for a token's routed experts whose\n"
+            "                  routing weight is at least R times the mean of its picks; 0: every pick)\n"
             "supported architectures: %s\n",
             MOET_DEFAULT_MODEL_DIR, moet_model_supported_architectures());
 }
@@ -85,6 +88,15 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
             return -1;
         }
         c->threads = (int)n;
+        return 1;
+    }
+    if (!strcmp(a, "--delta-pick")) {
+        const char *v = cli_value(argc, argv, i);
+        if (!v || cli_parse_float(v, &c->delta_pick) || !(c->delta_pick >= 0 && c->delta_pick <= 1e6)) {
+            fprintf(stderr, "moet: --delta-pick needs a number >= 0 (0: the delta on every pick)\n");
+            return -1;
+        }
+        c->delta_pick_set = 1;
         return 1;
     }
     if (!strcmp(a, "--delta-file")) {
@@ -155,6 +167,19 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
         return 1;
     }
     return 0;
+}
+
+int cli_delta_pick(const cli_common *c, moet_session *s, int dmode) {
+    const double r = c->delta_pick_set ? c->delta_pick : CLI_DELTA_PICK_DEFAULT;
+    char err[512];
+    if (!dmode) {
+        if (c->delta_pick_set) MOET_LOGW("--delta-pick has no effect with the delta off");
+        return 0;
+    }
+    if (moet_session_set_delta_pick(s, (float)r, err, sizeof err) == MOET_OK) return 0;
+    if (!c->delta_pick_set) return moet_session_set_delta_pick(s, 0.0f, NULL, 0) ? -1 : 0; /* in-memory: every pick */
+    fprintf(stderr, "moet: error: --delta-pick: %s\n", err);
+    return -1;
 }
 
 moet_model *cli_load_model(const cli_common *c) {

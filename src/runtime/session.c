@@ -59,6 +59,8 @@ struct moet_session {
     moet_calib *calib;              /* statistics hook, NULL normally */
     float *route_stats;             /* router statistics hook (moet_session_set_route_stats), NULL normally */
     int use_delta;                  /* experts: base (0) or base + delta (1) */
+    float delta_pick;               /* with use_delta: the picks that take it (moet_moe_args.delta_pick); 0: all */
+    int64_t *delta_count;           /* moet_session_set_delta_count, NULL normally */
 };
 
 /* Blocks that positions [0, end) take. */
@@ -69,6 +71,28 @@ static int32_t kv_blocks(const moet_kv *kv, int64_t end) {
 void moet_session_use_delta(moet_session *s, int on) {
     if (s->pos > 0 && (on != 0) != (s->use_delta != 0)) s->kv_mixed = 1;
     s->use_delta = on;
+}
+
+/* A recorded step bakes the value into its MoE launches, so the session's records go when it changes. */
+static void session_set_pick(moet_session *s, float r) {
+    r = r > 0.0f ? r : 0.0f;
+    if (r == s->delta_pick) return;
+    s->delta_pick = r;
+    if (s->be) s->be->ops->graph_release(s->be, s->uid);
+}
+
+int moet_session_set_delta_pick(moet_session *s, float r, char *err, size_t errlen) {
+    if (r != r) return moet_err(err, errlen, MOET_EINVAL, "delta pick: not a number");
+    if (r > 0.0f)
+        for (int32_t il = 0; il < s->m->hp.n_layers; il++)
+            if (s->m->layers[il].dexp_gate)
+                return moet_err(err, errlen, MOET_EUNSUP,
+                                "the delta on some picks needs the delta as residuals beside the base (a delta pack: "
+                                "moet quantize --experts w2+nvfp4); experts requantized in memory hold base + delta "
+                                "as one matrix");
+    if (s->pos > 0 && (r > 0.0f ? r : 0.0f) != s->delta_pick) s->kv_mixed = 1;
+    session_set_pick(s, r);
+    return MOET_OK;
 }
 
 float moet_gate_top1(const float *l, int32_t V) {
@@ -102,6 +126,8 @@ int moet_session_eval_gated(moet_session *s, int32_t token, float tau, int *corr
 
 void moet_session_set_calib(moet_session *s, moet_calib *c) { s->calib = c; }
 void moet_session_set_route_stats(moet_session *s, float *buf) { s->route_stats = buf; }
+void moet_session_set_delta_count(moet_session *s, int64_t *cnt) { s->delta_count = cnt; }
+float moet_session_delta_pick(const moet_session *s) { return s->delta_pick; }
 
 moet_session_options moet_session_default_options(void) {
     moet_session_options o = {.n_ctx = 0, .n_batch = 256, .n_logits = 0, .graphs = 1, .n_candidates = 0,
@@ -388,7 +414,8 @@ static void forward_chunk(void *vctx) {
                                 .down = dexp ? L->dexp_down : L->exp_down,
                                 .dgate = dres ? L->dres_gate : NULL,
                                 .dup = dres ? L->dres_up : NULL,
-                                .ddown = dres ? L->dres_down : NULL,
+                                .ddown = dres ? L->dres_down : NULL, .delta_pick = s->delta_pick,
+                                .delta_count = s->delta_count,
                                 .topk_ids = s->topk_ids, .topk_w = s->topk_w,
                                 .y = s->x, .scratch = s->moe_scr,
                                 .norm_w = L->ffn_norm, .eps = hp->rms_eps, .h = s->h, .accumulate = 1};
@@ -486,7 +513,11 @@ static void session_keep(moet_session *s, int32_t rows, int cand) {
 
 
 /* The prefix hash before block 0: the delta mode is part of the key (base and base + delta make different KV). */
-static uint64_t kv_seed(const moet_session *s) { return 0xcbf29ce484222325ull ^ (s->use_delta ? 0x9e3779b97f4a7c15ull : 0); }
+static uint64_t kv_seed(const moet_session *s) {
+    uint32_t pb;
+    memcpy(&pb, &s->delta_pick, sizeof pb);
+    return 0xcbf29ce484222325ull ^ (s->use_delta ? 0x9e3779b97f4a7c15ull ^ (uint64_t)pb * 0x100000001b3ull : 0);
+}
 
 /* The block holding position pos is about to be written: a block shared with another session is copied to one of
  * the session's own first (one block taken: the caller counted it), a sealed one of its own unsealed. */
@@ -754,7 +785,8 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
         if (!q->kv) return moet_err(err, errlen, MOET_EINVAL, "batch row %d: a session without a KV cache", i);
         if (q->pos >= q->n_ctx) return moet_err(err, errlen, MOET_ERANGE, "batch row %d: context full (%d)", i, q->n_ctx);
         if (q->n_ctx > s->n_ctx) return moet_err(err, errlen, MOET_ERANGE, "batch row %d: context %d exceeds the batch's %d", i, q->n_ctx, s->n_ctx);
-        if (q->use_delta != seqs[0]->use_delta) return moet_err(err, errlen, MOET_EINVAL, "batch rows mix delta modes");
+        if (q->use_delta != seqs[0]->use_delta || q->delta_pick != seqs[0]->delta_pick)
+            return moet_err(err, errlen, MOET_EINVAL, "batch rows mix delta modes");
         if (tokens[i] < 0 || tokens[i] >= V) return moet_err(err, errlen, MOET_EINVAL, "batch row %d: token id %d outside [0, %d)", i, tokens[i], V);
         for (int32_t j = 0; j < i; j++)
             if (seqs[j] == q) return moet_err(err, errlen, MOET_EINVAL, "batch rows %d and %d are one session", j, i);
@@ -773,6 +805,7 @@ int moet_batch_decode(moet_batch *b, moet_session *const *seqs, const int32_t *t
     op->upload(s->be, s->tok_dev, tokens, (size_t)n * sizeof(int32_t));
     op->upload(s->be, s->pos_dev, s->pos_host, (size_t)n * sizeof(int32_t));
     s->use_delta = seqs[0]->use_delta;
+    session_set_pick(s, seqs[0]->delta_pick);
     const int32_t L = s->m->hp.n_layers, stride = b->max_seqs;
     int declined = 0;
     chunk_args ca = {s, n, 0, s->logits_dev, seqs, NULL, stride, &declined, s->n_cand > 0};

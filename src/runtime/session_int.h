@@ -21,6 +21,14 @@ void moet_session_set_route_stats(moet_session *s, float *buf);
 /* 0: base experts; 1: base + delta ("on"); the model must have delta weights for 1. */
 void moet_session_use_delta(moet_session *s, int on);
 
+/* Which picks the delta runs on (backend.h, moet_delta_pick): those whose routing weight is at least r times the
+ * mean of the token's picks; r <= 0 (the default): every pick. Applies to use_delta steps and the gate's redos. */
+int moet_session_set_delta_pick(moet_session *s, float r, char *err, size_t errlen);
+/* While set (cnt: 2 counters), every MoE layer's forward adds the picks that ran with the delta to cnt[0] and all
+ * its picks to cnt[1] (backend.h, moet_moe_args.delta_count; the CPU backend); NULL stops. */
+void moet_session_set_delta_count(moet_session *s, int64_t *cnt);
+float moet_session_delta_pick(const moet_session *s);
+
 /* The confidence gate for one step: token runs on the base experts; if the top-1 probability of the resulting
  * distribution is below tau, the step is recomputed with base + delta, its KV entries replaced, and the corrected
  * logits are the session's. *corrected (may be NULL) is set to 1 when it was. tau = 0 never corrects (= off),

@@ -1002,6 +1002,10 @@ int sched_create(const moet_model *m, const sched_options *o, metrics *mx, sched
             return rc;
         }
         if (o->delta_mode == 1) moet_session_use_delta(s->slots[i], 1);
+        if (o->delta_mode && (rc = moet_session_set_delta_pick(s->slots[i], o->delta_pick, err, errlen))) {
+            sched_free(s);
+            return rc;
+        }
     }
     if (o->max_seqs > 1 && moet_batch_create(m, o->max_seqs, o->n_ctx, &s->batch, err, errlen)) {
         sched_free(s);

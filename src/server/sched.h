@@ -56,6 +56,7 @@ typedef struct {
     const char *model_name;
     int delta_mode;          /* 0 base experts, 1 base + delta for every step, 2 the confidence gate per step */
     float tau;               /* gate: a decode step whose top-1 probability is below tau is redone with the delta */
+    float delta_pick;        /* the picks a delta step runs the delta on (moet_delta_pick); 0: every pick */
     int32_t kv_tokens;       /* the sessions' shared paged KV pool in tokens; <= 0: max_seqs x n_ctx */
     int32_t kv_block;        /* tokens a KV block; <= 0: 32 */
     int32_t kv_type;         /* MOET_KV_AUTO (0), MOET_KV_F32 or MOET_KV_F16 */

@@ -696,6 +696,20 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
     int32_t *fill = cnt + E + 1;
     memcpy(fill, cnt, (size_t)E * sizeof(int32_t));
     for (int64_t i = 0; i < T * K; i++) list[fill[a->topk_ids[i]]++] = (int32_t)i;
+    /* The delta on some picks only (a->delta_pick, backend.h): each expert's rows that take it first, so its
+     * residuals multiply a prefix of the expert's batch; fill[e] becomes that prefix's length. */
+    for (int32_t e = 0; e < E && a->dgate; e++) {
+        int32_t *seg = list + cnt[e], n = cnt[e + 1] - cnt[e], m = 0;
+        for (int32_t r = 0; r < n; r++) {
+            const int32_t i = seg[r];
+            if (!moet_delta_pick(a->topk_w + (size_t)(i / K) * K, K, i % K, a->delta_pick)) continue;
+            seg[r] = seg[m];
+            seg[m++] = i;
+        }
+        fill[e] = m;
+        if (a->delta_count) a->delta_count[0] += m;
+    }
+    if (a->delta_count) a->delta_count[1] += T * K;
 
     memset(out, 0, (size_t)T * H * sizeof(float));
     moet_ecache_layer *cl = NULL;
@@ -710,8 +724,8 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
         cpu_mul_mat(be, &a->gate[e], xg, n, g);
         cpu_mul_mat(be, &a->up[e], xg, n, u);
         if (a->dgate) { /* the delta's residuals, added after the base products (backend.h) */
-            cpu_mul_mat_acc(be, &a->dgate[e], xg, n, NULL, g);
-            cpu_mul_mat_acc(be, &a->dup[e], xg, n, NULL, u);
+            cpu_mul_mat_acc(be, &a->dgate[e], xg, fill[e], NULL, g);
+            cpu_mul_mat_acc(be, &a->dup[e], xg, fill[e], NULL, u);
         }
         if (a->gate_b) /* gpt-oss: the experts' biases, then the clamped SwiGLU (backend.h) */
             for (int32_t r = 0; r < n; r++) {
@@ -733,7 +747,7 @@ static void cpu_moe(moet_backend *be, const moet_moe_args *a) {
             a->calib_count[e] += n;
         }
         cpu_mul_mat(be, &a->down[e], g, n, d);
-        if (a->ddown) cpu_mul_mat_acc(be, &a->ddown[e], g, n, NULL, d);
+        if (a->ddown) cpu_mul_mat_acc(be, &a->ddown[e], g, fill[e], NULL, d);
         if (a->down_b)
             for (int32_t r = 0; r < n; r++) axpy(d + (size_t)r * H, a->down_b + (size_t)e * H, 1.0f, H);
         for (int32_t r = 0; r < n; r++)

@@ -643,15 +643,16 @@ static void moe_run(moet_backend *be, const moet_moe_args *args) {
         k_moe_items<<<1, 1024, 0, c->stream>>>(count, n_active, active, tile, n_items, items);
         if (CU_LAUNCHED(c, "k_moe_items")) return;
         const unsigned ny = (unsigned)grp_items_cap(T, E, K, tile);
+        const cu_dpick dpk = {a->topk_w, K, a->delta_pick}; /* the delta's slots (k_moe_prep wrote topk_w) */
         if (gb) {
             const uintptr_t ip = (uintptr_t)(items + 2 * grp_items_cap(T, E, K));
             void *stage = (void *)((ip + 15) & ~(uintptr_t)15);
             cu_moe_gb(c, tab, dtab, xr, a->x, T, H, F, K, a->topk_ids, count, n_items, items, list, ny, tile, stage,
-                      logits, act, ydn);
+                      logits, act, ydn, dpk);
         } else if (tab->tiled) {
             cu_moe_tc_gate_up_grp(c, tab, dtab, xr, a->x, T, H, F, K, count, n_items, items, list, ny, act,
-                                  oss ? &ox : NULL);
-            cu_moe_tc_down_grp(c, tab, dtab, act, T, H, F, count, n_items, items, list, ny, ydn, oss ? &ox : NULL);
+                                  oss ? &ox : NULL, dpk);
+            cu_moe_tc_down_grp(c, tab, dtab, act, T, H, F, count, n_items, items, list, ny, ydn, oss ? &ox : NULL, dpk);
         } else {
             dim3 gg((unsigned)((F + GR_GU_ROWS - 1) / GR_GU_ROWS), ny), gd((unsigned)((H + GR_DN_ROWS - 1) / GR_DN_ROWS), ny);
             if (q2)

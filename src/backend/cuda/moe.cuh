@@ -175,6 +175,23 @@ typedef struct {
     float scale;
 } cu_route_sig;
 
+/* The delta's picks as a kernel argument (backend.h, moet_delta_pick): slot i (token i / K, pick i % K) takes the
+ * residuals where cu_dpick_on holds; w the routing weights [T][K] as topk_w holds them (read after the kernel that
+ * wrote them), r <= 0 or w NULL: every slot. The same arithmetic as moet_delta_pick, so both backends pick alike. */
+typedef struct {
+    const float *w;
+    int32_t K;
+    float r;
+} cu_dpick;
+
+__device__ __forceinline__ int cu_dpick_on(const cu_dpick d, int64_t i) {
+    if (!(d.r > 0.f) || !d.w) return 1;
+    const float *w = d.w + (i / d.K) * d.K;
+    float s = 0.f;
+    for (int j = 0; j < d.K; j++) s = __fadd_rn(s, __ldcg(w + j));
+    return __fmul_rn(__ldcg(w + i % d.K), (float)d.K) >= __fmul_rn(d.r, s);
+}
+
 /* moe.cu: the device copy of a's sigmoid router parameters (bias mirrored); 0 on error (c->err set). */
 int cu_route_sig_of(cu_backend *c, const moet_moe_args *a, cu_route_sig *rs);
 
@@ -190,16 +207,16 @@ void cu_moe_route_topk(cu_backend *c, const moet_moe_args *a, const float *logit
  * launch of its own (cu_moe_route_topk after the router's bias). */
 void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_table *tab, const cu_expert_table *dtab,
                       float *logits, float *act, const cu_moe_oss *ox);
-/* dtab (NULL: none): the NVFP4 delta residuals, added in the same kernels; x: the unrotated rows (the residuals'
- * input, H apart), read only with dtab. */
+/* dtab (NULL: none): the NVFP4 delta residuals, added in the same kernels on the slots dp keeps; x: the unrotated
+ * rows (the residuals' input, H apart), read only with dtab. */
 void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *xr,
                            const float *x, int64_t T, int64_t H, int64_t F, int32_t K, const int32_t *count,
                            const int32_t *n_items, const int32_t *items, const int32_t *list, unsigned n_chunks,
-                           float *act, const cu_moe_oss *ox);
+                           float *act, const cu_moe_oss *ox, cu_dpick dp);
 void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *act,
                         int64_t T, int64_t H, int64_t F, const int32_t *count, const int32_t *n_items,
                         const int32_t *items, const int32_t *list, unsigned n_chunks, float *ydn,
-                        const cu_moe_oss *ox);
+                        const cu_moe_oss *ox, cu_dpick dp);
 
 /* moe_grp.cu: the grouped products with token tiles of up to 64 (H and F multiples of 128, tiled, 16-byte aligned
  * experts; MOET_MOE_GB=0 turns it off). cu_moe_gb_tile: the slots a work-list chunk takes (the k_moe_items tile;
@@ -209,11 +226,12 @@ extern "C" int cu_moe_gb_tile(int64_t T, int32_t E, int32_t K, int delta);
 extern "C" size_t cu_moe_gb_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K);
 extern "C" size_t cu_moe_tc_stage_bytes(int64_t T, int64_t H, int64_t F, int32_t K); /* moe_tc.cu: decode's staged
                                                                                        * gate/up and down inputs */
-/* dtab: the delta's residuals (NULL: none), then x: the unrotated rows and spare: T*K floats of scratch. */
+/* dtab: the delta's residuals (NULL: none) on the slots dp keeps, then x: the unrotated rows and spare: T*K floats of
+ * scratch. */
 extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *xr,
                           const float *x, int64_t T, int64_t H, int64_t F, int32_t K, const int32_t *topk_ids,
                           const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list,
-                          unsigned n_chunks, int tile, void *stage, float *spare, float *act, float *ydn);
+                          unsigned n_chunks, int tile, void *stage, float *spare, float *act, float *ydn, cu_dpick dp);
 
 /* moe_fused.cu: one token's whole block in one persistent launch (sm_90+, hidden a multiple of 256, ffn of 64);
  * 1 when it launched (or recorded an error), 0 when the call is not for it (the caller runs cu_moe_tc_decode). */

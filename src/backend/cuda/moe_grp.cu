@@ -70,17 +70,24 @@ __device__ __forceinline__ void gb_issue_cols(__half *xsm, const __half *xs, con
 /* Row blockIdx.x of n values: from src (padded rows of CU_PAD(n), already rotated: gate/up's x) when table is NULL,
  * else from src row r / div (n apart) rotated by matrix `mi` of expert ids[r] (down's activations: div 1; the delta
  * residuals' view of x: div K). dst: [rows][2][n] halves (hi, lo) in gb_perm order, q[r] = 2^e. Dynamic shared
- * memory: n floats. */
+ * memory: n floats. dp (the residuals' passes; rows are slots): a slot that does not take the delta is staged as
+ * zeros with q 0, so its products add exactly nothing. */
 template <int M>
 __global__ void __launch_bounds__(GB_STAGE_T)
 k_gb_stage(const float *src, int64_t n, const cu_mat *__restrict__ table, int mi, const int32_t *ids, int div,
-           __half *dst, float *q, int lo_too, int natural) {
+           __half *dst, float *q, int lo_too, int natural, cu_dpick dp) {
     extern __shared__ float vs[];
     __shared__ float wmax[GB_STAGE_T / 32];
     const int64_t r = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     constexpr int b = 32 * M;
     float mx = 0.f;
+    if (!cu_dpick_on(dp, r)) { /* the same in every thread */
+        __half *hi = dst + r * 2 * n;
+        for (int64_t i = threadIdx.x; i < (lo_too ? 2 : 1) * n; i += blockDim.x) hi[i] = __float2half_rn(0.f);
+        if (threadIdx.x == 0) q[r] = 0.f;
+        return;
+    }
     if (table) {
         const cu_mat m = table[(int64_t)ids[r] * 3 + mi];
         for (int c = warp; c < (int)(n / b); c += nw) {
@@ -855,15 +862,16 @@ template <int NT> static int gb_attrs_x1(cu_backend *c) {
 }
 
 static int gb_stage(cu_backend *c, const float *src, int64_t rows, int64_t n, const cu_mat *table, int mi,
-                    const int32_t *ids, int div, __half *dst, float *q, int lo_too = 1, int natural = 0) {
+                    const int32_t *ids, int div, __half *dst, float *q, int lo_too = 1, int natural = 0,
+                    cu_dpick dp = cu_dpick{NULL, 1, 0.f}) {
     const size_t sm = (size_t)n * sizeof(float);
     const int b = cu_hadamard_block(n);
     if (sm > GB_STAGE_SMEM) return cu_fail(c, cudaErrorInvalidValue, "moe grouped: row exceeds shared memory", __FILE__, __LINE__);
     switch (b) {
-    case 32: k_gb_stage<1><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural); break;
-    case 64: k_gb_stage<2><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural); break;
-    case 128: k_gb_stage<4><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural); break;
-    default: k_gb_stage<8><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural); break;
+    case 32: k_gb_stage<1><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural, dp); break;
+    case 64: k_gb_stage<2><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural, dp); break;
+    case 128: k_gb_stage<4><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural, dp); break;
+    default: k_gb_stage<8><<<(unsigned)rows, GB_STAGE_T, sm, c->stream>>>(src, n, table, mi, ids, div, dst, q, lo_too, natural, dp); break;
     }
     return CU_LAUNCHED(c, "k_gb_stage");
 }
@@ -877,7 +885,7 @@ static int gb_stage(cu_backend *c, const float *src, int64_t rows, int64_t n, co
 extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *xr,
                           const float *x, int64_t T, int64_t H, int64_t F, int32_t K, const int32_t *topk_ids,
                           const int32_t *count, const int32_t *n_items, const int32_t *items, const int32_t *list,
-                          unsigned n_chunks, int tile, void *stage, float *spare, float *act, float *ydn) {
+                          unsigned n_chunks, int tile, void *stage, float *spare, float *act, float *ydn, cu_dpick dp) {
     if (g_gb_attr_dev != c->device) {
         const int big = GB_STAGE_SMEM;
         if (gb_attrs_nt<2>(c) || gb_attrs_nt<4>(c) || gb_attrs_nt<8>(c) || gb_attrs_x1<1>(c) || gb_attrs_x1<2>(c) ||
@@ -929,7 +937,7 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
             k_gb_experts<NB, 1, LV, 1, X><<<ggu, block, gb_smem<NB, 1, X>(), c->stream>>>(                          \
                 xg, qg, T, F, H, K, tab->table, tab->type, count, n_items, items, list, act, aux);                  \
             if (CU_LAUNCHED(c, "k_gb_experts gate/up (pre)")) return;                                               \
-            if (gb_stage(c, x, T * K, H, dt, 0, topk_ids, K, xgr, spare)) return;                                   \
+            if (gb_stage(c, x, T * K, H, dt, 0, topk_ids, K, xgr, spare, 1, 0, dp)) return;                         \
             k_gb_nv<NT, 1><<<ggu, block, gb_nv_smem<NT, 1>(), c->stream>>>(xgr, spare, T, F, H, dt, count, n_items, \
                                                                            items, list, act, aux);                  \
             if (CU_LAUNCHED(c, "k_gb_nv gate/up")) return;                                                          \
@@ -944,7 +952,7 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
                                                                              list, ydn, NULL);                      \
         if (CU_LAUNCHED(c, "k_gb_experts down")) return;                                                            \
         if (dt) {                                                                                                   \
-            if (gb_stage(c, act, T * K, F, dt, 2, topk_ids, 1, xd, qd)) return;                                     \
+            if (gb_stage(c, act, T * K, F, dt, 2, topk_ids, 1, xd, qd, 1, 0, dp)) return;                           \
             k_gb_nv<NT, 0><<<gdn, block, gb_nv_smem<NT, 0>(), c->stream>>>(xd, qd, T, H, F, dt, count, n_items,     \
                                                                            items, list, ydn, NULL);                 \
             if (CU_LAUNCHED(c, "k_gb_nv down")) return;                                                             \

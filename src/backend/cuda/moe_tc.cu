@@ -174,13 +174,14 @@ __global__ void __maxnreg__(88) k_tc_router_split(TC_ROUTER_PARAMS) {
 
 /* DL: the expert's NVFP4 delta residuals (dtable, tiled: blocks.h) are added into the same accumulators after each
  * chunk's base products, x staged again as the residual sees it (unrotated, as the quantizer stores NVFP4 residuals,
- * or by the residual's own rotation). */
+ * or by the residual's own rotation); only on the slots moet_delta_pick(dpick) keeps, the others' residual bytes
+ * never requested. */
 template <int M, int DL, int I8>
 __global__ void __launch_bounds__(TC_GU_W * 32, TC_GU_CTAS(DL))
 k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
              int32_t type, int32_t rot, uint32_t seed, int32_t *topk_ids, float *__restrict__ act,
              const cu_mat *__restrict__ dtable, const float *rlogits, int32_t E, int32_t norm_topk, float *topk_w,
-             cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre, cu_tc_dpre dp) {
+             cu_route_sig rs, cu_moe_oss ox, const uint8_t *pre, int32_t npre, cu_tc_dpre dp, float dpick) {
     CU_TRACE(CU_TK_GATE_UP << 8 | M << 2 | DL << 1 | I8);
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -199,8 +200,9 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
     cu_pdl_wait();
     CU_TRACE_WAITED();
     __syncthreads();
+    int dl = DL;
     const int32_t e = tc_gu_route(rlogits, (float *)(stg + (size_t)nw * SB), tok, slot, E, K, norm_topk, rs,
-                                  topk_ids, topk_w);
+                                  topk_ids, topk_w, dpick, DL ? &dl : nullptr);
     CU_TRACE_MARK(0); /* routed */
     const __half *const bs[1] = {tc_bsrc(X, b, 0, 1)};
     const cu_mat gm = table[e * 3], um = table[e * 3 + 1];
@@ -242,7 +244,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
         cu_mat dg, du; /* the residuals' loads go out with the base's, before any math */
         uint2 cg[8], cu_[8];
         uint32_t g0 = 0, g1 = 0, u0 = 0, u1 = 0;
-        if (DL) {
+        if (DL && dl) {
             dg = dtable[e * 3];
             du = dtable[e * 3 + 1]; /* one rotation for both (cu_delta_experts) */
             tc_nv_fetch<M>(dg, F, NB, ti, (int64_t)c * nb, cg, g0, g1);
@@ -260,7 +262,7 @@ k_tc_gate_up(const float *x, int64_t H, int64_t F, int32_t K, const cu_mat *__re
             tc_mac<1>(wu[bi], bf, Au, Bu, lut[tc_sc(su, bi, g)] * qu, lut[tc_sc(su, bi, g + 8)] * qu, one, au);
         }
         __syncwarp();
-        if (DL) {
+        if (DL && dl) {
             cu_rot_chunk_t<M>(v, x + (int64_t)tok * H, dg.rotated, dg.rot_seed, c, dg.signs);
             const float d2 = tc_stage(v, m, b, X), dq[1] = {dg.qscale * d2}, uq[1] = {du.qscale * d2};
             __syncwarp();
@@ -305,7 +307,7 @@ __global__ void __launch_bounds__(DL ? TC_DN_W / 2 * 32 : TC_DN_W * 32)
 k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__restrict__ table,
           int32_t type, const int32_t *topk_ids, const float *topk_w, float *__restrict__ y,
           int accum, const cu_mat *__restrict__ dtable, const float *db, const uint8_t *pre, int32_t npre,
-          int32_t early) {
+          int32_t early, float dpick) {
     CU_TRACE(CU_TK_DOWN << 8 | M << 2 | DL << 1 | I8);
     extern __shared__ __align__(16) unsigned char smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -330,6 +332,8 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     float acc[1][2] = {{0.f, 0.f}};
     const float one[1] = {1.0f};
     float tot[4] = {0.f, 0.f, 0.f, 0.f}; /* I8: the running sums */
+    unsigned dmk = 0; /* DL: bit k, pick k takes the residual (cu_dpick_on; K <= MOE_MAX_K <= 32) */
+    for (int k = 0; DL && k < K; k++) dmk |= (unsigned)cu_dpick_on(cu_dpick{topk_w, K, dpick}, (int64_t)tok * K + k) << k;
     for (int it = warp; it < n_items; it += nw) {
         const int k = it / nch, c = it - k * nch;
         const int32_t e = __ldcg(topk_ids + tok * K + k);
@@ -338,10 +342,11 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
         if (it == warp) CU_TRACE_MARK(0); /* the first pick known */
         uint32_t wd[8], sd;
         tc_fetch<M>(dm, H, NB, ti, (int64_t)c * nb, wd, sd);
-        cu_mat rm; /* the residual's loads go out with the base's */
+        cu_mat rm; /* the residual's loads go out with the base's, for the picks that take it */
         uint2 cr[8];
         uint32_t r0 = 0, r1 = 0;
-        if (DL) {
+        const int dk = DL && (dmk >> k & 1u);
+        if (dk) {
             rm = dtable[e * 3 + 2];
             tc_nv_fetch<M>(rm, H, NB, ti, (int64_t)c * nb, cr, r0, r1);
         }
@@ -373,7 +378,7 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
             tc_mac<1>(wd[bi], bf, A, B, lut[tc_sc(sd, bi, g)] * qd, lut[tc_sc(sd, bi, g + 8)] * qd, one, acc);
         }
         __syncwarp();
-        if (DL) {
+        if (dk) {
             cu_rot_chunk_t<M>(v, act + ((int64_t)tok * K + k) * F, rm.rotated, rm.rot_seed, c, rm.signs);
             const float d2 = tc_stage(v, m, b, X), rq[1] = {rm.qscale * d2 * wk};
             __syncwarp();
@@ -426,20 +431,30 @@ __device__ __forceinline__ float tc_pick(const float p2[GR_TB], int j) {
 }
 
 /* Chunk c of the nt slots' rows staged for a grouped kernel as matrix m sees them (its rotation): slot j's row is row
- * lst[j] / div of src (ld apart); p2[j] = its 2^e (0 past nt). */
+ * lst[j] / div of src (ld apart); p2[j] = its 2^e (0 past nt). on: bit j clear (the delta's residuals, a slot that
+ * does not take them: tc_dpick_mask) stages slot j as zeros with p2 0, so its products add exactly nothing. */
 template <int M>
 __device__ __forceinline__ void tc_stage_slots(const float *src, int64_t ld, const int32_t *lst, int div, int nt,
-                                               const cu_mat &m, int c, __half *X, float p2[GR_TB]) {
+                                               const cu_mat &m, int c, __half *X, float p2[GR_TB],
+                                               unsigned on = 0xffu) {
     constexpr int b = 32 * M;
 #pragma unroll
     for (int j = 0; j < GR_TB; j++) {
         p2[j] = 0.f;
         if (j < nt) {
-            float v[8];
-            cu_rot_chunk_t<M>(v, src + (int64_t)(lst[j] / div) * ld, m.rotated, m.rot_seed, c, m.signs);
+            float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            if (on >> j & 1u) cu_rot_chunk_t<M>(v, src + (int64_t)(lst[j] / div) * ld, m.rotated, m.rot_seed, c, m.signs);
             p2[j] = tc_stage(v, M, b, X + (size_t)j * 2 * b);
+            if (!(on >> j & 1u)) p2[j] = 0.f;
         }
     }
+}
+
+/* Bit j: slot lst[j] (j < nt) takes the delta's residuals (cu_dpick_on); once a CTA, not once a chunk. */
+__device__ __forceinline__ unsigned tc_dpick_mask(const cu_dpick dp, const int32_t *lst, int nt) {
+    unsigned on = 0;
+    for (int j = 0; j < nt && j < GR_TB; j++) on |= (unsigned)cu_dpick_on(dp, lst[j]) << j;
+    return on;
 }
 
 /* One chunk of one NVFP4 residual against the staged slots of a grouped kernel (bs: both column groups; q: the groups'
@@ -468,7 +483,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
                  const cu_mat *__restrict__ table, int32_t type, const int32_t *__restrict__ count,
                  const int32_t *__restrict__ n_items, const int32_t *__restrict__ items,
                  const int32_t *__restrict__ list, float *__restrict__ act, const float *__restrict__ x,
-                 const cu_mat *__restrict__ dtable, cu_moe_oss ox) {
+                 const cu_mat *__restrict__ dtable, cu_moe_oss ox, cu_dpick dp) {
     extern __shared__ __align__(16) unsigned char smem[];
     if ((int)blockIdx.y >= *n_items) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -488,6 +503,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
     tc_ab(type, gm.qbeta, &Ag, &Bg);
     tc_ab(type, um.qbeta, &Au, &Bu);
     float ag[2][2] = {{0.f, 0.f}, {0.f, 0.f}}, au[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    const unsigned don = DL ? tc_dpick_mask(dp, list + (int64_t)e * T + c0, nt) : 0u;
     for (int c = warp; c < nch; c += nw) {
         uint32_t wg[8], wu[8], sg, su;
         tc_fetch<M>(gm, F, NB, ti, (int64_t)c * nb, wg, sg);
@@ -516,7 +532,7 @@ k_tc_gate_up_grp(const float *__restrict__ xr, int64_t T, int64_t H, int64_t F, 
         __syncwarp();
         if (DL) {
             const cu_mat dg = dtable[e * 3], du = dtable[e * 3 + 1]; /* one rotation for both (cu_delta_experts) */
-            tc_stage_slots<M>(x, H, list + (int64_t)e * T + c0, K, nt, dg, c, X, p2);
+            tc_stage_slots<M>(x, H, list + (int64_t)e * T + c0, K, nt, dg, c, X, p2, don);
             __syncwarp();
             const float dq[2] = {dg.qscale * tc_pick(p2, t), dg.qscale * tc_pick(p2, 4 + t)},
                         uq[2] = {du.qscale * tc_pick(p2, t), du.qscale * tc_pick(p2, 4 + t)};
@@ -549,7 +565,7 @@ __global__ void __launch_bounds__(TC_GRP_W * 32)
 k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, const cu_mat *__restrict__ table,
               int32_t type, const int32_t *__restrict__ count, const int32_t *__restrict__ n_items,
               const int32_t *__restrict__ items, const int32_t *__restrict__ list, float *__restrict__ ydn,
-              const cu_mat *__restrict__ dtable, const float *__restrict__ db) {
+              const cu_mat *__restrict__ dtable, const float *__restrict__ db, cu_dpick dp) {
     extern __shared__ __align__(16) unsigned char smem[];
     if ((int)blockIdx.y >= *n_items) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
@@ -568,6 +584,7 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
     float A, B;
     tc_ab(type, dm.qbeta, &A, &B);
     float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    const unsigned don = DL ? tc_dpick_mask(dp, list + (int64_t)e * T + c0, nt) : 0u;
     for (int c = warp; c < nch; c += nw) {
         uint32_t wd[8], sd;
         tc_fetch<M>(dm, H, NB, ti, (int64_t)c * nb, wd, sd);
@@ -584,7 +601,7 @@ k_tc_down_grp(const float *__restrict__ act, int64_t T, int64_t H, int64_t F, co
         __syncwarp();
         if (DL) {
             const cu_mat rm = dtable[e * 3 + 2];
-            tc_stage_slots<M>(act, F, list + (int64_t)e * T + c0, 1, nt, rm, c, X, p2);
+            tc_stage_slots<M>(act, F, list + (int64_t)e * T + c0, 1, nt, rm, c, X, p2, don);
             __syncwarp();
             const float rq[2] = {rm.qscale * tc_pick(p2, t), rm.qscale * tc_pick(p2, 4 + t)};
             tc_nv_grp_mat<M>(rm, H, NB, ti, c, bs, nvl, rq, acc);
@@ -874,15 +891,15 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     } else if (tc_i8_on(bh, dtab != NULL))
         TC_DISPATCH_PDL_I8(bh, k_tc_gate_up, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, stg, npre, dpre)
+                           a->norm_topk, a->topk_w, rs, oxv, stg, npre, dpre, 0.f)
     else if (dtab)
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 1, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 1) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp)
+                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp, a->delta_pick)
     else
         TC_DISPATCH_PDL_DL(bh, k_tc_gate_up, 0, ggu, nwg * 32, tc_smem_dec(nwg, 32, bh, 0) + rsm_gu, xin, H, F, K,
                            tab->table, tab->type, tab->gu_rotated, tab->gu_seed, a->topk_ids, act, dt, rlg, E,
-                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp)
+                           a->norm_topk, a->topk_w, rs, oxv, (const uint8_t *)NULL, 0, nodp, 0.f)
     if (CU_LAUNCHED(c, "k_tc_gate_up")) return;
     const int32_t dne = cu_mv_early_next(); /* down lets the next kernel launch at its start (matmul.cu) */
     if (dne && cu_mv_carve_down()) { /* ... which needs the largest shared split to fit beside it (cuda_int.h) */
@@ -900,13 +917,13 @@ void cu_moe_tc_decode(cu_backend *c, const moet_moe_args *a, const cu_expert_tab
     } else if (tc_i8_on(bf, dtab != NULL))
         TC_DISPATCH_PDL_I8(bf, k_tc_down, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0, 1), act, H, F, K, tab->table,
                            tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)dpre.stg,
-                           npd, dne)
+                           npd, dne, 0.f)
     else if (dtab)
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 1, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 1), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne, a->delta_pick)
     else
         TC_DISPATCH_PDL_DL(bf, k_tc_down, 0, gdn, nwd * 32, tc_smem_dec(nwd, 16, bf, 0), act, H, F, K, tab->table,
-                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne)
+                           tab->type, a->topk_ids, a->topk_w, a->y, a->accumulate, dt, oxv.db, (const uint8_t *)NULL, 0, dne, 0.f)
     CU_LAUNCHED(c, "k_tc_down");
 }
 
@@ -942,33 +959,33 @@ static size_t tc_smem_grp(int nw, int red_per_warp, int b, int dl) {
 void cu_moe_tc_gate_up_grp(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *xr,
                            const float *x, int64_t T, int64_t H, int64_t F, int32_t K, const int32_t *count,
                            const int32_t *n_items, const int32_t *items, const int32_t *list, unsigned n_chunks,
-                           float *act, const cu_moe_oss *ox) {
+                           float *act, const cu_moe_oss *ox, cu_dpick dp) {
     const cu_moe_oss nox = {NULL, NULL, NULL, 0.f}, oxv = ox ? *ox : nox;
     if (tc_attrs(c)) return;
     const int b = cu_hadamard_block(H), nw = tc_warps(H / b, TC_GRP_W);
     const dim3 grid((unsigned)(F / 16), n_chunks);
     if (dtab)
         TC_DISPATCH_DL(b, k_tc_gate_up_grp, 1, grid, nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b, 1), xr, T, H, F, K,
-                       tab->table, tab->type, count, n_items, items, list, act, x, dtab->table, oxv)
+                       tab->table, tab->type, count, n_items, items, list, act, x, dtab->table, oxv, dp)
     else
         TC_DISPATCH_DL(b, k_tc_gate_up_grp, 0, grid, nw * 32, tc_smem_grp(nw, 2 * GR_TB * 16, b, 0), xr, T, H, F, K,
-                       tab->table, tab->type, count, n_items, items, list, act, x, (const cu_mat *)NULL, oxv)
+                       tab->table, tab->type, count, n_items, items, list, act, x, (const cu_mat *)NULL, oxv, dp)
     CU_LAUNCHED(c, "k_tc_gate_up_grp");
 }
 
 void cu_moe_tc_down_grp(cu_backend *c, const cu_expert_table *tab, const cu_expert_table *dtab, const float *act,
                         int64_t T, int64_t H, int64_t F, const int32_t *count, const int32_t *n_items,
                         const int32_t *items, const int32_t *list, unsigned n_chunks, float *ydn,
-                        const cu_moe_oss *ox) {
+                        const cu_moe_oss *ox, cu_dpick dp) {
     const float *db = ox ? ox->db : NULL;
     if (tc_attrs(c)) return;
     const int b = cu_hadamard_block(F), nw = tc_warps(F / b, TC_GRP_W);
     const dim3 grid((unsigned)(H / 16), n_chunks);
     if (dtab)
         TC_DISPATCH_DL(b, k_tc_down_grp, 1, grid, nw * 32, tc_smem_grp(nw, GR_TB * 16, b, 1), act, T, H, F, tab->table,
-                       tab->type, count, n_items, items, list, ydn, dtab->table, db)
+                       tab->type, count, n_items, items, list, ydn, dtab->table, db, dp)
     else
         TC_DISPATCH_DL(b, k_tc_down_grp, 0, grid, nw * 32, tc_smem_grp(nw, GR_TB * 16, b, 0), act, T, H, F, tab->table,
-                       tab->type, count, n_items, items, list, ydn, (const cu_mat *)NULL, db)
+                       tab->type, count, n_items, items, list, ydn, (const cu_mat *)NULL, db, dp)
     CU_LAUNCHED(c, "k_tc_down_grp");
 }

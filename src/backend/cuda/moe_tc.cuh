@@ -610,11 +610,15 @@ __device__ __forceinline__ float tc_dn_stage(const uint8_t *pre, int32_t npre, c
 
 /* Gate/up's pick for its slot: routed here from the token's logits (tc_route_warps / tc_route_sig_warps, as the
  * router would; lg: 2 E floats of shared memory), or the router's (rlogits NULL). CTA x = 0 of the slot writes the
- * pick and weight for down and the expert cache. Every thread of the CTA calls it after cu_pdl_wait(). */
+ * pick and weight for down and the expert cache. Every thread of the CTA calls it after cu_pdl_wait(). dl (not NULL):
+ * whether the slot takes the delta's residuals (moet_delta_pick with r = dpick), the same in every thread. */
 __device__ __forceinline__ int32_t tc_gu_route(const float *rlogits, float *lg, int tok, int slot, int32_t E, int32_t K,
                                                int32_t norm_topk, const cu_route_sig &rs, int32_t *topk_ids,
-                                               float *topk_w) {
-    if (!rlogits) return __ldcg(topk_ids + slot); /* the router's output: coherent (cu_pdl_wait) */
+                                               float *topk_w, float dpick = 0.f, int *dl = nullptr) {
+    if (!rlogits) { /* the router's output: coherent (cu_pdl_wait) */
+        if (dl) *dl = cu_dpick_on(cu_dpick{topk_w, K, dpick}, slot);
+        return __ldcg(topk_ids + slot);
+    }
     __shared__ int32_t rids[MOE_MAX_K], rik[MOE_MAX_K];
     __shared__ float rwts[MOE_MAX_K], rpk[MOE_MAX_K];
     float *p = lg + E;
@@ -624,6 +628,7 @@ __device__ __forceinline__ int32_t tc_gu_route(const float *rlogits, float *lg, 
     else tc_route_sig_warps(lg, rs.bias, E, K, rs.G, rs.TG, norm_topk, rs.scale, p, rik, rids, rwts);
     __syncthreads();
     const int32_t e = rids[slot - tok * K];
+    if (dl) *dl = moet_delta_pick(rwts, K, slot - tok * K, dpick); /* the token's weights are all here */
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         topk_ids[slot] = e;
         topk_w[slot] = rwts[slot - tok * K];

@@ -84,6 +84,7 @@ typedef struct {
     const char *backend;       /* "cpu" or "cuda" */
     const char *device;        /* what computes: "NVIDIA H200 (sm_90, ...)", "cpu, 2 threads" */
     int32_t has_delta;         /* base + delta experts are loaded (a delta pack, or experts requantized with one) */
+    int32_t delta_residual;    /* ... as residuals beside the base (a delta pack), so it can run on some picks only */
     int64_t expert_slots;      /* the expert cache's slots (0: every expert resident) */
     const char *router;        /* "softmax" (Qwen3-MoE, Mixtral), "sigmoid" (a choice bias, group-limited: GLM-4.5,
                                 * DeepSeek-V3) or "top-k softmax" (gpt-oss) */

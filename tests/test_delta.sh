@@ -33,6 +33,8 @@ sv() { "$MOET" perplexity -m "$tmp/p.gguf" -f "$txt" --ctx 64 --chunks 2 -t 2 --
 sv on --delta on; sv off --delta off; sv p0 --delta on --delta-pick 0; sv pbig --delta on --delta-pick 1000
 sv p1 --delta on --delta-pick 1; sv g1p --delta gate --tau 1 --delta-pick 1
 sv p1s --delta on --delta-pick 1 --step 1 # the gate's steps are one token each: the pack's products, a row at a time
+sv dflt; sv p08 --delta on --delta-pick 0.8 # the default mode with a delta pack: pick, R 0.8
+cmp -s "$tmp/dflt.kld" "$tmp/p08.kld" && ok "the default with a delta pack is --delta pick, R 0.8" || bad "default != on + pick 0.8"
 cmp -s "$tmp/on.kld" "$tmp/p0.kld" && ok "--delta-pick 0 equals on bit for bit" || bad "--delta-pick 0 != on"
 cmp -s "$tmp/off.kld" "$tmp/pbig.kld" && ok "--delta-pick 1000 equals off bit for bit" || bad "--delta-pick 1000 != off"
 cmp -s "$tmp/p1.kld" "$tmp/on.kld" || cmp -s "$tmp/p1.kld" "$tmp/off.kld" && bad "--delta-pick 1 equals on or off" \
@@ -46,6 +48,8 @@ rune() { "$MOET" run -m "$tmp/p.gguf" --prompt-ids "5 6" -n 1 -t 2 "$@" >/dev/nu
 rune --delta on --delta-pick -1 && bad "--delta-pick -1 accepted" || expect "needs a number" "--delta-pick -1"
 "$MOET" run -m "$MODEL" --experts w2+nvfp4 --prompt-ids "5 6" -n 1 -t 2 --delta on --delta-pick 1 >/dev/null 2>"$tmp/e" \
   && bad "--delta-pick on experts requantized in memory accepted" || expect "residuals" "--delta-pick, in-memory delta"
+"$MOET" run -m "$MODEL" --experts w2+nvfp4 --prompt-ids "5 6" -n 1 -t 2 --delta pick >/dev/null 2>"$tmp/e" \
+  && bad "--delta pick on experts requantized in memory accepted" || expect "residuals" "--delta pick, in-memory delta"
 r_p1=$(run --delta on --delta-pick 1); g1p=$(run --delta gate --tau 1 --delta-pick 1)
 [ -n "$r_p1" ] && [ "$r_p1" = "$g1p" ] && ok "run: --delta-pick 1, gate tau 1 = on" || bad "run: pick 1 gate ($g1p) vs on ($r_p1)"
 rune --delta-file "" --delta on && bad "--delta on without a delta accepted" || expect "needs a delta" "--delta-file \"\": no delta"

@@ -3,7 +3,8 @@
 # of a one-token prompt with --delta gate --tau 0 equal --delta off, with --tau 1 equal --delta on (the gate also
 # decides the prompt's last step, the only one here; also two requests batched together),
 # off differs from on, and /metrics counts the checked and corrected steps; the expert cache serves the same
-# completions, also where two batched rows route to more experts than its slots hold.
+# completions, also where two batched rows route to more experts than its slots hold. --delta pick (the default):
+# R 0 = on, a large R = off, batched rows as each alone.
 # usage: test_serve_gate.sh MOET_BIN HF_MODEL_DIR
 set -u
 MOET=$1; MODEL=$2
@@ -38,6 +39,18 @@ echo "off: $off"; echo "on:  $on"
 [ -n "$on" ] && [ "$on" = "$g1" ] && ok "gate tau 1 = on" || bad "gate tau 1: $g1 vs on $on"
 [ "$off" != "$on" ] && ok "the delta changes the completion" || bad "off and on agree: the test cannot tell them apart"
 [ "$b1" = "$on" ] && [ "$b2" = "$on" ] && ok "gate tau 1, two requests batched = on" || bad "batched gate: $b1 / $b2 vs $on"
+# --delta pick (the default mode with a delta pack): R 0 = on, an R no pick reaches = off; the default R 0.8
+# serves (two requests batched: the batch carries the rows' R)
+serve --delta pick --delta-pick 0 && { p0=$(text); stop; }
+serve --delta pick --delta-pick 1000 && { pbig=$(text); stop; }
+serve && { pd=$(text); grep -q "delta pick" "$tmp/serve.log" && dm=pick || dm=$(grep -o "delta [a-z]*" "$tmp/serve.log")
+  text "$reqA" > "$tmp/b1" & tp=$!; text "$reqB" > "$tmp/b2"; wait $tp; pa=$(cat "$tmp/b1"); pb=$(cat "$tmp/b2"); stop; }
+serve --delta pick && { pa1=$(text "$reqA"); pb1=$(text "$reqB"); stop; }
+[ -n "$on" ] && [ "$p0" = "$on" ] && ok "pick R 0 = on" || bad "pick R 0: $p0 vs on $on"
+[ -n "$off" ] && [ "$pbig" = "$off" ] && ok "pick R 1000 = off" || bad "pick R 1000: $pbig vs off $off"
+[ "$dm" = pick ] && [ -n "$pd" ] && ok "the default mode with a delta pack is pick: $pd" || bad "default mode: '$dm' ($pd)"
+[ -n "$pa" ] && [ "$pa" = "$pa1" ] && [ "$pb" = "$pb1" ] && ok "pick, two requests batched = each alone" \
+  || bad "pick batched: $pa / $pb vs alone $pa1 / $pb1"
 [ "${c0:-x}" = 0 ] && [ "${s0:-0}" -gt 0 ] && ok "tau 0: $s0 steps checked, 0 corrected" || bad "tau 0 metrics: $s0 / $c0"
 [ -n "${c1:-}" ] && [ "$c1" = "$s1" ] && [ "$c1" -gt 0 ] && ok "tau 1: $s1 steps checked, all corrected" || bad "tau 1 metrics: $s1 / $c1"
 # the expert cache in the server: 48 of the 192 routed experts resident (a step of one token routes to 3 x 8)

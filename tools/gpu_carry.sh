@@ -29,6 +29,8 @@ rm -rf .carry/q
 if [ -n "${QPACK:-}" ]; then
   mkdir -p .carry/q
   xz -T2 -6 -c "$QPACK" > .carry/q/pack.gguf.xz
+  qd="${QPACK%.gguf}.delta.gguf" # its delta pack where there is one (tools/gpu_delta_pick.sh)
+  [ -f "$qd" ] && xz -T2 -6 -c "$qd" > .carry/q/pack.delta.gguf.xz
   head -c 400000 ../shared/data/dev.txt > .carry/q/text.txt
 fi
 # seven statically linked binaries are ~140 MB, past the device call's 64 MiB working tree: ship them xz'd;

@@ -57,7 +57,9 @@ LABEL = {"bf16": "BF16 (round trip)", "q8_0": "Q8_0", "nvfp4": "NVFP4 (RTN)", "m
          "w2-nocalib": "W2, no calibration", "w2-nogptq": "W2, calibrated, no error feedback", "w2": "**W2** (calibrated)",
          "w2+nvfp4.on": "W2 + NVFP4 delta, `on`", "w2+nvfp4.gate": "W2 + NVFP4 delta, `gate` τ=0.6",
          "w2+w2.on": "W2 + W2 delta, `on` (2-bit delta)",
-         "kv-f16": "BF16, KV cache in f16 (`--kv-type f16`)", "w2.kv-f16": "W2 (calibrated), KV cache in f16"}
+         "kv-f16": "BF16, KV cache in f16 (`--kv-type f16`)", "w2.kv-f16": "W2 (calibrated), KV cache in f16",
+         "w2+nvfp4.pick08": "W2 + NVFP4 delta, `pick` R=0.8 (the default)"}
+PICK_MAIN = "w2+nvfp4.pick08"  # the one pick run in the main table; the sweep has its own (delta_pick)
 
 
 def quality():
@@ -70,7 +72,7 @@ def quality():
         runs = {}
         for f in files:
             d = json.load(open(f))
-            if d["model"] == mname:
+            if d["model"] == mname and (".pick" not in d["run"] or d["run"] == PICK_MAIN):
                 runs[d["run"]] = d
         if not runs:
             continue
@@ -90,6 +92,9 @@ def quality():
             bpw = res.get("expert_bpw", 16)
             if res.get("delta") == "gate":
                 bpw_s = f"2.25 + 4.5 on {100 * res['gate_corrected']:.0f}% of steps"
+            elif res.get("delta_pick", 0) > 0:  # a pack + delta pack run: both stored, the picked share read
+                bpw_s = f"2.25 + 4.5 on {100 * res['delta_picks']:.0f}% of picks"
+                bpw = 6.75
             else:
                 bpw_s = f"{bpw:g}"
             size = "" if not sizes else f"{(sizes[0] * bpw / 8 + sizes[1] * 2) / 2**20:.1f} MiB"
@@ -100,6 +105,37 @@ def quality():
                        f"{kf(res['kld_p99'], 3)} | {res['top1_agree']:.3f} | {corr} |")
         out.append("")
     return "\n".join(out).rstrip()
+
+
+def delta_pick():
+    """The delta on the heavy picks (bench/quality.sh's pick runs) beside the rows they sit between."""
+    out = ["| model | experts as | picks with the delta | expert bytes read a token (bpw) | PPL | mean KLD | p99 KLD | top-1 |",
+           "|---|---|---|---|---|---|---|---|"]
+    files = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/quality/*.json")))]
+    files = [d for d in files if "model" in d]
+    for mname in sorted({d["model"] for d in files}):
+        runs = {d["run"]: d for d in files if d["model"] == mname}
+        picks = sorted((r for r in runs if ".pick" in r), key=lambda r: runs[r]["result"]["delta_pick"])
+        if not picks:
+            continue
+        rows = [("w2", "W2 alone", 0.0)] + [(r, f"`pick` R={runs[r]['result']['delta_pick']:g}", None) for r in picks] + \
+               [("w2+nvfp4.gate", "`gate` τ=0.6 (per step)", None), ("w2+nvfp4.on", "`on` (every pick)", 1.0),
+                ("nvfp4", "NVFP4 alone (RTN, no W2)", None)]
+        for r, label, frac in rows:
+            if r not in runs:
+                continue
+            res = runs[r]["result"]
+            if r == "nvfp4":
+                fs, bpw = "", "4.5"
+            elif r == "w2+nvfp4.gate":
+                g = res["gate_corrected"]
+                fs, bpw = f"all, on {100 * g:.1f}% of steps", f"{2.25 + 6.75 * g:.2f} (a redone step reads base + delta)"
+            else:
+                f = frac if frac is not None else res["delta_picks"]
+                fs, bpw = f"{100 * f:.1f}%", f"{2.25 + 4.5 * f:.2f}"
+            out.append(f"| {mname} | {label} | {fs} | {bpw} | {res['ppl']:.3f} | {res['kld_mean']:.4f} | "
+                       f"{res['kld_p99']:.3f} | {res['top1_agree']:.3f} |")
+    return "\n".join(out)
 
 
 def gate_study():
@@ -189,7 +225,7 @@ def ecache_study(name="ecache-study"):
     return "\n".join(rows)
 
 
-TABLES = {"ecache-study": ecache_study, "ecache-prefetch": lambda: ecache_study("ecache-prefetch"), "cuda-batched": cuda_batched, "serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study}
+TABLES = {"ecache-study": ecache_study, "ecache-prefetch": lambda: ecache_study("ecache-prefetch"), "cuda-batched": cuda_batched, "serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study, "delta-pick": delta_pick}
 
 
 def render(path, check):

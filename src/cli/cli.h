@@ -32,11 +32,21 @@ typedef struct {
     double delta_pick;   /* R: the delta on the picks of at least R times the mean routing weight (0: all) */
 } cli_common;
 
-/* --delta-pick's value where it is not given, for a delta held as residuals (a delta pack) */
-#define CLI_DELTA_PICK_DEFAULT 0.0
+/* --delta MODE: off (the base alone), on (base + delta on every pick), gate (each step on the base, redone with the
+ * delta where its top-1 probability is below --tau), pick (base + delta on the picks of at least --delta-pick R x the
+ * token's mean routing weight, R default CLI_DELTA_PICK_DEFAULT; docs/quality.md). */
+enum { CLI_DELTA_OFF = 0, CLI_DELTA_ON = 1, CLI_DELTA_GATE = 2, CLI_DELTA_PICK = 3 };
+#define CLI_DELTA_PICK_DEFAULT 0.8
+#define CLI_DELTA_MODES "off, on, gate, pick"
 
-/* Sets the session's delta picks (R, or the default) for delta mode dmode (0 off: nothing); -1 after an error
- * message (R > 0 with experts requantized in memory, which hold base + delta as one matrix). */
+/* The mode of --delta name for model mi (NULL: the default, pick for a delta pack, gate for a delta requantized in
+ * memory, off without one), or -1 after a message that says why (cmd: the command, for it). */
+int cli_delta_mode(const char *cmd, const char *name, const moet_model_info *mi);
+extern const char *const cli_delta_names[4];
+
+/* Sets the session's delta picks for mode dmode: --delta-pick R where given, else CLI_DELTA_PICK_DEFAULT for pick
+ * and 0 (every pick) for on and gate; nothing for off. -1 after an error message (R > 0 with experts requantized in
+ * memory, which hold base + delta as one matrix). */
 int cli_delta_pick(const cli_common *c, moet_session *s, int dmode);
 
 /* The name of a MOET_KV_* type as --kv-type spells it ("auto", "f32", "f16"). */

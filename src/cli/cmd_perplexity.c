@@ -74,7 +74,8 @@ int cmd_perplexity(int argc, char **argv) {
                         "[--save-logits FILE | --kld-base FILE] [--kld-topk K] [--json]\n"
                         "       [--step N (tokens a forward step: 1 scores as decode routes; default min(ctx, 512))]\n"
                         "       [--experts bf16|q8_0|mxfp4|nvfp4|int2|asym2|sym2|w2 [--calib TEXT[.xz]] [--calib-tokens N]\n"
-                        "        [--no-rotate] [--no-gptq] [--no-search] [--beta B] [--delta off|on|gate] [--tau T]]\n"
+                        "        [--no-rotate] [--no-gptq] [--no-search] [--beta B]]\n"
+                        "       [--delta off|on|gate|pick] [--tau T] [--delta-pick R] (moet run -h: the delta modes)\n"
                         "       (routed experts quantized in memory; w2+nvfp4 / w2+w2 carry a delta)\n");
         return 2;
     }
@@ -100,7 +101,6 @@ int cmd_perplexity(int argc, char **argv) {
         qo.search = !no_search;
         qo.beta = (float)beta;
         if (cli_requant_experts(m, &qo, calib_file, calib_tokens, c.threads, &rqs)) { moet_model_free(m); free(text); return 1; }
-        if (!delta_mode) delta_mode = moet_qformat_has_delta(qf) ? "gate" : "off";
         MOET_LOGI("experts as %s (%.2f bpw): weight relative error %.4g, mean beta %.3f, %lld matrices in %.1f s",
                   experts, moet_qformat_bpw((moet_qformat)qf), rqs.rel_err, rqs.mean_beta, (long long)rqs.n_matrices,
                   rqs.seconds);
@@ -159,13 +159,9 @@ int cmd_perplexity(int argc, char **argv) {
     }
     moet_model_info pmi;
     moet_model_info_get(m, &pmi);
-    if (!delta_mode) delta_mode = pmi.has_delta ? "gate" : "off";
-    int dmode = !strcmp(delta_mode, "off") ? 0 : !strcmp(delta_mode, "on") ? 1 : !strcmp(delta_mode, "gate") ? 2 : -1;
-    if (dmode < 0 || (dmode > 0 && !pmi.has_delta)) {
-        fprintf(stderr, "moet perplexity: --delta %s needs a delta: a pack with its delta pack (--delta-file), or "
-                        "--experts w2+nvfp4 / w2+w2 (modes: off, on, gate)\n", delta_mode);
-        goto out;
-    }
+    const int dmode = cli_delta_mode("perplexity", delta_mode, &pmi); /* CLI_DELTA_* */
+    if (dmode < 0) goto out;
+    delta_mode = cli_delta_names[dmode];
     moet_session_options so = moet_session_default_options();
     so.n_ctx = (int32_t)ctx;
     so.kv_type = c.kv_type;
@@ -194,7 +190,7 @@ int cmd_perplexity(int argc, char **argv) {
         moet_session_set_route_stats(s, route); /* each one-token eval's router statistics, layer by layer */
     }
     if (dmode == 2 && !(gate_buf = malloc((size_t)ctx * (size_t)V * sizeof(float)))) { fprintf(stderr, "moet: out of memory\n"); goto out; }
-    moet_session_use_delta(s, dmode == 1);
+    moet_session_use_delta(s, dmode == CLI_DELTA_ON || dmode == CLI_DELTA_PICK);
     if (cli_delta_pick(&c, s, dmode)) goto out;
     int64_t dcount[2] = {0, 0}; /* picks that ran with the delta, all picks (the CPU backend counts) */
     moet_session_set_delta_count(s, dcount);
@@ -203,7 +199,7 @@ int cmd_perplexity(int argc, char **argv) {
         const int32_t *wt = toks + w * (size_t)ctx;
         const float *lg;
         if (moet_session_truncate(s, 0, err, sizeof err)) { fprintf(stderr, "moet: error: %s\n", err); goto out; }
-        if (dmode < 2) {
+        if (dmode != CLI_DELTA_GATE) {
             if (moet_session_eval(s, wt, (int32_t)ctx, MOET_LOGITS_ALL, err, sizeof err)) {
                 fprintf(stderr, "moet: error: %s\n", err);
                 goto out;
@@ -329,7 +325,7 @@ int cmd_perplexity(int argc, char **argv) {
                    "\"delta_picks\": %.6f%s}\n",
                    ppl, n_scored, ctx, n_win, mean, med, p99, mx, top1, kh.topk, experts ? experts : "source",
                    qf >= 0 ? moet_qformat_bpw((moet_qformat)qf) : 16.0, rqs.rel_err, delta_mode, dmode == 2 ? tau : 0.0,
-                   dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 ? 1.0 : 0.0, dpick,
+                   dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 || dmode == 3 ? 1.0 : 0.0, dpick,
                    dcount[1] ? (double)dcount[0] / (double)dcount[1] : 0.0, ecj);
         else
             printf("PPL %.4f over %zu tokens (%zu windows of %ld)\nKLD mean %.6f  median %.6f  p99 %.6f  max %.6f\n"
@@ -337,7 +333,7 @@ int cmd_perplexity(int argc, char **argv) {
     } else if (json) {
         printf("{\"ppl\": %.6f, \"tokens\": %zu, \"ctx\": %ld, \"chunks\": %zu, \"delta\": \"%s\", "
                "\"gate_corrected\": %.6f%s}\n", ppl, n_scored, ctx, n_win, delta_mode,
-               dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 ? 1.0 : 0.0, ecj);
+               dmode == 2 ? (double)corrected / (double)n_scored : dmode == 1 || dmode == 3 ? 1.0 : 0.0, ecj);
     } else {
         printf("PPL %.4f over %zu tokens (%zu windows of %ld)\n", ppl, n_scored, n_win, ctx);
     }

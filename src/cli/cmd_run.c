@@ -14,10 +14,12 @@ static void usage(void) {
             "usage: moet run [-m DIR] (-p TEXT | --prompt-ids \"1 2 3\") [-n N] [--temp T] [--seed S]\n"
             "                [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--ctx N]\n"
             "                [--print-ids] [--ignore-eos] [-t THREADS]\n"
-            "                [--experts FORMAT [--calib TEXT]] [--delta off|on|gate] [--tau T]\n"
+            "                [--experts FORMAT [--calib TEXT]] [--delta off|on|gate|pick] [--tau T] [--delta-pick R]\n"
             "  --experts   quantize the routed experts in memory first (e.g. w2, w2+nvfp4: W2 with an NVFP4 delta)\n"
-            "  --delta     with a delta: off (base only), on (base + delta), gate (default: each step on the base,\n"
-            "              recomputed with the delta when its top-1 probability is below --tau, default 0.6)\n");
+            "  --delta     with a delta: off (base only), on (base + delta), pick (base + delta on the picks of at\n"
+            "              least R x the token's mean routing weight, R 0.8: the default for a delta pack), gate (each\n"
+            "              step on the base, recomputed with the delta when its top-1 probability is below --tau, 0.6;\n"
+            "              the default for a delta requantized in memory)\n");
 }
 
 int cmd_run(int argc, char **argv) {
@@ -66,7 +68,7 @@ int cmd_run(int argc, char **argv) {
     }
     moet_model *m = cli_load_model(&c);
     if (!m) return 1;
-    int dmode = 0;  /* 0 off, 1 on, 2 gate */
+    int dmode = 0;  /* CLI_DELTA_* */
     long corrected = 0, steps = 0;
     if (experts) {
         int qf = moet_qformat_parse(experts);
@@ -78,11 +80,7 @@ int cmd_run(int argc, char **argv) {
     {
         moet_model_info mi;
         moet_model_info_get(m, &mi);
-        if (!delta_mode) delta_mode = mi.has_delta ? "gate" : "off";
-        dmode = !strcmp(delta_mode, "off") ? 0 : !strcmp(delta_mode, "on") ? 1 : !strcmp(delta_mode, "gate") ? 2 : -1;
-        if (dmode < 0 || (dmode > 0 && !mi.has_delta)) {
-            fprintf(stderr, "moet run: --delta %s needs a delta: a pack with its delta pack (--delta-file), or --experts "
-                            "w2+nvfp4 / w2+w2; modes: off, on, gate\n", delta_mode);
+        if ((dmode = cli_delta_mode("run", delta_mode, &mi)) < 0) {
             moet_model_free(m);
             return 2;
         }
@@ -120,7 +118,7 @@ int cmd_run(int argc, char **argv) {
     int32_t eos[8];
     int n_eos = ignore_eos ? 0 : moet_model_eos_ids(m, eos, 8);
     double t0 = moet_time_s();
-    moet_session_use_delta(s, dmode == 1);
+    moet_session_use_delta(s, dmode == CLI_DELTA_ON || dmode == CLI_DELTA_PICK);
     if (cli_delta_pick(&c, s, dmode)) goto out;
     if (dmode == 2) {  /* the gate runs step by step, prompt tokens included (tau 0 = off, tau 1 = on, exactly) */
         for (size_t i = 0; i < n_prompt; i++) {

@@ -32,8 +32,10 @@ static void usage(void) {
             "  --no-prefix-cache  do not share the KV blocks of equal prompt prefixes between requests\n"
             "  --queue     requests that may wait for a sequence slot; beyond it: 429 (default 64)\n"
             "  --timeout   seconds a request may wait for a slot before 503 (default 600; 0: forever)\n"
-            "  --delta     off|on|gate with a delta pack (--delta-file, default X.delta.gguf beside a pack X.gguf):\n"
-            "              gate (default) redoes a decode step on base + delta when its top-1 probability < --tau (0.6)\n");
+            "  --delta     off|on|gate|pick with a delta pack (--delta-file, default X.delta.gguf beside a pack X.gguf):\n"
+            "              pick (default) runs base + delta on the picks of at least --delta-pick R (0.8) x the token's\n"
+            "              mean routing weight; gate redoes a decode step on base + delta when its top-1 probability\n"
+            "              < --tau (0.6); on: base + delta on every pick\n");
 }
 
 static const char *base_name(const char *p) {
@@ -125,20 +127,18 @@ int cmd_serve(int argc, char **argv) {
     }
     fprintf(stderr, "moet serve: listening on http://%s:%d (loading the model)\n", host, srv.port);
 
-    if (delta_mode && strcmp(delta_mode, "off") && strcmp(delta_mode, "on") && strcmp(delta_mode, "gate")) {
-        fprintf(stderr, "moet serve: --delta off|on|gate\n");
+    if (delta_mode && strcmp(delta_mode, "off") && strcmp(delta_mode, "on") && strcmp(delta_mode, "gate") &&
+        strcmp(delta_mode, "pick")) {
+        fprintf(stderr, "moet serve: --delta " CLI_DELTA_MODES "\n");
         goto out;
     }
     if (delta_mode && !strcmp(delta_mode, "off") && !c.delta_file) c.delta_file = ""; /* no use loading it */
     if (!(m = cli_load_model(&c))) goto out;
     moet_model_info info;
     moet_model_info_get(m, &info);
-    if (!delta_mode) delta_mode = info.has_delta ? "gate" : "off";
-    const int dmode = !strcmp(delta_mode, "off") ? 0 : !strcmp(delta_mode, "on") ? 1 : 2;
-    if (dmode && !info.has_delta) {
-        fprintf(stderr, "moet serve: --delta %s needs a delta pack (a pack X.gguf with X.delta.gguf, or --delta-file)\n", delta_mode);
-        goto out;
-    }
+    const int dmode = cli_delta_mode("serve", delta_mode, &info); /* CLI_DELTA_* */
+    if (dmode < 0) goto out;
+    delta_mode = cli_delta_names[dmode];
     const char *tsrc = moet_model_chat_template(m);
     if (tsrc && !(tmpl = jinja_compile(tsrc, strlen(tsrc), err, sizeof err)))
         MOET_LOGW("the model's chat template does not compile (chat completions disabled): %s", err);
@@ -161,9 +161,11 @@ int cmd_serve(int argc, char **argv) {
     srv.oc = (oai_ctx){.tok = tok, .tmpl = tmpl, .model_name = model_name, .n_ctx = n_ctx, .vocab = info.vocab_size,
                        .bos_token = bos, .eos_token = eos};
     sched_options so = {.max_seqs = (int)max_seqs, .n_ctx = n_ctx, .queue_cap = (int)queue,
-                        .queue_timeout = (double)timeout, .model_name = model_name, .delta_mode = dmode,
+                        .queue_timeout = (double)timeout, .model_name = model_name,
+                        .delta_mode = dmode == CLI_DELTA_PICK ? 1 : dmode, /* sched: pick is on with R */
                         .tau = (float)tau,
-                        .delta_pick = (float)(c.delta_pick_set ? c.delta_pick : CLI_DELTA_PICK_DEFAULT),
+                        .delta_pick = (float)(c.delta_pick_set ? c.delta_pick
+                                                               : dmode == CLI_DELTA_PICK ? CLI_DELTA_PICK_DEFAULT : 0.0),
                         .kv_tokens = (int32_t)kv_tokens, .kv_block = (int32_t)kv_block,
                         .no_prefix_cache = no_prefix, .kv_type = c.kv_type};
     if (sched_create(m, &so, &srv.mx, &srv.sched, err, sizeof err)) {
@@ -175,7 +177,7 @@ int cmd_serve(int argc, char **argv) {
                     "of %ld, chat template %s, API key %s, delta %s\n", model_name, info.backend, max_seqs, n_ctx,
             kv_tokens ? kv_tokens : max_seqs * n_ctx, cli_kv_type_name(c.kv_type ? c.kv_type : MOET_KV_F32), kv_block,
             tmpl ? "yes" : "none",
-            api_key ? "required" : "off", dmode == 2 ? "gate" : delta_mode);
+            api_key ? "required" : "off", delta_mode);
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -87,7 +87,7 @@ int cmd_inspect(int argc, char **argv) {
     if (strcmp(f.rope_scaling, "none") != 0) printf("rope scaling   %s x %g\n", f.rope_scaling, (double)f.rope_factor);
     if (f.n_sliding > 0) printf("sliding window %d keys on %d of %d layers\n", f.sliding_window, f.n_sliding, f.n_layers);
     if (f.swiglu_limit > 0) printf("expert act     clamped SwiGLU (limit %g)\n", (double)f.swiglu_limit);
-    printf("delta          %s\n", f.has_delta ? "loaded (base + delta experts: --delta on|gate)" : "none");
+    printf("delta          %s\n", f.has_delta ? (f.delta_residual ? "loaded as residuals (--delta pick|on|gate; pick, R 0.8, by default)" : "loaded (base + delta experts: --delta on|gate)") : "none");
     moet_model_free(m);
     return 0;
 }

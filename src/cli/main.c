@@ -38,8 +38,9 @@ void cli_usage(FILE *f) {
             "                  model maps them: page cache or the pack file; default mapped)\n"
             "                --kv-type f32|f16 (the KV cache's elements; f16: half the memory and attention bytes;\n"
             "                  default f32)\n"
-            "                --delta-pick R (with a delta pack: the delta only for a token's routed experts whose\n"
-            "                  routing weight is at least R times the mean of its picks; 0: every pick)\n"
+            "                --delta-pick R (--delta pick|on|gate with a delta pack: the delta only for a token's routed\n"
+            "                  experts whose routing weight is at least R times the mean of its picks; 0: every pick;\n"
+            "                  default 0.8 with --delta pick, the default mode for a delta pack)\n"
             "supported architectures: %s\n",
             MOET_DEFAULT_MODEL_DIR, moet_model_supported_architectures());
 }
@@ -169,15 +170,38 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
     return 0;
 }
 
+const char *const cli_delta_names[4] = {"off", "on", "gate", "pick"};
+
+int cli_delta_mode(const char *cmd, const char *name, const moet_model_info *mi) {
+    if (!name) return mi->delta_residual ? CLI_DELTA_PICK : mi->has_delta ? CLI_DELTA_GATE : CLI_DELTA_OFF;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(name, cli_delta_names[i])) {
+            if (i && !mi->has_delta) {
+                fprintf(stderr, "moet %s: --delta %s needs a delta: a pack with its delta pack (X.delta.gguf beside "
+                                "X.gguf, or --delta-file), or --experts w2+nvfp4 / w2+w2 (modes: " CLI_DELTA_MODES ")\n",
+                        cmd, name);
+                return -1;
+            }
+            if (i == CLI_DELTA_PICK && !mi->delta_residual) {
+                fprintf(stderr, "moet %s: --delta pick needs the delta as residuals beside the base (a delta pack: "
+                                "moet quantize --experts w2+nvfp4); experts requantized in memory hold base + delta as "
+                                "one matrix\n", cmd);
+                return -1;
+            }
+            return i;
+        }
+    fprintf(stderr, "moet %s: unknown --delta mode '%s' (modes: " CLI_DELTA_MODES ")\n", cmd, name);
+    return -1;
+}
+
 int cli_delta_pick(const cli_common *c, moet_session *s, int dmode) {
-    const double r = c->delta_pick_set ? c->delta_pick : CLI_DELTA_PICK_DEFAULT;
+    const double r = c->delta_pick_set ? c->delta_pick : dmode == CLI_DELTA_PICK ? CLI_DELTA_PICK_DEFAULT : 0.0;
     char err[512];
-    if (!dmode) {
+    if (dmode == CLI_DELTA_OFF) {
         if (c->delta_pick_set) MOET_LOGW("--delta-pick has no effect with the delta off");
         return 0;
     }
     if (moet_session_set_delta_pick(s, (float)r, err, sizeof err) == MOET_OK) return 0;
-    if (!c->delta_pick_set) return moet_session_set_delta_pick(s, 0.0f, NULL, 0) ? -1 : 0; /* in-memory: every pick */
     fprintf(stderr, "moet: error: --delta-pick: %s\n", err);
     return -1;
 }

@@ -573,6 +573,8 @@ void moet_model_info_get(const moet_model *m, moet_model_info *info) {
     for (int l = 0; hp->layer_sliding && l < hp->n_layers; l++) info->n_sliding += hp->layer_sliding[l];
     info->swiglu_limit = hp->swiglu_limit;
     info->has_delta = 0;
+    info->delta_residual = 0;
+    for (int l = 0; l < m->hp.n_layers && !info->delta_residual; l++) info->delta_residual = m->layers && m->layers[l].dres_gate;
     for (int l = 0; l < m->hp.n_layers && !info->has_delta; l++) info->has_delta = m->layers && (m->layers[l].dexp_gate || m->layers[l].dres_gate);
 }
 

@@ -376,28 +376,35 @@ static void moe_ref_experts(const float *x, float *dq[3][8], const int *ids, con
     }
 }
 
+/* The softmax router of one token x (H wide), in double: the K (<= 3) picks of E (<= 8) and their renormalised
+ * weights. */
+static void moe_ref_route(const float *x, const float *rw, int E, int K, int H, int ids[3], double w[3]) {
+    double p[8], mx = -1e300, s = 0;
+    for (int e = 0; e < E; e++) {
+        double l = 0;
+        for (int i = 0; i < H; i++) l += (double)rw[e * H + i] * x[i];
+        p[e] = l;
+        mx = fmax(mx, l);
+    }
+    for (int e = 0; e < E; e++) { p[e] = exp(p[e] - mx); s += p[e]; }
+    int used[8] = {0};
+    double wsum = 0;
+    for (int j = 0; j < K; j++) {
+        int b = -1;
+        for (int e = 0; e < E; e++) if (!used[e] && (b < 0 || p[e] > p[b])) b = e;
+        used[b] = 1;
+        ids[j] = b;
+        wsum += p[b] / s;
+    }
+    for (int j = 0; j < K; j++) w[j] = p[ids[j]] / s / wsum;
+}
+
 static void moe_ref(const float *xr, const float *rw, float *dq[3][8], int E, int K, int H, int F, int T,
                     double *rr) {
     for (int t = 0; t < T; t++) {
-        double p[8], mx = -1e300, s = 0;
-        for (int e = 0; e < E; e++) {
-            double l = 0;
-            for (int i = 0; i < H; i++) l += (double)rw[e * H + i] * xr[t * H + i];
-            p[e] = l;
-            mx = fmax(mx, l);
-        }
-        for (int e = 0; e < E; e++) { p[e] = exp(p[e] - mx); s += p[e]; }
-        int used[8] = {0}, ids[3];
-        double wsum = 0;
-        for (int j = 0; j < K; j++) {
-            int b = -1;
-            for (int e = 0; e < E; e++) if (!used[e] && (b < 0 || p[e] > p[b])) b = e;
-            used[b] = 1;
-            ids[j] = b;
-            wsum += p[b] / s;
-        }
+        int ids[3];
         double w[3];
-        for (int j = 0; j < K; j++) w[j] = p[ids[j]] / s / wsum;
+        moe_ref_route(xr + t * H, rw, E, K, H, ids, w);
         moe_ref_experts(xr + t * H, dq, ids, w, K, H, F, rr + t * H);
     }
 }
@@ -411,31 +418,65 @@ static double moe_ref_pick(const float *xr, const float *rw, float *dq[3][8], fl
     double margin = INFINITY;
     *n_on = 0;
     for (int t = 0; t < T; t++) {
-        double p[8], mx = -1e300, s = 0;
-        for (int e = 0; e < E; e++) {
-            double l = 0;
-            for (int i = 0; i < H; i++) l += (double)rw[e * H + i] * xr[t * H + i];
-            p[e] = l;
-            mx = fmax(mx, l);
-        }
-        for (int e = 0; e < E; e++) { p[e] = exp(p[e] - mx); s += p[e]; }
-        int used[8] = {0}, ids[3];
-        double wsum = 0;
+        int ids[3];
+        double w[3];
+        moe_ref_route(xr + t * H, rw, E, K, H, ids, w);
         for (int j = 0; j < K; j++) {
-            int b = -1;
-            for (int e = 0; e < E; e++) if (!used[e] && (b < 0 || p[e] > p[b])) b = e;
-            used[b] = 1;
-            ids[j] = b;
-            wsum += p[b] / s;
-        }
-        for (int j = 0; j < K; j++) {
-            const double w = p[ids[j]] / s / wsum, rel = w * K; /* the weights sum to 1 */
+            const double rel = w[j] * K; /* the weights sum to 1 */
             margin = fmin(margin, fabs(rel - r));
             *n_on += rel >= r;
-            moe_ref_experts(xr + t * H, rel >= r ? dqs : dq, ids + j, &w, 1, H, F, rr + t * H);
+            moe_ref_experts(xr + t * H, rel >= r ? dqs : dq, ids + j, w + j, 1, H, F, rr + t * H);
         }
     }
     return margin;
+}
+
+/* The MoE op with the delta (md: dgate set, topk_ids / topk_w its own buffers) on every path against rr: all T
+ * tokens at once and one at a time (with MOET_MOE_X1=0 set by the caller where x1_ab: the exact products), on CUDA
+ * from 4 tokens the decode passes (MOET_DELTA_GRP=0) and moe_tc.cu's 8-slot kernels (MOET_DELTA_GB=0), and with
+ * x1_ab the default x-as-one-f16 base passes. o: T * H floats of host scratch. */
+static void moe_delta_paths(moet_backend *be, const moet_moe_args *md, float *xd, float *od, int T, int H, int K,
+                            float *o, const double *rr, const char *what, int x1_ab, int is_cuda) {
+    char mv[96];
+    for (int pass = 0; pass < 2; pass++) { /* all T, then one token at a time */
+        for (int t0 = 0; t0 < T; t0 += pass ? 1 : T) {
+            moet_moe_args m1 = *md;
+            m1.x = xd + t0 * H;
+            m1.y = od + t0 * H;
+            m1.n_tok = pass ? 1 : T;
+            m1.topk_ids = md->topk_ids + t0 * K;
+            m1.topk_w = md->topk_w + t0 * K;
+            poison_dev(od + t0 * H, (size_t)(m1.n_tok * H));
+            be->ops->moe(be, &m1);
+        }
+        pull(o, od, (size_t)(T * H));
+        snprintf(mv, sizeof mv, "%s %s %dx%d T=%d", what, pass ? "n=1" : "all", H, (int)md->ffn, T);
+        report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+    }
+    if (x1_ab && T >= 4) { /* the default: the base passes with x as one f16, the residuals' hi + lo */
+        unsetenv("MOET_MOE_X1");
+        poison_dev(od, (size_t)(T * H));
+        be->ops->moe(be, md);
+        setenv("MOET_MOE_X1", "0", 1);
+        pull(o, od, (size_t)(T * H));
+        snprintf(mv, sizeof mv, "%s x f16 %dx%d T=%d", what, H, (int)md->ffn, T);
+        report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-6);
+    }
+    if (is_cuda && T >= 4) {
+        /* CUDA's other delta prefill paths: decode passes of 4 (MOET_DELTA_GRP=0), and moe_tc.cu's 8-slot grouped
+         * kernels instead of moe_grp.cu's tiles (MOET_DELTA_GB=0) */
+        static const char *const env[2] = {"MOET_DELTA_GRP", "MOET_DELTA_GB"};
+        static const char *const path[2] = {"passes", "8-slot"};
+        for (int v = 0; v < 2; v++) {
+            setenv(env[v], "0", 1);
+            poison_dev(od, (size_t)(T * H));
+            be->ops->moe(be, md);
+            unsetenv(env[v]);
+            pull(o, od, (size_t)(T * H));
+            snprintf(mv, sizeof mv, "%s %s %dx%d T=%d", what, path[v], H, (int)md->ffn, T);
+            report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+        }
+    }
 }
 
 /* The same block with the sigmoid router (backend/route_ref.h), in double: choice = sigmoid + bias, G groups scored
@@ -2185,43 +2226,7 @@ int main(int argc, char **argv) {
             md.dgate = dlw[0];
             md.dup = dlw[1];
             md.ddown = dlw[2];
-            for (int pass = 0; pass < 2; pass++) { /* all T, then one token at a time */
-                for (int t0 = 0; t0 < T; t0 += pass ? 1 : T) {
-                    moet_moe_args m1 = md;
-                    m1.x = xd + t0 * H;
-                    m1.y = od + t0 * H;
-                    m1.n_tok = pass ? 1 : T;
-                    m1.topk_ids = tidd + t0 * K;
-                    m1.topk_w = twd + t0 * K;
-                    op->moe(be, &m1);
-                }
-                pull(o, od, (size_t)(T * H));
-                snprintf(mv, sizeof mv, "w2+nvfp4 delta %s %dx%d T=%d", pass ? "n=1" : "all", H, F, T);
-                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
-            }
-            if (x1_ab && T >= 4) { /* the default: the base passes with x as one f16, the residuals' hi + lo */
-                unsetenv("MOET_MOE_X1");
-                poison_dev(od, (size_t)(T * H));
-                op->moe(be, &md);
-                setenv("MOET_MOE_X1", "0", 1);
-                pull(o, od, (size_t)(T * H));
-                snprintf(mv, sizeof mv, "w2+nvfp4 delta x f16 %dx%d T=%d", H, F, T);
-                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-6);
-            }
-            if (is_cuda && T >= 4) {
-                /* CUDA's other delta prefill paths: decode passes of 4 (MOET_DELTA_GRP=0), and moe_tc.cu's 8-slot
-                 * grouped kernels instead of moe_grp.cu's tiles (MOET_DELTA_GB=0) */
-                static const char *const env[2] = {"MOET_DELTA_GRP", "MOET_DELTA_GB"};
-                static const char *const what[2] = {"passes", "8-slot"};
-                for (int v = 0; v < 2; v++) {
-                    setenv(env[v], "0", 1);
-                    op->moe(be, &md);
-                    unsetenv(env[v]);
-                    pull(o, od, (size_t)(T * H));
-                    snprintf(mv, sizeof mv, "w2+nvfp4 delta %s %dx%d T=%d", what[v], H, F, T);
-                    report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
-                }
-            }
+            moe_delta_paths(be, &md, xd, od, T, H, K, o, rr, "w2+nvfp4 delta", x1_ab, is_cuda);
             /* The delta on the heavy picks only (md.delta_pick = r): an r with picks on both sides and none within
              * 1e-3 of it, every path again against moe_ref_pick. */
             static const double rcand[] = {1.0, 0.9, 1.1, 0.8, 1.2, 0.7, 1.3};
@@ -2233,46 +2238,13 @@ int main(int argc, char **argv) {
                     rp = rcand[i];
             }
             CHECK(rp > 0, "moe %dx%d T=%d: no delta pick ratio splits the picks clearly", H, F, T);
-            md.delta_pick = (float)rp;
-            for (int pass = 0; pass < 2 && rp > 0; pass++) {
-                for (int t0 = 0; t0 < T; t0 += pass ? 1 : T) {
-                    moet_moe_args m1 = md;
-                    m1.x = xd + t0 * H;
-                    m1.y = od + t0 * H;
-                    m1.n_tok = pass ? 1 : T;
-                    m1.topk_ids = tidd + t0 * K;
-                    m1.topk_w = twd + t0 * K;
-                    poison_dev(od + t0 * H, (size_t)(m1.n_tok * H));
-                    op->moe(be, &m1);
-                }
-                pull(o, od, (size_t)(T * H));
-                snprintf(mv, sizeof mv, "delta pick %.1f (%d of %d) %s %dx%d T=%d", rp, n_on, T * K, pass ? "n=1" : "all",
-                         H, F, T);
-                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
+            if (rp > 0) {
+                char lab[64];
+                snprintf(lab, sizeof lab, "delta pick %.1f (%d of %d)", rp, n_on, T * K);
+                md.delta_pick = (float)rp;
+                moe_delta_paths(be, &md, xd, od, T, H, K, o, rr, lab, x1_ab, is_cuda);
+                md.delta_pick = 0;
             }
-            if (is_cuda && T >= 4 && rp > 0) {
-                static const char *const env[2] = {"MOET_DELTA_GRP", "MOET_DELTA_GB"};
-                static const char *const what[2] = {"passes", "8-slot"};
-                for (int v = 0; v < 2; v++) {
-                    setenv(env[v], "0", 1);
-                    poison_dev(od, (size_t)(T * H));
-                    op->moe(be, &md);
-                    unsetenv(env[v]);
-                    pull(o, od, (size_t)(T * H));
-                    snprintf(mv, sizeof mv, "delta pick %.1f %s %dx%d T=%d", rp, what[v], H, F, T);
-                    report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-10);
-                }
-            }
-            if (x1_ab && T >= 4 && rp > 0) {
-                unsetenv("MOET_MOE_X1");
-                poison_dev(od, (size_t)(T * H));
-                op->moe(be, &md);
-                setenv("MOET_MOE_X1", "0", 1);
-                pull(o, od, (size_t)(T * H));
-                snprintf(mv, sizeof mv, "delta pick %.1f x f16 %dx%d T=%d", rp, H, F, T);
-                report("moe", mv, nmse(o, rr, (size_t)(T * H)), 1e-6);
-            }
-            md.delta_pick = 0;
         }
         if (with_delta) {
             op->forget(be, dlw[0]);

@@ -18,7 +18,7 @@ static void usage(void) {
                     "                     [--delta-out OUT.delta.gguf] [--dense bf16|q8_0] [--calib TEXT_FILE[.xz] | --no-calib]\n"
                     "                     [--calib-tokens N]\n"
                     "  w2+nvfp4 (or w2 with --delta-out): the W2 base in OUT.gguf, the NVFP4 residual in the delta pack\n"
-                    "  (default OUT.delta.gguf), loaded beside the pack by every command for --delta on|gate\n"
+                    "  (default OUT.delta.gguf), loaded beside the pack by every command for --delta pick|on|gate\n"
                     "                     [--group 32] [--no-rotate] [--no-gptq] [--no-search] [-t THREADS]\n");
 }
 

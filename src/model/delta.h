@@ -3,8 +3,9 @@
  * (`moet quantize --experts w2+nvfp4` writes OUT.gguf and OUT.delta.gguf; docs/format.md).
  *
  * Why a second file: the base pack alone is the model at 2.25 bpw; the delta (4.5 bpw more) is only read for the
- * steps the confidence gate corrects, so it lives where the expert cache's slow tier lives, and a deployment that
- * never corrects does not ship it. The two files are tied by an id the writer draws (moet.pack_id in the pack,
+ * picks that carry a token's routing weight (--delta pick, the default: docs/quality.md) or the steps the
+ * confidence gate corrects, so it can live where the expert cache's slow tier lives, and a deployment that never
+ * corrects does not ship it. The two files are tied by an id the writer draws (moet.pack_id in the pack,
  * moet.base_pack_id in the delta): a delta is never applied to another base.
  *
  * Loading maps the file and installs each residual where it lies as the layer's dres_* weights (NVFP4, its own

@@ -44,10 +44,16 @@ static void kv_destroy(moet_kv *kv) {
     free(kv);
 }
 
-/* The pool element type of a public MOET_KV_* (auto: f32, the reference's; see moet.h), or -1. */
-static int32_t kv_elt(int32_t type) {
+/* The pool element type of a public MOET_KV_* on backend be, or -1. auto: f32 (the reference's; see moet.h). On
+ * CUDA auto is to become f16 (docs/design.md decision 17: faster at depth there and half the memory) once the GPU
+ * suite has run with it as the default; MOET_KV_AUTO_CUDA=f16 makes it so for that run (and =f32 keeps f32 after). */
+static int32_t kv_elt(int32_t type, const moet_backend *be) {
     switch (type) {
-    case MOET_KV_AUTO: case MOET_KV_F32: return MOET_KVE_F32;
+    case MOET_KV_AUTO: {
+        const char *e = be && !strcmp(be->ops->name, "cuda") ? getenv("MOET_KV_AUTO_CUDA") : NULL;
+        return e && !strcmp(e, "f16") ? MOET_KVE_F16 : MOET_KVE_F32;
+    }
+    case MOET_KV_F32: return MOET_KVE_F32;
     case MOET_KV_F16: return MOET_KVE_F16;
     default: return -1;
     }
@@ -56,7 +62,7 @@ static int32_t kv_elt(int32_t type) {
 int moet_kv_create_on(const moet_model *m, moet_backend *be, int32_t n_tokens, int32_t block_tokens, int prefix,
                       int32_t type, moet_kv **out, char *err, size_t errlen) {
     *out = NULL;
-    const int32_t elt = kv_elt(type);
+    const int32_t elt = kv_elt(type, be ? be : m->be);
     if (elt < 0) return moet_err(err, errlen, MOET_EINVAL, "KV cache type %d: f32 (%d) or f16 (%d) is needed", type,
                                  MOET_KV_F32, MOET_KV_F16);
     const moet_hparams *hp = &m->hp;

@@ -138,6 +138,35 @@ def delta_pick():
     return "\n".join(out)
 
 
+def cpu_delta_pick():
+    """moet bench on the CPU, a synthetic W2 (+ NVFP4 delta) model: decode with the delta on every pick, on the
+    picks of R, and the base alone (bench/results/cpu-delta/*.json)."""
+    rows = ["| model | experts | delta picks | tg t/s | bytes / token (MB) | vs `on` | machine | commit | date |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    runs = []
+    for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/cpu-delta/*.json"))):
+        d = json.load(open(f))
+        for r in d["results"]:
+            if "batch" not in r:
+                runs.append((d, r))
+    on = {d["model"]: r["tg_tps"] for d, r in runs if r["experts"] == "w2+nvfp4" and r.get("delta_pick", 0) == 0}
+    order = lambda dr: (dr[0]["model"], dr[1]["experts"] != "w2+nvfp4" or dr[1].get("delta_pick", 0) == 0,
+                        dr[1]["experts"] == "w2", dr[1].get("delta_pick", 0))
+    for d, r in sorted(runs, key=order):
+        p = r.get("delta_pick", 0)
+        if r["experts"] != "w2+nvfp4":
+            picks = "none (W2 alone)"
+        elif p > 0:
+            picks = f"R={p:g}: {100 * r['delta_picks']:.1f}%" if r.get("delta_picks", -1) >= 0 else f"R={p:g}"
+        else:
+            picks = "every pick (`on`)"
+        base = on.get(d["model"])
+        rows.append(f"| {d['model']} | {r['experts']} | {picks} | {r['tg_tps']:.2f} | {r['tg_bytes_per_token'] / 1e6:.0f} | "
+                    f"{r['tg_tps'] / base:.2f}x | {d['machine']['cpu']}, {r['threads']} threads | {d['commit']} | "
+                    f"{d['date'][:10]} |" if base else "")
+    return "\n".join(x for x in rows if x)
+
+
 def gate_study():
     out = ["| model | signal | KLD at 10% | 20% | 30% | 50% | corrected for 1.3× of on-from-base-cache |", "|---|---|---|---|---|---|---|"]
     for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/gate/*.study.json"))):
@@ -225,7 +254,7 @@ def ecache_study(name="ecache-study"):
     return "\n".join(rows)
 
 
-TABLES = {"ecache-study": ecache_study, "ecache-prefetch": lambda: ecache_study("ecache-prefetch"), "cuda-batched": cuda_batched, "serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study, "delta-pick": delta_pick}
+TABLES = {"ecache-study": ecache_study, "ecache-prefetch": lambda: ecache_study("ecache-prefetch"), "cuda-batched": cuda_batched, "serve-load": serve_load, "cuda-bench": cuda_bench, "cpu-bench": cpu_bench, "quality": quality, "gate-study": gate_study, "delta-pick": delta_pick, "cpu-delta-pick": cpu_delta_pick}
 
 
 def render(path, check):

@@ -19,12 +19,15 @@
  * Every decode step also picks its greedy next token, as a client does (the ids fed stay the fixed sequence): from
  * the k candidates the backend kept (--candidates k, default 64: moet_session_options.n_candidates) or, with
  * --candidates 0, from the whole logit row copied to the host (what every step cost before candidates existed).
+ * A model with its FP4 delta as residuals (a synthetic --experts w2+nvfp4 one, or a pack with its delta pack) runs
+ * base + delta every step (the JSON's delta_pick says on which picks).
  * --gate TAU (a model with the FP4 delta: --experts w2+nvfp4 for a synthetic one): every decode step goes through the
  * confidence gate (moet_session_eval_gated): base experts, then base + delta again where the top-1 probability is
  * below TAU; the JSON counts the corrected steps. A tiny TAU times the gate's own cost (its confidence from the
  * candidates' lz, or with --candidates 0 from the whole row). --delta-pick R (docs/quality.md): the delta only on the
- * picks of at least R times the token's mean routing weight; the bytes a token still count the delta on every pick
- * (an upper bound then: how many picks pass depends on the router), the JSON records R.
+ * picks of at least R times the token's mean routing weight; the bytes a token count the residuals of the picks that
+ * took them where the backend counts them (the CPU: "delta_picks" in the JSON), else of every pick (an upper bound:
+ * how many picks pass depends on the router; "delta_picks" -1).
  * The JSON's "env" records the MOET_* settings of the run (kernel options such as MOET_MOE_X1 change what is timed),
  * so an A/B's files say what each measured without their names having to.
  */
@@ -208,6 +211,7 @@ int cmd_bench(int argc, char **argv) {
         /* bytes one decode token reads: dense weights, k experts per MoE layer, the KV cache at mid-run */
         const moet_hparams *hp = &m->hp;
         double tok_bytes = (double)m->output.row_bytes * m->output.rows + (double)m->tok_embd.row_bytes;
+        double tok_delta = 0; /* of those, the residuals' (every pick: scaled below where the picks are counted) */
         for (int li = 0; li < hp->n_layers; li++) {
             const moet_layer *L = &m->layers[li];
             const moet_weight *dw[4] = {&L->wq, &L->wk, &L->wv, &L->wo};
@@ -219,7 +223,7 @@ int cmd_bench(int argc, char **argv) {
                 tok_bytes += (double)hp->n_experts_used * ((double)L->exp_gate[0].row_bytes * L->exp_gate[0].rows * 2 +
                                                            (double)L->exp_down[0].row_bytes * L->exp_down[0].rows);
                 if (L->dres_gate && gate < 0) /* the delta on: every step reads the residuals too */
-                    tok_bytes += (double)hp->n_experts_used * ((double)L->dres_gate[0].row_bytes * L->dres_gate[0].rows * 2 +
+                    tok_delta += (double)hp->n_experts_used * ((double)L->dres_gate[0].row_bytes * L->dres_gate[0].rows * 2 +
                                                                (double)L->dres_down[0].row_bytes * L->dres_down[0].rows);
             } else {
                 tok_bytes += (double)L->gate.row_bytes * L->gate.rows * 2 + (double)L->down.row_bytes * L->down.rows;
@@ -235,10 +239,17 @@ int cmd_bench(int argc, char **argv) {
         const int32_t kvt = moet_session_kv_type(s); /* the cache's keys and values a layer, as the tg steps read them */
         tok_bytes += (double)hp->n_layers * 2.0 * (double)(depth + 4 + tg / 2) * hp->n_kv_heads * hp->head_dim *
                      (kvt == MOET_KV_F16 ? 2 : 4);
-        if (synthetic && qf == MOET_QF_W2_NVFP4 && gate < 0) moet_session_use_delta(s, 1); /* every step base + delta */
-        const int bdm = synthetic && qf == MOET_QF_W2_NVFP4 ? (gate < 0 ? 1 : 2) : 0; /* the delta: on, gate, none */
+        /* a delta as residuals (a synthetic w2+nvfp4 model, or a pack with its delta pack): every step base + delta
+         * (on its picks with --delta-pick), or through the gate with --gate */
+        const int has_res = (synthetic && qf == MOET_QF_W2_NVFP4) || info.delta_residual;
+        if (has_res && gate < 0) moet_session_use_delta(s, 1);
+        const int bdm = has_res ? (gate < 0 ? 1 : 2) : 0; /* the delta: on, gate, none */
         if (cli_delta_pick(&c, s, bdm)) { moet_session_free(s); moet_model_free(m); return 1; }
-        const double dpick = bdm ? moet_session_delta_pick(s) : 0.0; /* tok_bytes counts the delta on every pick */
+        const double dpick = bdm ? moet_session_delta_pick(s) : 0.0;
+        /* the picks that took the residual, counted where the backend counts them (the CPU); elsewhere tok_bytes
+         * keeps the residual of every pick: an upper bound where dpick > 0 */
+        int64_t dcount[2] = {0, 0};
+        if (bdm == 1 && dpick > 0 && !on_gpu) moet_session_set_delta_count(s, dcount);
         long corrected = 0; /* --gate: steps of the last rep redone on base + delta */
         const long nid = depth + pp + tg + 8;
         int32_t *ids = malloc((size_t)nid * sizeof(int32_t));
@@ -288,6 +299,9 @@ int cmd_bench(int argc, char **argv) {
         }
         qsort(tpp, (size_t)reps, sizeof(double), cmp_d);
         qsort(ttg, (size_t)reps, sizeof(double), cmp_d);
+        const double dshare = dcount[1] > 0 ? (double)dcount[0] / (double)dcount[1] : -1.0; /* -1: not counted */
+        moet_session_set_delta_count(s, NULL);
+        tok_bytes += tok_delta * (dshare >= 0 ? dshare : 1.0);
         double mpp = tpp[reps / 2], mtg = ttg[reps / 2];
         const char *name = strrchr(model_path, '/') ? strrchr(model_path, '/') + 1 : model_path;
         double mib = (double)info.weight_bytes / (1 << 20);
@@ -318,12 +332,12 @@ int cmd_bench(int argc, char **argv) {
                                "\"tg_gbps\": %.1f, \"weight_bytes\": %lld, \"n_params\": %lld, \"expert_slots\": %ld, "
                                "\"expert_home\": \"%s\", \"tg_experts_fetched\": %lld, \"tg_steps_replayed\": %lld, "
                                "\"tg_expert_uses\": %lld, \"tg_expert_misses\": %lld, \"tg_gate_tau\": %g, "
-                               "\"tg_gate_corrected\": %ld, \"delta_pick\": %g}",
+                               "\"tg_gate_corrected\": %ld, \"delta_pick\": %g, \"delta_picks\": %.4f}",
                                first ? "" : ",", info.backend, info.device, ex, nt, depth, cli_kv_type_name(kvt), pp, mpp, tg, mtg, tok_bytes,
                                tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params,
                                slots, c.expert_pinned ? "pinned" : "mapped", (long long)(ec1[0] - ec0[0]),
                                (long long)(ec1[2] - ec0[2]), (long long)(ec1[3] - ec0[3]), (long long)(ec1[4] - ec0[4]),
-                               gate, gate >= 0 ? corrected : 0L, dpick);
+                               gate, gate >= 0 ? corrected : 0L, dpick, dshare);
         first = 0;
         for (const char *bp = batches; bp && *bp && tg > 0;) {  /* batched decode */
             long B;
@@ -342,7 +356,7 @@ int cmd_bench(int argc, char **argv) {
             bo.n_candidates = (int32_t)cands;
             for (long i = 0; i < B && !erc; i++) {
                 erc = moet_session_create(m, &bo, &ss[i], err, sizeof err);
-                if (!erc && synthetic && qf == MOET_QF_W2_NVFP4) {
+                if (!erc && has_res) {
                     moet_session_use_delta(ss[i], 1);
                     erc = cli_delta_pick(&c, ss[i], 1);
                     if (erc) snprintf(err, sizeof err, "--delta-pick");

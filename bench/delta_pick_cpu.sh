@@ -10,10 +10,10 @@ MOET=${MOET:-build/moet}; T=${T:-2}; N=${N:-32}
 out=bench/results/cpu-delta; mkdir -p "$out"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 (set +o pipefail; xz -dc ../shared/data/train.txt.xz | head -c 300000 > "$work/calib.txt")
-"$MOET" quantize -m ../shared/models/moe-mini-c -o "$work/c.gguf" --experts w2+nvfp4 --calib "$work/calib.txt" \
+"$MOET" quantize -m ../shared/models/moe-mini-c -o "$work/moe-mini-c.gguf" --experts w2+nvfp4 --calib "$work/calib.txt" \
   --calib-tokens 16384 -t "$T" >/dev/null 2>"$work/q.log" || { cat "$work/q.log" >&2; exit 1; }
 b() { "$MOET" bench --device cpu -T "$T" -p 0 -n "$N" --reps 3 "$@" 2>/dev/null | grep '^| ' | tail -1; }
-for r in 0 0.8 1.0; do b -m "$work/c.gguf" --delta-pick $r --json "$out/moe-mini-c.pick$r.json"; done
-b -m "$work/c.gguf" --delta-file "" --json "$out/moe-mini-c.w2.json"
+for r in 0 0.8 1.0; do b -m "$work/moe-mini-c.gguf" --delta-pick $r --json "$out/moe-mini-c.pick$r.json"; done
+b -m "$work/moe-mini-c.gguf" --delta-file "" --json "$out/moe-mini-c.w2.json"
 for r in 0 0.8 1.0; do b --synthetic qwen3-30b-a3b:4 --experts w2+nvfp4 --delta-pick $r --json "$out/30b4.pick$r.json"; done
 b --synthetic qwen3-30b-a3b:4 --experts w2 --json "$out/30b4.w2.json"

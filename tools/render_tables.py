@@ -149,22 +149,23 @@ def cpu_delta_pick():
         for r in d["results"]:
             if "batch" not in r:
                 runs.append((d, r))
-    on = {d["model"]: r["tg_tps"] for d, r in runs if r["experts"] == "w2+nvfp4" and r.get("delta_pick", 0) == 0}
-    order = lambda dr: (dr[0]["model"], dr[1]["experts"] != "w2+nvfp4" or dr[1].get("delta_pick", 0) == 0,
-                        dr[1]["experts"] == "w2", dr[1].get("delta_pick", 0))
-    for d, r in sorted(runs, key=order):
-        p = r.get("delta_pick", 0)
-        if r["experts"] != "w2+nvfp4":
+    kind = lambda r: 2 if r.get("delta", "off") == "off" else 1 if r.get("delta_pick", 0) > 0 else 0  # on, pick, none
+    on = {d["model"]: r["tg_tps"] for d, r in runs if kind(r) == 0}
+    for d, r in sorted(runs, key=lambda dr: (dr[0]["model"], kind(dr[1]), dr[1].get("delta_pick", 0))):
+        p, k = r.get("delta_pick", 0), kind(r)
+        if k == 2:
             picks = "none (W2 alone)"
-        elif p > 0:
+        elif k == 1:
             picks = f"R={p:g}: {100 * r['delta_picks']:.1f}%" if r.get("delta_picks", -1) >= 0 else f"R={p:g}"
         else:
             picks = "every pick (`on`)"
         base = on.get(d["model"])
-        rows.append(f"| {d['model']} | {r['experts']} | {picks} | {r['tg_tps']:.2f} | {r['tg_bytes_per_token'] / 1e6:.0f} | "
-                    f"{r['tg_tps'] / base:.2f}x | {d['machine']['cpu']}, {r['threads']} threads | {d['commit']} | "
-                    f"{d['date'][:10]} |" if base else "")
-    return "\n".join(x for x in rows if x)
+        name = os.path.basename(d["model"]).replace(".gguf", " (pack + delta pack)")
+        if base:
+            rows.append(f"| {name} | {r['experts']} | {picks} | {r['tg_tps']:.2f} | {r['tg_bytes_per_token'] / 1e6:.1f} | "
+                        f"{r['tg_tps'] / base:.2f}x | {d['machine']['cpu']}, {r['threads']} threads | {d['commit']} | "
+                        f"{d['date'][:10]} |")
+    return "\n".join(rows)
 
 
 def gate_study():

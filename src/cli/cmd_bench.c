@@ -332,12 +332,12 @@ int cmd_bench(int argc, char **argv) {
                                "\"tg_gbps\": %.1f, \"weight_bytes\": %lld, \"n_params\": %lld, \"expert_slots\": %ld, "
                                "\"expert_home\": \"%s\", \"tg_experts_fetched\": %lld, \"tg_steps_replayed\": %lld, "
                                "\"tg_expert_uses\": %lld, \"tg_expert_misses\": %lld, \"tg_gate_tau\": %g, "
-                               "\"tg_gate_corrected\": %ld, \"delta_pick\": %g, \"delta_picks\": %.4f}",
+                               "\"tg_gate_corrected\": %ld, \"delta\": \"%s\", \"delta_pick\": %g, \"delta_picks\": %.4f}",
                                first ? "" : ",", info.backend, info.device, ex, nt, depth, cli_kv_type_name(kvt), pp, mpp, tg, mtg, tok_bytes,
                                tok_bytes * mtg / 1e9, (long long)info.weight_bytes, (long long)info.n_params,
                                slots, c.expert_pinned ? "pinned" : "mapped", (long long)(ec1[0] - ec0[0]),
                                (long long)(ec1[2] - ec0[2]), (long long)(ec1[3] - ec0[3]), (long long)(ec1[4] - ec0[4]),
-                               gate, gate >= 0 ? corrected : 0L, dpick, dshare);
+                               gate, gate >= 0 ? corrected : 0L, bdm == 2 ? "gate" : bdm ? "on" : "off", dpick, dshare);
         first = 0;
         for (const char *bp = batches; bp && *bp && tg > 0;) {  /* batched decode */
             long B;

@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # delta_pick_cpu.sh — decode with the FP4 delta on every pick, on the picks of R (--delta-pick) and the base alone,
 # on this machine's CPU: the moe-mini-c W2 + NVFP4 pack (quantized here with the quality table's calibration) and
-# the first 4 layers of the qwen3-30b-a3b shape in memory. JSON per run in bench/results/cpu-delta/; rendered into
-# docs/quality.md (tools/render_tables.py: cpu-delta-pick).
-#   usage: bench/delta_pick_cpu.sh      env: MOET (build/moet), T (threads, 2), N (tg tokens, 32)
+# the first 4 layers of the qwen3-30b-a3b shape in memory. The configurations alternate over ROUNDS rounds (this
+# machine's speed drifts between minutes; the table takes each one's median). JSON per run in
+# bench/results/cpu-delta/; rendered into docs/quality.md (tools/render_tables.py: cpu-delta-pick).
+#   usage: bench/delta_pick_cpu.sh      env: MOET (build/moet), T (threads, 2), N (tg tokens, 32), ROUNDS (3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MOET=${MOET:-build/moet}; T=${T:-2}; N=${N:-32}
+MOET=${MOET:-build/moet}; T=${T:-2}; N=${N:-32}; ROUNDS=${ROUNDS:-3}
 out=bench/results/cpu-delta; mkdir -p "$out"
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 (set +o pipefail; xz -dc ../shared/data/train.txt.xz | head -c 300000 > "$work/calib.txt")
 "$MOET" quantize -m ../shared/models/moe-mini-c -o "$work/moe-mini-c.gguf" --experts w2+nvfp4 --calib "$work/calib.txt" \
   --calib-tokens 16384 -t "$T" >/dev/null 2>"$work/q.log" || { cat "$work/q.log" >&2; exit 1; }
-b() { "$MOET" bench --device cpu -T "$T" -p 0 -n "$N" --reps 3 "$@" 2>/dev/null | grep '^| ' | tail -1; }
-for r in 0 0.8 1.0; do b -m "$work/moe-mini-c.gguf" --delta-pick $r --json "$out/moe-mini-c.pick$r.json"; done
-b -m "$work/moe-mini-c.gguf" --delta-file "" --json "$out/moe-mini-c.w2.json"
-for r in 0 0.8 1.0; do b --synthetic qwen3-30b-a3b:4 --experts w2+nvfp4 --delta-pick $r --json "$out/30b4.pick$r.json"; done
-b --synthetic qwen3-30b-a3b:4 --experts w2 --json "$out/30b4.w2.json"
+b() { "$MOET" bench --device cpu -T "$T" -p 0 -n "$N" --reps 2 "$@" 2>/dev/null | grep '^| ' | tail -1; }
+for i in $(seq "$ROUNDS"); do
+  for r in 0 0.8 1.0; do b -m "$work/moe-mini-c.gguf" --delta-pick $r --json "$out/moe-mini-c.pick$r.r$i.json"; done
+  b -m "$work/moe-mini-c.gguf" --delta-file "" --json "$out/moe-mini-c.w2.r$i.json"
+done
+for i in $(seq "$ROUNDS"); do
+  for r in 0 0.8 1.0; do
+    b --synthetic qwen3-30b-a3b:4 --experts w2+nvfp4 --delta-pick $r --json "$out/30b4.pick$r.r$i.json"
+  done
+  b --synthetic qwen3-30b-a3b:4 --experts w2 --json "$out/30b4.w2.r$i.json"
+done

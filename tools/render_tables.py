@@ -139,32 +139,32 @@ def delta_pick():
 
 
 def cpu_delta_pick():
-    """moet bench on the CPU, a synthetic W2 (+ NVFP4 delta) model: decode with the delta on every pick, on the
-    picks of R, and the base alone (bench/results/cpu-delta/*.json)."""
-    rows = ["| model | experts | delta picks | tg t/s | bytes / token (MB) | vs `on` | machine | commit | date |",
+    """moet bench on the CPU, the delta on every pick, on the picks of R and the base alone (bench/delta_pick_cpu.sh:
+    the configurations alternate over rounds; each row is a configuration's median over them)."""
+    rows = ["| model | delta picks | tg t/s (median of rounds) | rounds (t/s) | bytes / token (MB) | vs `on` | machine | commit | date |",
             "|---|---|---|---|---|---|---|---|---|"]
-    runs = []
+    groups = {}
     for f in sorted(glob.glob(os.path.join(ROOT, "bench/results/cpu-delta/*.json"))):
         d = json.load(open(f))
         for r in d["results"]:
             if "batch" not in r:
-                runs.append((d, r))
-    kind = lambda r: 2 if r.get("delta", "off") == "off" else 1 if r.get("delta_pick", 0) > 0 else 0  # on, pick, none
-    on = {d["model"]: r["tg_tps"] for d, r in runs if kind(r) == 0}
-    for d, r in sorted(runs, key=lambda dr: (dr[0]["model"], kind(dr[1]), dr[1].get("delta_pick", 0))):
-        p, k = r.get("delta_pick", 0), kind(r)
-        if k == 2:
-            picks = "none (W2 alone)"
-        elif k == 1:
-            picks = f"R={p:g}: {100 * r['delta_picks']:.1f}%" if r.get("delta_picks", -1) >= 0 else f"R={p:g}"
-        else:
-            picks = "every pick (`on`)"
-        base = on.get(d["model"])
-        name = os.path.basename(d["model"]).replace(".gguf", " (pack + delta pack)")
-        if base:
-            rows.append(f"| {name} | {r['experts']} | {picks} | {r['tg_tps']:.2f} | {r['tg_bytes_per_token'] / 1e6:.1f} | "
-                        f"{r['tg_tps'] / base:.2f}x | {d['machine']['cpu']}, {r['threads']} threads | {d['commit']} | "
-                        f"{d['date'][:10]} |")
+                kind = 2 if r.get("delta", "off") == "off" else 1 if r.get("delta_pick", 0) > 0 else 0  # on, pick, none
+                groups.setdefault((d["model"], kind, r.get("delta_pick", 0)), []).append((d, r))
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    on = {k[0]: med([r["tg_tps"] for _, r in v]) for k, v in groups.items() if k[1] == 0}
+    for (model, kind, p), v in sorted(groups.items()):
+        d, r = v[0]
+        tps = med([x["tg_tps"] for _, x in v])
+        share = [x["delta_picks"] for _, x in v if x.get("delta_picks", -1) >= 0]
+        picks = ("none (W2 alone)" if kind == 2 else "every pick (`on`)" if kind == 0 else
+                 f"R={p:g}: {100 * sum(share) / len(share):.1f}%" if share else f"R={p:g}")
+        name = os.path.basename(model).replace(".gguf", " (pack + delta pack)")
+        commits = ", ".join(sorted({x["commit"] for x, _ in v}))
+        if model in on:
+            each = " / ".join(f"{x['tg_tps']:.1f}" for _, x in v)
+            rows.append(f"| {name} | {picks} | {tps:.2f} | {each} | "
+                        f"{r['tg_bytes_per_token'] / 1e6:.1f} | {tps / on[model]:.2f}x | {d['machine']['cpu']}, "
+                        f"{r['threads']} threads | {commits} | {d['date'][:10]} |")
     return "\n".join(rows)
 
 

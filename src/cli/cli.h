@@ -40,8 +40,7 @@ enum { CLI_DELTA_OFF = 0, CLI_DELTA_ON = 1, CLI_DELTA_GATE = 2, CLI_DELTA_PICK =
 #define CLI_DELTA_MODES "off, on, gate, pick"
 
 /* The mode of --delta name for model mi (NULL: the default, pick for a delta pack, gate for a delta requantized in
- * memory, off without one; on CUDA gate for a delta pack too, until the pick kernels have run on a GPU: like every
- * new CUDA path here, opt-in until then), or -1 after a message that says why (cmd: the command, for it). */
+ * memory, off without one), or -1 after a message that says why (cmd: the command, for it). */
 int cli_delta_mode(const char *cmd, const char *name, const moet_model_info *mi);
 extern const char *const cli_delta_names[4];
 

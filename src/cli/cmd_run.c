@@ -17,10 +17,9 @@ static void usage(void) {
             "                [--experts FORMAT [--calib TEXT]] [--delta off|on|gate|pick] [--tau T] [--delta-pick R]\n"
             "  --experts   quantize the routed experts in memory first (e.g. w2, w2+nvfp4: W2 with an NVFP4 delta)\n"
             "  --delta     with a delta: off (base only), on (base + delta), pick (base + delta on the picks of at\n"
-            "              least R x the token's mean routing weight, R 0.8: the default for a delta pack on the CPU),\n"
-            "              gate (each step on the base, recomputed with the delta when its top-1 probability is below\n"
-            "              --tau, 0.6; the default for a delta requantized in memory, and on CUDA until its pick kernels\n"
-            "              have run on a GPU)\n");
+            "              least R x the token's mean routing weight, R 0.8: the default for a delta pack), gate (each\n"
+            "              step on the base, recomputed with the delta when its top-1 probability is below --tau, 0.6;\n"
+            "              the default for a delta requantized in memory)\n");
 }
 
 int cmd_run(int argc, char **argv) {

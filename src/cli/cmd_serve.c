@@ -33,9 +33,8 @@ static void usage(void) {
             "  --queue     requests that may wait for a sequence slot; beyond it: 429 (default 64)\n"
             "  --timeout   seconds a request may wait for a slot before 503 (default 600; 0: forever)\n"
             "  --delta     off|on|gate|pick with a delta pack (--delta-file, default X.delta.gguf beside a pack X.gguf):\n"
-            "              pick (default; gate on CUDA until its kernels have run on a GPU) runs base + delta on the picks\n"
-            "              of at least --delta-pick R (0.8) x the token's mean routing weight; gate redoes a decode step\n"
-            "              on base + delta when its top-1 probability\n"
+            "              pick (default) runs base + delta on the picks of at least --delta-pick R (0.8) x the token's\n"
+            "              mean routing weight; gate redoes a decode step on base + delta when its top-1 probability\n"
             "              < --tau (0.6); on: base + delta on every pick\n");
 }
 

@@ -173,14 +173,7 @@ int cli_common_arg(cli_common *c, int argc, char **argv, int *i) {
 const char *const cli_delta_names[4] = {"off", "on", "gate", "pick"};
 
 int cli_delta_mode(const char *cmd, const char *name, const moet_model_info *mi) {
-    if (!name) { /* pick; on CUDA gate until its pick kernels have run on a GPU (stop 44: compiled, CPU-tested) */
-        if (mi->delta_residual && strcmp(mi->backend, "cpu") != 0) {
-            MOET_LOGI("delta: gate (the default on %s until its --delta pick kernels have run on a GPU; --delta pick "
-                      "asks for them)", mi->backend);
-            return CLI_DELTA_GATE;
-        }
-        return mi->delta_residual ? CLI_DELTA_PICK : mi->has_delta ? CLI_DELTA_GATE : CLI_DELTA_OFF;
-    }
+    if (!name) return mi->delta_residual ? CLI_DELTA_PICK : mi->has_delta ? CLI_DELTA_GATE : CLI_DELTA_OFF;
     for (int i = 0; i < 4; i++)
         if (!strcmp(name, cli_delta_names[i])) {
             if (i && !mi->has_delta) {

@@ -184,12 +184,21 @@ typedef struct {
     float r;
 } cu_dpick;
 
-__device__ __forceinline__ int cu_dpick_on(const cu_dpick d, int64_t i) {
-    if (!(d.r > 0.f) || !d.w) return 1;
-    const float *w = d.w + (i / d.K) * d.K;
+/* Bit k: pick k of token tok takes the residuals. Every lane of the warp calls it (a full warp): lane k loads weight
+ * k (one round trip to L2, not K dependent ones: a loop of K loads a thread cost the 30b decode 7% on an H100), the
+ * sum runs in pick order through shuffles, as moet_delta_pick's loop does. */
+__device__ __forceinline__ unsigned cu_dpick_bits(const cu_dpick d, int64_t tok) {
+    if (!(d.r > 0.f) || !d.w) return 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const float mine = lane < d.K ? __ldcg(d.w + tok * d.K + lane) : 0.f;
     float s = 0.f;
-    for (int j = 0; j < d.K; j++) s = __fadd_rn(s, __ldcg(w + j));
-    return __fmul_rn(__ldcg(w + i % d.K), (float)d.K) >= __fmul_rn(d.r, s);
+    for (int j = 0; j < d.K; j++) s = __fadd_rn(s, __shfl_sync(0xffffffffu, mine, j));
+    return __ballot_sync(0xffffffffu, lane < d.K && __fmul_rn(mine, (float)d.K) >= __fmul_rn(d.r, s));
+}
+
+/* Slot i (token i / K, pick i % K) takes the residuals; a full warp calls it (cu_dpick_bits). */
+__device__ __forceinline__ int cu_dpick_on(const cu_dpick d, int64_t i) {
+    return (int)(cu_dpick_bits(d, i / d.K) >> (i % d.K) & 1u);
 }
 
 /* moe.cu: the device copy of a's sigmoid router parameters (bias mirrored); 0 on error (c->err set). */

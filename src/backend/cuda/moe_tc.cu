@@ -332,8 +332,8 @@ k_tc_down(const float *act, int64_t H, int64_t F, int32_t K, const cu_mat *__res
     float acc[1][2] = {{0.f, 0.f}};
     const float one[1] = {1.0f};
     float tot[4] = {0.f, 0.f, 0.f, 0.f}; /* I8: the running sums */
-    unsigned dmk = 0; /* DL: bit k, pick k takes the residual (cu_dpick_on; K <= MOE_MAX_K <= 32) */
-    for (int k = 0; DL && k < K; k++) dmk |= (unsigned)cu_dpick_on(cu_dpick{topk_w, K, dpick}, (int64_t)tok * K + k) << k;
+    /* DL: bit k, pick k takes the residual (K <= MOE_MAX_K <= 32; every warp, one load a lane) */
+    const unsigned dmk = DL ? cu_dpick_bits(cu_dpick{topk_w, K, dpick}, tok) : 0u;
     for (int it = warp; it < n_items; it += nw) {
         const int k = it / nch, c = it - k * nch;
         const int32_t e = __ldcg(topk_ids + tok * K + k);

@@ -154,9 +154,9 @@ typedef struct moet_kv moet_kv;
 
 /* The cache's element type. f16 (IEEE binary16) halves the cache's memory and the bytes a decode step's attention
  * reads (most of a step's bytes at long contexts); each key and value is rounded to f16 once, when written (the
- * quality cost: docs/quality.md). auto is f32 on every backend: on a GPU f16 passed every check (an H100, stop
- * 42) but the decode attention kernels are not bandwidth-bound yet, so it buys memory, not speed
- * (docs/performance.md). */
+ * quality cost: docs/quality.md). auto is f32 on the CPU (the reference backend) and f16 on CUDA, where the
+ * decode attention over f16 pools runs on tensor cores and a long context decodes faster (docs/performance.md);
+ * MOET_KV_AUTO_CUDA=f32 in the environment keeps CUDA's auto at f32. */
 enum { MOET_KV_AUTO = 0, MOET_KV_F32 = 1, MOET_KV_F16 = 2 };
 
 typedef struct {

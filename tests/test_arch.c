@@ -206,6 +206,7 @@ static float *run_on(const char *dev, const char *dir, int32_t n_tok, char *err,
     moet_model *m = NULL;
     if ((*rc = moet_model_load(dir, &mo, &m, err, errlen))) return NULL;
     moet_session_options so = moet_session_default_options();
+    so.kv_type = MOET_KV_F32; /* the architectures' numerics against fp32 references (CUDA's auto is f16) */
     so.n_ctx = 64;
     so.n_logits = n_tok;
     moet_session *s = NULL;
@@ -231,6 +232,7 @@ static double pack_vs_memory(moet_model *m, moet_model *pm, const moet_pack_opti
     char err[1024];
     REQUIRE(moet_model_requant_experts(m, &po->q, NULL, 2, NULL, err, sizeof err) == 0, "%s", err);
     moet_session_options so = moet_session_default_options();
+    so.kv_type = MOET_KV_F32; /* the architectures' numerics against fp32 references (CUDA's auto is f16) */
     so.n_ctx = 64;
     so.n_logits = T;
     moet_session *a, *b;
@@ -543,6 +545,7 @@ static void ds_section(const char *tokdir) {
         moet_model *m;
         REQUIRE(moet_model_load(d[0], &mo, &m, err, sizeof err) == 0, "%s", err);
         moet_session_options so = moet_session_default_options();
+        so.kv_type = MOET_KV_F32; /* the architectures' numerics against fp32 references (CUDA's auto is f16) */
         so.n_ctx = 64;
         moet_session *s, *s2;
         REQUIRE(moet_session_create(m, &so, &s, err, sizeof err) == 0, "%s", err);

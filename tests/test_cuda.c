@@ -50,6 +50,7 @@ int main(int argc, char **argv) {
     moet_session_options so = moet_session_default_options();
     so.n_ctx = P + D + 1;
     so.n_logits = P;
+    so.kv_type = MOET_KV_F32; /* CUDA against the fp32 CPU reference; CUDA's own default (f16) at the end */
     moet_session *sc, *sh, *se;
     REQUIRE(moet_session_create(mc, &so, &sc, err, sizeof err) == 0, "%s", err);
     REQUIRE(moet_session_create(mh, &so, &sh, err, sizeof err) == 0, "%s", err);
@@ -93,6 +94,35 @@ int main(int argc, char **argv) {
         CHECK(same_ids, "window %d: greedy ids differ between cuda and cpu", w);
         CHECK(worst <= 1e-4, "window %d: decode logits relative error %.3g", w, worst);
         CHECK(bit_equal, "window %d: graph replay is not bit-identical to eager launches", w);
+    }
+    { /* CUDA's default cache (auto: f16, docs/design.md decision 17): graph replay bit-identical to eager launches
+       * there too (its numerics against the fp32 reference: test_logits' f16 block, test_batch, test_ops) */
+        moet_session_options sd = moet_session_default_options();
+        sd.n_ctx = P + D + 1;
+        moet_session *gd, *ed;
+        REQUIRE(moet_session_create(mc, &sd, &gd, err, sizeof err) == 0, "%s", err);
+        sd.graphs = 0;
+        REQUIRE(moet_session_create(mc, &sd, &ed, err, sizeof err) == 0, "%s", err);
+        CHECK(moet_session_kv_type(gd) == MOET_KV_F16, "CUDA's auto KV cache: type %d, expected f16",
+              moet_session_kv_type(gd));
+        int32_t ids[48];
+        for (int i = 0; i < P; i++) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; ids[i] = (int32_t)((rng >> 33) % (uint64_t)V); }
+        REQUIRE(moet_session_eval(gd, ids, P, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+        REQUIRE(moet_session_eval(ed, ids, P, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+        int bit_equal = !memcmp(moet_session_logits(gd, NULL), moet_session_logits(ed, NULL), (size_t)V * sizeof(float));
+        int32_t t = argmax(moet_session_logits(gd, NULL), V);
+        for (int d = 0; d < D; d++) {
+            REQUIRE(moet_session_eval(gd, &t, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+            REQUIRE(moet_session_eval(ed, &t, 1, MOET_LOGITS_LAST, err, sizeof err) == 0, "%s", err);
+            if (memcmp(moet_session_logits(gd, NULL), moet_session_logits(ed, NULL), (size_t)V * sizeof(float)))
+                bit_equal = 0;
+            t = argmax(moet_session_logits(gd, NULL), V);
+        }
+        fprintf(stderr, "default (f16) cache: %d decode steps, graph replay %s eager\n", D,
+                bit_equal ? "bit-identical to" : "DIFFERS from");
+        CHECK(bit_equal, "f16 cache: graph replay is not bit-identical to eager launches");
+        moet_session_free(gd);
+        moet_session_free(ed);
     }
     free(keep);
     moet_session_free(sc);

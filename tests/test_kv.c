@@ -47,20 +47,22 @@ int main(int argc, char **argv) {
     ko.type = 7;
     CHECK(moet_kv_create(m, &ko, &kv, err, sizeof err) == MOET_EINVAL, "a KV type of 7 was accepted");
     ko.type = MOET_KV_AUTO;
-    { /* auto: f32 on the CPU whatever CUDA's auto is told (runtime/kv.c), f32 on CUDA unless told f16 */
+    { /* auto: f32 on the CPU whatever CUDA's auto is told (runtime/kv.c), f16 on CUDA unless told f32 */
         moet_model_info mi;
         moet_model_info_get(m, &mi);
         const int cuda = !strcmp(mi.backend, "cuda");
         char *ea = getenv("MOET_KV_AUTO_CUDA") ? strdup(getenv("MOET_KV_AUTO_CUDA")) : NULL;
-        setenv("MOET_KV_AUTO_CUDA", "f16", 1);
-        REQUIRE(moet_kv_create(m, &ko, &kv, err, sizeof err) == 0, "%s", err);
-        CHECK(moet_kv_type(kv) == (cuda ? MOET_KV_F16 : MOET_KV_F32), "auto with MOET_KV_AUTO_CUDA=f16 on %s: type %d",
-              mi.backend, moet_kv_type(kv));
-        moet_kv_free(kv);
         unsetenv("MOET_KV_AUTO_CUDA");
         REQUIRE(moet_kv_create(m, &ko, &kv, err, sizeof err) == 0, "%s", err);
-        CHECK(moet_kv_type(kv) == MOET_KV_F32, "auto on %s: type %d", mi.backend, moet_kv_type(kv));
+        CHECK(moet_kv_type(kv) == (cuda ? MOET_KV_F16 : MOET_KV_F32), "auto on %s: type %d", mi.backend,
+              moet_kv_type(kv));
         moet_kv_free(kv);
+        setenv("MOET_KV_AUTO_CUDA", "f32", 1);
+        REQUIRE(moet_kv_create(m, &ko, &kv, err, sizeof err) == 0, "%s", err);
+        CHECK(moet_kv_type(kv) == MOET_KV_F32, "auto with MOET_KV_AUTO_CUDA=f32 on %s: type %d", mi.backend,
+              moet_kv_type(kv));
+        moet_kv_free(kv);
+        unsetenv("MOET_KV_AUTO_CUDA");
         if (ea) setenv("MOET_KV_AUTO_CUDA", ea, 1);
         free(ea);
     }

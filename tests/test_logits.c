@@ -58,6 +58,16 @@ int main(int argc, char **argv) {
     moet_session_options so = moet_session_default_options();
     so.n_ctx = T + GT + 1;
     so.n_logits = T;
+    { /* the default cache type (moet.h MOET_KV_AUTO): f32 on the CPU reference, f16 on CUDA (docs/design.md
+       * decision 17); the checks against transformers below pin f32 and the f16 block checks f16 */
+        moet_session *sa;
+        REQUIRE(moet_session_create(m, &so, &sa, err, sizeof err) == 0, "%s", err);
+        const int want = strcmp(info.backend, "cuda") ? MOET_KV_F32 : MOET_KV_F16;
+        CHECK(moet_session_kv_type(sa) == want, "auto KV on %s: type %d, expected %d", info.backend,
+              moet_session_kv_type(sa), want);
+        moet_session_free(sa);
+    }
+    so.kv_type = MOET_KV_F32;
     moet_session *s, *s1, *s2;
     REQUIRE(moet_session_create(m, &so, &s, err, sizeof err) == 0, "%s", err);
     REQUIRE(moet_session_create(m, &so, &s1, err, sizeof err) == 0, "%s", err);

@@ -12,7 +12,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
   || { echo "FAIL quantize: $(tail -1 "$tmp/q.log")"; exit 1; }
 "$MOET" perplexity -m "$tmp/q8.gguf" -f "$TEXT" --device cpu --json --save-logits "$tmp/base.bin" > "$tmp/cpu.json" 2>"$tmp/cpu.log" \
   || { echo "FAIL cpu perplexity: $(tail -1 "$tmp/cpu.log")"; exit 1; }
-"$MOET" perplexity -m "$tmp/q8.gguf" -f "$TEXT" --device "$DEV" --json --kld-base "$tmp/base.bin" > "$tmp/dev.json" 2>"$tmp/dev.log" \
+"$MOET" perplexity -m "$tmp/q8.gguf" -f "$TEXT" --device "$DEV" --kv-type f32 --json --kld-base "$tmp/base.bin" > "$tmp/dev.json" 2>"$tmp/dev.log" \
   || { echo "FAIL $DEV perplexity: $(tail -1 "$tmp/dev.log")"; exit 1; }
 cat "$tmp/cpu.json" "$tmp/dev.json"
 python3 - "$tmp/cpu.json" "$tmp/dev.json" <<'PY'

@@ -37,7 +37,7 @@ void cli_usage(FILE *f) {
             "                --expert-home pinned|mapped (with slots: the others in pinned host RAM, or where the\n"
             "                  model maps them: page cache or the pack file; default mapped)\n"
             "                --kv-type f32|f16 (the KV cache's elements; f16: half the memory and attention bytes;\n"
-            "                  default f32)\n"
+            "                  default f16 on CUDA, f32 on the CPU)\n"
             "                --delta-pick R (--delta pick|on|gate with a delta pack: the delta only for a token's routed\n"
             "                  experts whose routing weight is at least R times the mean of its picks; 0: every pick;\n"
             "                  default 0.8 with --delta pick, the default mode for a delta pack)\n"

@@ -44,14 +44,15 @@ static void kv_destroy(moet_kv *kv) {
     free(kv);
 }
 
-/* The pool element type of a public MOET_KV_* on backend be, or -1. auto: f32 (the reference's; see moet.h). On
- * CUDA auto is to become f16 (docs/design.md decision 17: faster at depth there and half the memory) once the GPU
- * suite has run with it as the default; MOET_KV_AUTO_CUDA=f16 makes it so for that run (and =f32 keeps f32 after). */
+/* The pool element type of a public MOET_KV_* on backend be, or -1. auto: f32 on the CPU (the reference's), f16 on
+ * CUDA (docs/design.md decision 17: at depth the cache is most of a decode step's bytes, and f16 halves them and the
+ * memory; llama.cpp's default is f16 too); MOET_KV_AUTO_CUDA=f32 keeps CUDA's auto at f32. */
 static int32_t kv_elt(int32_t type, const moet_backend *be) {
     switch (type) {
     case MOET_KV_AUTO: {
-        const char *e = be && !strcmp(be->ops->name, "cuda") ? getenv("MOET_KV_AUTO_CUDA") : NULL;
-        return e && !strcmp(e, "f16") ? MOET_KVE_F16 : MOET_KVE_F32;
+        if (!be || strcmp(be->ops->name, "cuda")) return MOET_KVE_F32;
+        const char *e = getenv("MOET_KV_AUTO_CUDA");
+        return e && !strcmp(e, "f32") ? MOET_KVE_F32 : MOET_KVE_F16;
     }
     case MOET_KV_F32: return MOET_KVE_F32;
     case MOET_KV_F16: return MOET_KVE_F16;

@@ -81,6 +81,13 @@ MOET_BENCH_TAG='a"b\c' MOET_COMMIT=abc123 "$MOET" bench --synthetic mini -p 4 -n
   >/dev/null 2>&1 || bad "bench --json"
 grep -qF '"env": {' "$tmp/b.json" && grep -qF '"MOET_BENCH_TAG": "a\"b\\c"' "$tmp/b.json" && ! grep -q '"MOET_COMMIT"' "$tmp/b.json" \
   && grep -qF '"commit": "abc123"' "$tmp/b.json" && ok "bench --json: env recorded, escaped" || bad "bench --json env: $(grep env "$tmp/b.json")"
+# one untimed warm-up run before the timed ones (graphs recorded, kernels loaded), unless --no-warmup
+err=$("$MOET" bench --synthetic mini -p 4 -n 2 --reps 1 -t 1 --json "$tmp/bw.json" 2>&1 >/dev/null)
+grep -q "warm-up: .*(not counted)" <<<"$err" && grep -qF '"warmup": 1,' "$tmp/bw.json" && ok "bench: a warm-up run first" \
+  || bad "bench warm-up: $err"
+err=$("$MOET" bench --synthetic mini -p 4 -n 2 --reps 1 -t 1 --no-warmup --json "$tmp/bw.json" 2>&1 >/dev/null)
+! grep -q "warm-up" <<<"$err" && grep -qF '"warmup": 0,' "$tmp/bw.json" && ok "bench --no-warmup: none" \
+  || bad "bench --no-warmup: $err"
 # -d: the tests at a depth (that many tokens in the cache first), in the table's test column and the JSON
 out=$("$MOET" bench --synthetic mini -p 4 -n 2 -d 24 --reps 1 -t 1 --json "$tmp/bd.json" 2>/dev/null)
 grep -q "| pp4 @ d24 |" <<<"$out" && grep -q "| tg2 @ d24 |" <<<"$out" && grep -qF '"depth": 24,' "$tmp/bd.json" \

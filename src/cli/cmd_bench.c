@@ -6,7 +6,9 @@
  * -d D (llama-bench's depth): both start with D tokens already in the cache (evaluated first, not timed), so a
  * test shows what a long conversation costs: the attention's reads grow with the context (the table's test column
  * says "pp512 @ d4096", the JSON has "depth").
- * Each figure is the median of --reps runs. Token ids are a fixed pseudo-random sequence (speed does not depend
+ * Each figure is the median of --reps runs, after one untimed warm-up run of the same tests (as llama-bench does;
+ * --no-warmup skips it): on a GPU the first run records the CUDA graphs of each decode shape and loads the kernels,
+ * which took a 30b tg32 at depth 4096 from ~256 to ~195 t/s when --reps 1 timed it (stop 45). Token ids are a fixed pseudo-random sequence (speed does not depend
  * on which ids, only routing does, and real routing is measured by perplexity runs).
  * --synthetic SHAPE builds a model of a real shape with random weights in backend memory (model/synthetic.c);
  * --experts picks its expert format, --dense bf16|q8_0 its attention projections' and lm_head's; with --expert-slots N its experts are built in host memory and the device caches N
@@ -118,7 +120,7 @@ static int32_t bench_greedy(const moet_session *s, const moet_batch *b, int32_t 
 
 int cmd_bench(int argc, char **argv) {
     cli_common c = {0};
-    long pp = 512, tg = 128, reps = 3, cands = 64, depth = 0;
+    long pp = 512, tg = 128, reps = 3, cands = 64, depth = 0, warmup = 1;
     double gate = -1; /* --gate TAU: decode through the confidence gate (< 0: off) */
     int32_t picked = 0; /* the greedy picks, folded so they are not optimised away (logged at the end) */
     const char *threads = "1,2", *json_path = NULL, *synthetic = NULL, *experts = "w2", *batches = NULL;
@@ -133,6 +135,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-n")) { VAL(); if (cli_parse_int(v, 0, 1 << 20, &tg)) return 2; }
         else if (!strcmp(a, "-d") || !strcmp(a, "--depth")) { VAL(); if (cli_parse_int(v, 0, 1 << 20, &depth)) return 2; }
         else if (!strcmp(a, "--reps")) { VAL(); if (cli_parse_int(v, 1, 100, &reps)) return 2; }
+        else if (!strcmp(a, "--no-warmup")) warmup = 0;
         else if (!strcmp(a, "--threads-list") || !strcmp(a, "-T")) { VAL(); threads = v; }
         else if (!strcmp(a, "--json")) { VAL(); json_path = v; }
         else if (!strcmp(a, "--synthetic")) { VAL(); synthetic = v; }
@@ -256,14 +259,14 @@ int cmd_bench(int argc, char **argv) {
         for (long i = 0; i < nid; i++) ids[i] = (int32_t)((i * 7919 + 13) % info.vocab_size);
         double tpp[100], ttg[100];
         int64_t ec0[5] = {0}, ec1[5] = {0}; /* expert cache counts around the last rep's tg steps (+ uses, misses) */
-        for (long r = 0; r < reps; r++) {
+        for (long r = warmup ? -1 : 0; r < reps; r++) { /* r -1: the warm-up, not recorded */
             moet_session_truncate(s, 0, NULL, 0);
             int erc = 0;
             if (depth > 0 && pp > 0) erc |= moet_session_eval(s, ids, (int32_t)depth, MOET_LOGITS_LAST, err, sizeof err);
             double t0 = moet_time_s();
             if (pp > 0 && !erc) erc |= moet_session_eval(s, ids + depth, (int32_t)pp, MOET_LOGITS_LAST, err, sizeof err);
             double t1 = moet_time_s();
-            tpp[r] = pp > 0 ? (double)pp / (t1 - t0) : 0;
+            const double rpp = pp > 0 ? (double)pp / (t1 - t0) : 0;
             moet_session_truncate(s, 0, NULL, 0);
             if (!erc) erc |= moet_session_eval(s, ids, (int32_t)(depth + 4), MOET_LOGITS_LAST, err, sizeof err);
             moet_model_expert_cache_stats(m, &ec0[0], &ec0[1], &ec0[2]);
@@ -285,7 +288,13 @@ int cmd_bench(int argc, char **argv) {
                 return 1;
             }
             t1 = moet_time_s();
-            ttg[r] = tg > 0 ? (double)tg / (t1 - t0) : 0;
+            const double rtg = tg > 0 ? (double)tg / (t1 - t0) : 0;
+            if (r < 0) {
+                fprintf(stderr, "moet: bench threads %ld warm-up: pp %.1f t/s, tg %.1f t/s (not counted)\n", nt, rpp, rtg);
+                continue;
+            }
+            tpp[r] = rpp;
+            ttg[r] = rtg;
             moet_model_expert_cache_stats(m, &ec1[0], &ec1[1], &ec1[2]);
             moet_model_expert_cache_uses(m, &ec1[3], &ec1[4]);
             fprintf(stderr, "moet: bench threads %ld rep %ld/%ld: pp %.1f t/s, tg %.1f t/s\n", nt, r + 1, reps, tpp[r], ttg[r]);
@@ -405,10 +414,10 @@ int cmd_bench(int argc, char **argv) {
         bench_env_json(envj, sizeof envj);
         fprintf(f, "{\n  \"tool\": \"moet bench\",\n  \"commit\": \"%s\",\n  \"date\": \"%s\",\n"
                    "  \"machine\": {\"cpu\": \"%s\", \"cores\": %ld, \"os\": \"%s %s\", \"arch\": \"%s\", \"gpu\": \"%s\"},\n"
-                   "  \"model\": \"%s\",\n  \"reps\": %ld,\n  \"candidates\": %ld,\n  \"env\": %s,\n"
+                   "  \"model\": \"%s\",\n  \"reps\": %ld,\n  \"warmup\": %ld,\n  \"candidates\": %ld,\n  \"env\": %s,\n"
                    "  \"peak_rss_bytes\": %llu,\n  \"results\": [%s\n  ]\n}\n",
                 cli_git_commit(), date, cpu, sysconf(_SC_NPROCESSORS_ONLN), un.sysname, un.release, un.machine, gpu,
-                model_path, reps, cands, envj, (unsigned long long)moet_peak_rss_bytes(), results);
+                model_path, reps, warmup, cands, envj, (unsigned long long)moet_peak_rss_bytes(), results);
         fclose(f);
         fprintf(stderr, "moet: wrote %s\n", json_path);
     }

@@ -714,7 +714,8 @@ template <int KS> static as_kernel_fn as_pick_k(int hd, int G, int f16, size_t *
 }
 /* K rows: 0 a lane's key's row loaded whole into its registers (stops 41-42), 1 staged by cp.async with the V rows,
  * 2 staged and multiplied on tensor cores (f16 pools; on f32 ones 2 and 3 are 1), 3 as 2 with the next step's loads
- * overlapping this step's products (opt-in, not yet timed) (MOET_ATTN_SPLITK_KS, read at every
+ * overlapping this step's products (opt-in; an H100 at stop 45: the op 1.02-1.04x KS 2's at 16k-32k keys, 0.985-1.00x
+ * below, so not the default) (MOET_ATTN_SPLITK_KS, read at every
  * launch: the A/B). The default is 2: on an H200 (stop 43) the op on f16 pools took 1.29-1.52x less time than with
  * 1 at the 30b shape and 1.41-1.84x at the 235b one, and tg32 of the 30b shape ran 1.07x (depth 0 and 4096) and
  * 1.16x (16384) faster. On f32 pools it is 1 (1.3-1.7x faster than 0 on an H100). */

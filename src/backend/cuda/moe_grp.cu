@@ -571,8 +571,8 @@ k_gw_experts(const __half *xs, const float *qx, int64_t T, int64_t R, int64_t C,
     };
     /* the whole loop for one N (the chunk's live n-tiles x 8), chosen once a CTA: a choice at every wgmma cost
      * more instructions than it saved (stop 40, ncu). The accumulators (N / 2 a matrix) and the epilogue are the
-     * loop's own, so a small N holds few registers; there DEEP (MOET_MOE_WG=2: written at stop 40 after the device
-     * time ran out, not yet run) rotates RS = 4 sets of A registers instead of 2, so a block waits only for the
+     * loop's own, so a small N holds few registers; there DEEP (MOET_MOE_WG=2: written at stop 40, first run at stop
+     * 45 on an H100: correct, and no faster than WG=1 anywhere) rotates RS = 4 sets of A registers instead of 2, so a block waits only for the
      * groups 4 blocks back (the wgmma's latency is most exposed where N is small, 0.56x the mma.sync kernel at
      * 8-32 tokens; N <= 16: with more the gate/up kernel spills). */
     auto loop = [&](auto nn) {
@@ -909,7 +909,8 @@ extern "C" void cu_moe_gb(cu_backend *c, const cu_expert_table *tab, const cu_ex
     /* MOET_MOE_AS=1 (opt-in, with x as one f16 and the level operand): the block scales folded into the operand */
     const int as = x1 && lv && ase && ase[0] == '1';
     /* MOET_MOE_WG=1 (opt-in, sm_90a): k_gw_experts, the numerics of AS on wgmma; every tile size (its chunks hold
-     * up to 64 slots), not with the delta; =2 its deeper rotation of A registers at small N (not yet run) */
+     * up to 64 slots), not with the delta; =2 its deeper rotation of A registers at small N. Stop 45 (an H100): the
+     * MoE op at 512 tokens 1.06x the default (AS=1 alone 1.09x), 1.7x slower at 8-32 tokens; pp512 1.03x */
     const char *wge = getenv("MOET_MOE_WG");
     const int wg = wge && (wge[0] == '1' || wge[0] == '2') && c->prop.major == 9 && x1 && lv && !dtab && tile <= 64,
               deep = wg && wge[0] == '2';

@@ -373,7 +373,7 @@ int cmd_bench(int argc, char **argv) {
                 erc = erc || moet_session_eval(ss[i], ids + i % 8, 4, MOET_LOGITS_LAST, err, sizeof err);
             }
             double tb[100];
-            for (long r = 0; r < reps && !erc; r++) {
+            for (long r = warmup ? -1 : 0; r < reps && !erc; r++) { /* r -1: the warm-up, not recorded */
                 for (long i = 0; i < B; i++) moet_session_truncate(ss[i], 4, NULL, 0);
                 double t0 = moet_time_s();
                 for (long st = 0; st < tg && !erc; st++) {
@@ -381,7 +381,12 @@ int cmd_bench(int argc, char **argv) {
                     erc = moet_batch_decode(bt, ss, tok, (int32_t)B, err, sizeof err);
                     for (long i = 0; i < B && !erc; i++) picked ^= bench_greedy(NULL, bt, (int32_t)i, info.vocab_size);
                 }
-                tb[r] = (double)B * (double)tg / (moet_time_s() - t0);
+                const double rb = (double)B * (double)tg / (moet_time_s() - t0);
+                if (r < 0) {
+                    fprintf(stderr, "moet: bench batched b=%ld warm-up: %.1f t/s (not counted)\n", B, rb);
+                    continue;
+                }
+                tb[r] = rb;
                 fprintf(stderr, "moet: bench batched b=%ld rep %ld/%ld: %.1f t/s\n", B, r + 1, reps, tb[r]);
             }
             if (erc) {

@@ -7,7 +7,7 @@
 # anyway). Everything in $OUT/res.tar.xz. Pack first: tests/models/*/model.safetensors aside, QPACK=/tmp/c.gguf
 # (moet quantize -m ../shared/models/moe-mini-c -o /tmp/c.gguf --experts w2+nvfp4 --calib CALIB: gpu_carry.sh takes
 # /tmp/c.delta.gguf beside it too; mini-c: the CUDA delta needs widths of 128s) BINS="moet test_ops" bash
-# tools/gpu_carry.sh BUILD (~45 MB; tools/gpu_kv_auto.sh is the other call of the next stop, right after it).
+# tools/gpu_carry.sh BUILD (~45 MB).
 . tools/gpu_setup.sh pick
 (timeout 300 .carry/bin/test_ops cuda > $R/test_ops.txt 2>&1; echo "rc $?" >> $R/test_ops.txt)
 grep -E "delta pick|FAIL|FATAL|^rc" $R/test_ops.txt | grep -v " cpu " | tail -30

@@ -4,6 +4,7 @@
 # reference path), the gate at tau 0 / 1 equals off / on bit for bit; a delta pack that is truncated, corrupted or
 # written for another pack is refused with an error, and --delta-file "" runs without one. --delta-pick R (the
 # delta on the heavy picks only): R 0 = on and a large R = off bit for bit, R 1 between; refused on in-memory deltas.
+# A pack's products do not depend on the tokens a step holds: a window at once = token by token, bit for bit.
 # usage: test_delta.sh MOET_BIN HF_MODEL_DIR
 set -u
 MOET=$1; MODEL=$2
@@ -33,6 +34,7 @@ sv() { "$MOET" perplexity -m "$tmp/p.gguf" -f "$txt" --ctx 64 --chunks 2 -t 2 --
 sv on --delta on; sv off --delta off; sv p0 --delta on --delta-pick 0; sv pbig --delta on --delta-pick 1000
 sv p1 --delta on --delta-pick 1; sv g1p --delta gate --tau 1 --delta-pick 1
 sv p1s --delta on --delta-pick 1 --step 1 # the gate's steps are one token each: the pack's products, a row at a time
+sv offs --delta off --step 1
 sv dflt; sv p08 --delta on --delta-pick 0.8 # the default mode with a delta pack: pick, R 0.8
 cmp -s "$tmp/dflt.kld" "$tmp/p08.kld" && ok "the default with a delta pack is --delta pick, R 0.8" || bad "default != on + pick 0.8"
 cmp -s "$tmp/on.kld" "$tmp/p0.kld" && ok "--delta-pick 0 equals on bit for bit" || bad "--delta-pick 0 != on"
@@ -40,6 +42,12 @@ cmp -s "$tmp/off.kld" "$tmp/pbig.kld" && ok "--delta-pick 1000 equals off bit fo
 cmp -s "$tmp/p1.kld" "$tmp/on.kld" || cmp -s "$tmp/p1.kld" "$tmp/off.kld" && bad "--delta-pick 1 equals on or off" \
   || ok "--delta-pick 1 differs from on and from off"
 cmp -s "$tmp/p1s.kld" "$tmp/g1p.kld" && ok "gate tau 1 with --delta-pick 1 equals on with it" || bad "gate tau 1 + pick != on + pick"
+# batch invariance (q2dot.c / fp4dot.c's token-batched products, since stop 45): a pack's window evaluated at once
+# and token by token give the same distributions bit for bit, with and without the delta's residuals
+cmp -s "$tmp/p1.kld" "$tmp/p1s.kld" && ok "pack + delta pack: a window at once = token by token, bit for bit" \
+  || bad "pack + delta pack: window vs token by token differ"
+cmp -s "$tmp/off.kld" "$tmp/offs.kld" && ok "W2 pack: a window at once = token by token, bit for bit" \
+  || bad "W2 pack: window vs token by token differ"
 frac=$("$MOET" perplexity -m "$tmp/p.gguf" -f "$txt" --ctx 64 --chunks 2 -t 2 --kld-base "$tmp/on.kld" --json --delta on \
        --delta-pick 1 2>/dev/null | grep -o '"delta_picks": [0-9.]*' | cut -d' ' -f2)
 awk -v f="$frac" 'BEGIN { exit !(f > 0.05 && f < 0.95) }' && ok "--delta-pick 1: the delta on $frac of the picks" \

@@ -424,5 +424,53 @@ int main(void) {
                 moet_q2_dot_simd_available() ? "AVX2+FMA" : "scalar", worst_ref, worst_simd);
         CHECK(worst_ref < 1e-6 && worst_simd < 1e-6, "NVFP4 dot products off: %.3g / %.3g", worst_ref, worst_simd);
     }
+    /* The token-batched forms (the CPU backend's products at every token count): each token's result bit for bit
+     * the one-token function's, fast and reference alike, for 1..MOET_DOT_TOKENS tokens at a stride (batch
+     * invariance: a window at once = token by token) */
+    {
+        enum { NC = 256, NT = MOET_DOT_TOKENS, LD = NC + 32 };
+        static float xt[NT * LD];
+        static moet_block_q2 q2row[NC / 32];
+        static moet_block_nvfp4 f4row[NC / 16];
+        int differ = 0, checked = 0;
+        for (int rep = 0; rep < 12; rep++) {
+            moet_q2_params qp = {.kind = (moet_q2_kind)(rep % 3), .base = (float)exp2(urand() * 8 - 4),
+                                 .beta = (float)(0.2 + 0.6 * urand())};
+            for (int g = 0; g < NC / 32; g++) {
+                q2row[g].sc = (uint8_t)(urand() * 256);
+                for (int k = 0; k < 8; k++) q2row[g].qs[k] = (uint8_t)(urand() * 256);
+            }
+            for (int g = 0; g < NC / 16; g++) {
+                for (int j = 0; j < 8; j++) f4row[g].qs[j] = (uint8_t)(urand() * 256);
+                uint8_t sc;
+                do sc = (uint8_t)(urand() * 256); while ((sc & 0x7f) == 0x7f);
+                f4row[g].scale = sc;
+            }
+            const float ts = (float)exp2(urand() * 10 - 8);
+            for (int i = 0; i < NT * LD; i++) xt[i] = gauss();
+            const int nt = rep == 0 ? 1 : rep == 1 ? NT : 1 + (int)(urand() * NT);
+            float tq[NT], tqr[NT], tf[NT], tfr[NT];
+            moet_q2_dot_tokens(&qp, q2row, xt, LD, nt, NC, tq);
+            moet_q2_dot_tokens_ref(&qp, q2row, xt, LD, nt, NC, tqr);
+            moet_nvfp4_dot_tokens(f4row, ts, xt, LD, nt, NC, tf);
+            moet_nvfp4_dot_tokens_ref(f4row, ts, xt, LD, nt, NC, tfr);
+            for (int t = 0; t < nt; t++) {
+                const moet_block_q2 *qr = q2row;
+                const moet_block_nvfp4 *fr = f4row;
+                float a, b, c, d;
+                moet_q2_dot_rows(&qp, &qr, 1, xt + (size_t)t * LD, NC, &a);
+                moet_q2_dot_rows_ref(&qp, &qr, 1, xt + (size_t)t * LD, NC, &b);
+                moet_nvfp4_dot_rows(&fr, 1, ts, xt + (size_t)t * LD, NC, &c);
+                moet_nvfp4_dot_rows_ref(&fr, 1, ts, xt + (size_t)t * LD, NC, &d);
+                differ += memcmp(&a, &tq[t], 4) != 0;
+                differ += memcmp(&b, &tqr[t], 4) != 0;
+                differ += memcmp(&c, &tf[t], 4) != 0;
+                differ += memcmp(&d, &tfr[t], 4) != 0;
+                checked += 4;
+            }
+        }
+        fprintf(stderr, "token-batched block dots: %d of %d results differ from the one-token functions'\n", differ, checked);
+        CHECK(differ == 0, "token-batched dots not bit-identical to one token at a time: %d of %d", differ, checked);
+    }
     TEST_END();
 }

@@ -61,6 +61,19 @@ int moet_q2_dot_simd_available(void);
 void moet_nvfp4_dot_rows(const moet_block_nvfp4 *const *rows, int nr, float ts, const float *x, int64_t n, float *out);
 void moet_nvfp4_dot_rows_ref(const moet_block_nvfp4 *const *rows, int nr, float ts, const float *x, int64_t n,
                              float *out);
+/* The same products for nt <= MOET_DOT_TOKENS tokens of one row (token t at x + t ldx): each out[t] bit for bit what
+ * the _dot_rows function (_ref: its _ref) gives for that token alone, with each block decoded once for all nt. The
+ * CPU backend takes these at every token count, so its products of a 2-bit or NVFP4 matrix do not depend on how many
+ * tokens share it in a step (a window at once = token by token, a batch = each sequence alone). */
+#define MOET_DOT_TOKENS 64
+void moet_q2_dot_tokens(const moet_q2_params *p, const moet_block_q2 *row, const float *x, int64_t ldx, int nt,
+                        int64_t n, float *out);
+void moet_q2_dot_tokens_ref(const moet_q2_params *p, const moet_block_q2 *row, const float *x, int64_t ldx, int nt,
+                            int64_t n, float *out);
+void moet_nvfp4_dot_tokens(const moet_block_nvfp4 *row, float ts, const float *x, int64_t ldx, int nt, int64_t n,
+                           float *out);
+void moet_nvfp4_dot_tokens_ref(const moet_block_nvfp4 *row, float ts, const float *x, int64_t ldx, int nt, int64_t n,
+                               float *out);
 /* Nearest level code of v for scale s. */
 uint8_t moet_q2_nearest(const float lv[4], float s, float v);
 

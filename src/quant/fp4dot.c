@@ -33,6 +33,27 @@ void moet_nvfp4_dot_rows_ref(const moet_block_nvfp4 *const *rows, int nr, float 
     }
 }
 
+/* nt tokens of one row, each token's sums in moet_nvfp4_dot_rows_ref's order for it alone (as q2dot.c's) */
+void moet_nvfp4_dot_tokens_ref(const moet_block_nvfp4 *row, float ts, const float *x, int64_t ldx, int nt, int64_t n,
+                               float *out) {
+    for (int t = 0; t < nt; t++) out[t] = 0.0f;
+    for (int64_t g = 0; g < n / MOET_QK_NVFP4; g++) {
+        const moet_block_nvfp4 *b = row + g;
+        float lo[MOET_QK_NVFP4 / 2], hi[MOET_QK_NVFP4 / 2];
+        for (int j = 0; j < MOET_QK_NVFP4 / 2; j++) {
+            lo[j] = moet_e2m1_values[b->qs[j] & 15];
+            hi[j] = moet_e2m1_values[b->qs[j] >> 4];
+        }
+        const float sc = moet_e4m3_to_f32(b->scale) * ts;
+        for (int t = 0; t < nt; t++) {
+            const float *xg = x + (size_t)t * ldx + g * MOET_QK_NVFP4;
+            float part = 0.0f;
+            for (int j = 0; j < MOET_QK_NVFP4 / 2; j++) part += lo[j] * xg[j] + hi[j] * xg[j + 8];
+            out[t] += part * sc;
+        }
+    }
+}
+
 #ifdef MOET_HAVE_AVX2_PATH
 /* moet_e4m3_to_f32 by its bits (normal: exponent e - 7, 3 mantissa bits; e = 0: m 2^-9; 0x7f / 0xff NaN). */
 static inline float e4m3_bits(uint8_t v) {
@@ -72,6 +93,49 @@ __attribute__((target("avx2,fma"))) static void dot_rows_avx2(const moet_block_n
     }
 }
 #endif
+
+#ifdef MOET_HAVE_AVX2_PATH
+__attribute__((target("avx2,fma"))) static void dot_tokens_avx2(const moet_block_nvfp4 *row, float ts, const float *x,
+                                                                int64_t ldx, int nt, int64_t n, float *out) {
+    const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    const __m256i seven = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8);
+    __m256 acc[MOET_DOT_TOKENS];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < n / MOET_QK_NVFP4; g++) {
+        const moet_block_nvfp4 *b = row + g;
+        uint64_t q;
+        memcpy(&q, b->qs, 8);
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)q));
+        const __m256i lo = bytes, hi = _mm256_srli_epi32(bytes, 4);
+        const __m256 vlo = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, _mm256_and_si256(lo, seven)),
+                                         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(lo, eight), 28)));
+        const __m256 vhi = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, _mm256_and_si256(hi, seven)),
+                                         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(hi, eight), 28)));
+        const __m256 sc = _mm256_set1_ps(e4m3_bits(b->scale) * ts);
+        for (int t = 0; t < nt; t++) { /* dot_rows_avx2's operations for this token, in its order */
+            const float *xg = x + (size_t)t * ldx + g * MOET_QK_NVFP4;
+            const __m256 part = _mm256_fmadd_ps(vhi, _mm256_loadu_ps(xg + 8), _mm256_mul_ps(vlo, _mm256_loadu_ps(xg)));
+            acc[t] = _mm256_fmadd_ps(part, sc, acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) {
+        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1));
+        const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        out[t] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+    }
+}
+#endif
+
+void moet_nvfp4_dot_tokens(const moet_block_nvfp4 *row, float ts, const float *x, int64_t ldx, int nt, int64_t n,
+                           float *out) {
+#ifdef MOET_HAVE_AVX2_PATH
+    if (moet_q2_dot_simd_available()) {
+        dot_tokens_avx2(row, ts, x, ldx, nt, n, out);
+        return;
+    }
+#endif
+    moet_nvfp4_dot_tokens_ref(row, ts, x, ldx, nt, n, out);
+}
 
 void moet_nvfp4_dot_rows(const moet_block_nvfp4 *const *rows, int nr, float ts, const float *x, int64_t n, float *out) {
 #ifdef MOET_HAVE_AVX2_PATH

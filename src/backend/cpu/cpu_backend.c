@@ -137,37 +137,44 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
     const moet_weight *w = m->w;
     const int64_t K = w->cols, R = w->rows;
     float *buf = m->c->rowbuf[tid];
-    /* 2-bit rows at decode sizes: dotted straight from their blocks (q2dot.c, AVX2 where there is), no widening;
-     * from 3 tokens on, widening once and reusing the floats for every token is cheaper. */
+    /* 2-bit and NVFP4 rows (W2 experts, the FP4 delta's residuals) are dotted straight from their blocks at every
+     * token count (q2dot.c, fp4dot.c; AVX2 where there is): each block decoded once for up to MOET_DOT_TOKENS tokens,
+     * each token's sums in the order they take for it alone (the _dot_rows functions' per row, which one or two
+     * tokens take), so the products do not depend on how many tokens share the matrix in a step. (Until stop 45 three or more tokens took the widened rows and dot4's order, so a pack's
+     * window evaluated at once and token by token differed in the last bits.) */
     const int q2 = w->type == MOET_TYPE_W2 || w->type == MOET_TYPE_INT2 || w->type == MOET_TYPE_SYM2;
-    if (q2 && m->n <= 2 && K % 32 == 0) {
+    const int fp4 = w->type == MOET_TYPE_NVFP4 && K % MOET_QK_NVFP4 == 0;
+    if ((q2 && K % MOET_QK == 0) || fp4) {
         const moet_q2_params qp = {.kind = w->type == MOET_TYPE_W2 ? MOET_Q2_W2 : w->type == MOET_TYPE_INT2 ? MOET_Q2_INT2
                                                                                                          : MOET_Q2_SYM2,
                                    .base = w->qscale, .beta = w->qbeta};
+        float o[ROW_BLOCK][MOET_DOT_TOKENS];
         for (int64_t blk = rb; blk < re; blk++) {
             const int64_t r0 = blk * ROW_BLOCK;
             const int nr = (int)(R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK);
-            const moet_block_q2 *rows[ROW_BLOCK];
-            for (int j = 0; j < nr; j++) rows[j] = (const moet_block_q2 *)((const uint8_t *)w->data + (size_t)(r0 + j) * w->row_bytes);
-            for (int64_t t = 0; t < m->n; t++) {
-                float o[ROW_BLOCK];
-                moet_q2_dot_rows(&qp, rows, nr, m->x + (size_t)t * K, K, o);
-                mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc, m->bias, r0);
+            if (m->n <= 2) { /* decode: four rows a call for each token (the same sums as the token-batched form) */
+                const void *rows[ROW_BLOCK];
+                for (int j = 0; j < nr; j++) rows[j] = (const uint8_t *)w->data + (size_t)(r0 + j) * w->row_bytes;
+                for (int64_t t = 0; t < m->n; t++) {
+                    float ot[ROW_BLOCK];
+                    if (fp4) moet_nvfp4_dot_rows((const moet_block_nvfp4 *const *)rows, nr, w->qscale, m->x + (size_t)t * K, K, ot);
+                    else moet_q2_dot_rows(&qp, (const moet_block_q2 *const *)rows, nr, m->x + (size_t)t * K, K, ot);
+                    mm_store(m->y + (size_t)t * R + r0, ot, nr, m->acc, m->bias, r0);
+                }
+                continue;
             }
-        }
-        return;
-    }
-    /* NVFP4 rows at decode sizes (the FP4 delta's residuals), likewise (fp4dot.c) */
-    if (w->type == MOET_TYPE_NVFP4 && m->n <= 2 && K % MOET_QK_NVFP4 == 0) {
-        for (int64_t blk = rb; blk < re; blk++) {
-            const int64_t r0 = blk * ROW_BLOCK;
-            const int nr = (int)(R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK);
-            const moet_block_nvfp4 *rows[ROW_BLOCK];
-            for (int j = 0; j < nr; j++) rows[j] = (const moet_block_nvfp4 *)((const uint8_t *)w->data + (size_t)(r0 + j) * w->row_bytes);
-            for (int64_t t = 0; t < m->n; t++) {
-                float o[ROW_BLOCK];
-                moet_nvfp4_dot_rows(rows, nr, w->qscale, m->x + (size_t)t * K, K, o);
-                mm_store(m->y + (size_t)t * R + r0, o, nr, m->acc, m->bias, r0);
+            for (int64_t t0 = 0; t0 < m->n; t0 += MOET_DOT_TOKENS) {
+                const int nt = (int)(m->n - t0 < MOET_DOT_TOKENS ? m->n - t0 : MOET_DOT_TOKENS);
+                for (int j = 0; j < nr; j++) {
+                    const uint8_t *row = (const uint8_t *)w->data + (size_t)(r0 + j) * w->row_bytes;
+                    if (fp4) moet_nvfp4_dot_tokens((const moet_block_nvfp4 *)row, w->qscale, m->x + (size_t)t0 * K, K, nt, K, o[j]);
+                    else moet_q2_dot_tokens(&qp, (const moet_block_q2 *)row, m->x + (size_t)t0 * K, K, nt, K, o[j]);
+                }
+                for (int t = 0; t < nt; t++) {
+                    float ot[ROW_BLOCK];
+                    for (int j = 0; j < nr; j++) ot[j] = o[j][t];
+                    mm_store(m->y + (size_t)(t0 + t) * R + r0, ot, nr, m->acc, m->bias, r0);
+                }
             }
         }
         return;

@@ -12,10 +12,7 @@
 
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define MOET_HAVE_AVX2_PATH 1
-#endif
+#include "quant/dot_avx2.h"
 
 void moet_nvfp4_dot_rows_ref(const moet_block_nvfp4 *const *rows, int nr, float ts, const float *x, int64_t n,
                              float *out) {
@@ -66,30 +63,34 @@ static inline float e4m3_bits(uint8_t v) {
     return f;
 }
 
-__attribute__((target("avx2,fma"))) static void dot_rows_avx2(const moet_block_nvfp4 *const *rows, int nr, float ts,
-                                                              const float *x, int64_t n, float *out) {
+/* A block's 16 values as two 8-lane vectors (elements 0..7 from the low nibbles, 8..15 from the high ones): the
+ * magnitude from the 8-entry table by its code & 7, the sign bit of code & 8 moved to bit 31. */
+__attribute__((target("avx2,fma"))) static inline void nv_decode_avx2(const moet_block_nvfp4 *b, __m256 *vlo,
+                                                                      __m256 *vhi) {
     const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
     const __m256i seven = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8);
+    uint64_t q;
+    memcpy(&q, b->qs, 8);
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)q)), hi = _mm256_srli_epi32(lo, 4);
+    *vlo = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, _mm256_and_si256(lo, seven)),
+                         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(lo, eight), 28)));
+    *vhi = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, _mm256_and_si256(hi, seven)),
+                         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(hi, eight), 28)));
+}
+
+__attribute__((target("avx2,fma"))) static void dot_rows_avx2(const moet_block_nvfp4 *const *rows, int nr, float ts,
+                                                              const float *x, int64_t n, float *out) {
     for (int r = 0; r < nr; r++) {
         __m256 acc = _mm256_setzero_ps();
         for (int64_t g = 0; g < n / MOET_QK_NVFP4; g++) {
             const moet_block_nvfp4 *b = rows[r] + g;
             const float *xg = x + g * MOET_QK_NVFP4;
-            uint64_t q;
-            memcpy(&q, b->qs, 8);
-            const __m256i bytes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)q));
-            const __m256i lo = bytes, hi = _mm256_srli_epi32(bytes, 4);
-            /* value = table[code & 7] with the sign bit of code & 8 (moved to bit 31) */
-            const __m256 vlo = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, _mm256_and_si256(lo, seven)),
-                                             _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(lo, eight), 28)));
-            const __m256 vhi = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, _mm256_and_si256(hi, seven)),
-                                             _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(hi, eight), 28)));
+            __m256 vlo, vhi;
+            nv_decode_avx2(b, &vlo, &vhi);
             const __m256 part = _mm256_fmadd_ps(vhi, _mm256_loadu_ps(xg + 8), _mm256_mul_ps(vlo, _mm256_loadu_ps(xg)));
             acc = _mm256_fmadd_ps(part, _mm256_set1_ps(e4m3_bits(b->scale) * ts), acc);
         }
-        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        out[r] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+        out[r] = moet_hsum8_avx2(acc);
     }
 }
 #endif
@@ -97,20 +98,12 @@ __attribute__((target("avx2,fma"))) static void dot_rows_avx2(const moet_block_n
 #ifdef MOET_HAVE_AVX2_PATH
 __attribute__((target("avx2,fma"))) static void dot_tokens_avx2(const moet_block_nvfp4 *row, float ts, const float *x,
                                                                 int64_t ldx, int nt, int64_t n, float *out) {
-    const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
-    const __m256i seven = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8);
     __m256 acc[MOET_DOT_TOKENS];
     for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < n / MOET_QK_NVFP4; g++) {
         const moet_block_nvfp4 *b = row + g;
-        uint64_t q;
-        memcpy(&q, b->qs, 8);
-        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)q));
-        const __m256i lo = bytes, hi = _mm256_srli_epi32(bytes, 4);
-        const __m256 vlo = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, _mm256_and_si256(lo, seven)),
-                                         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(lo, eight), 28)));
-        const __m256 vhi = _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, _mm256_and_si256(hi, seven)),
-                                         _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(hi, eight), 28)));
+        __m256 vlo, vhi;
+        nv_decode_avx2(b, &vlo, &vhi);
         const __m256 sc = _mm256_set1_ps(e4m3_bits(b->scale) * ts);
         for (int t = 0; t < nt; t++) { /* dot_rows_avx2's operations for this token, in its order */
             const float *xg = x + (size_t)t * ldx + g * MOET_QK_NVFP4;
@@ -119,9 +112,7 @@ __attribute__((target("avx2,fma"))) static void dot_tokens_avx2(const moet_block
         }
     }
     for (int t = 0; t < nt; t++) {
-        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1));
-        const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        out[t] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+        out[t] = moet_hsum8_avx2(acc[t]);
     }
 }
 #endif

@@ -11,10 +11,7 @@
 
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define MOET_HAVE_AVX2_PATH 1
-#endif
+#include "quant/dot_avx2.h"
 
 void moet_q2_dot_rows_ref(const moet_q2_params *p, const moet_block_q2 *const *rows, int nr, const float *x,
                           int64_t n, float *out) {
@@ -80,9 +77,7 @@ __attribute__((target("avx2,fma"))) static void dot_tokens_avx2(const moet_q2_pa
         }
     }
     for (int t = 0; t < nt; t++) {
-        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1));
-        const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        out[t] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+        out[t] = moet_hsum8_avx2(acc[t]);
     }
 }
 
@@ -106,9 +101,7 @@ __attribute__((target("avx2,fma"))) static void dot_rows_avx2(const moet_q2_para
             }
             acc = _mm256_fmadd_ps(part, _mm256_set1_ps(moet_q2_scale(p, b->sc)), acc);
         }
-        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        out[r] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+        out[r] = moet_hsum8_avx2(acc);
     }
 }
 #endif

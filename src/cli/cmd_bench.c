@@ -8,7 +8,8 @@
  * says "pp512 @ d4096", the JSON has "depth").
  * Each figure is the median of --reps runs, after one untimed warm-up run of the same tests (as llama-bench does;
  * --no-warmup skips it): on a GPU the first run records the CUDA graphs of each decode shape and loads the kernels,
- * which took a 30b tg32 at depth 4096 from ~256 to ~195 t/s when --reps 1 timed it (stop 45). Token ids are a fixed pseudo-random sequence (speed does not depend
+ * which made a 30b tg32 at depth 4096 run at 0.73x its second rep's speed when --reps 1 timed
+ * it (an H100, stop 45). Token ids are a fixed pseudo-random sequence (speed does not depend
  * on which ids, only routing does, and real routing is measured by perplexity runs).
  * --synthetic SHAPE builds a model of a real shape with random weights in backend memory (model/synthetic.c);
  * --experts picks its expert format, --dense bf16|q8_0 its attention projections' and lm_head's; with --expert-slots N its experts are built in host memory and the device caches N

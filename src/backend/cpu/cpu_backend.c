@@ -140,8 +140,9 @@ static void mm_task(void *vctx, int64_t rb, int64_t re, int tid) {
     /* 2-bit and NVFP4 rows (W2 experts, the FP4 delta's residuals) are dotted straight from their blocks at every
      * token count (q2dot.c, fp4dot.c; AVX2 where there is): each block decoded once for up to MOET_DOT_TOKENS tokens,
      * each token's sums in the order they take for it alone (the _dot_rows functions' per row, which one or two
-     * tokens take), so the products do not depend on how many tokens share the matrix in a step. (Until stop 45 three or more tokens took the widened rows and dot4's order, so a pack's
-     * window evaluated at once and token by token differed in the last bits.) */
+     * tokens take), so the products do not depend on how many tokens share the matrix in a step. (Until stop 45
+     * three or more tokens took the widened rows and dot4's order, so a pack's window evaluated at once and token by
+     * token differed in the last bits.) */
     const int q2 = w->type == MOET_TYPE_W2 || w->type == MOET_TYPE_INT2 || w->type == MOET_TYPE_SYM2;
     const int fp4 = w->type == MOET_TYPE_NVFP4 && K % MOET_QK_NVFP4 == 0;
     if ((q2 && K % MOET_QK == 0) || fp4) {
